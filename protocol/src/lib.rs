@@ -1,1 +1,24 @@
-pub fn placeholder() {}
+//! The sans-IO heart of kvmesh: everything every node (and the simulator) must compute
+//! identically.
+//!
+//! - [`hashing`]: a request is reduced to a chain of 64-bit block hashes, where each hash names
+//!   the whole prefix up to and including its block.
+//! - [`digest`]: the compact load report each node gossips about its engine.
+//! - [`summary`]: a bounded-size, sharded encoding of the set of chain hashes an engine holds.
+//! - [`wire`]: the framed, validated messages sidecars exchange when forwarding a request.
+//! - [`route`]: the routing decision, a pure function of a view of the cluster and `now`.
+//!
+//! Nothing here does IO or reads a clock: time is always an argument, so the cluster simulator
+//! runs exactly the code the sidecar runs.
+
+pub mod codec;
+pub mod digest;
+pub mod hashing;
+pub mod route;
+pub mod summary;
+pub mod wire;
+
+pub use digest::{LoadDigest, Role};
+pub use hashing::{BlockHash, HashConfig, HashMode, RequestHashes};
+
+

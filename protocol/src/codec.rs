@@ -1,0 +1,81 @@
+//! The envelope shared by every archived value kvmesh puts on the network or into gossip:
+//! `[format version: u8][kind: u8][rkyv archive]`.
+//!
+//! The version byte lets a future format be introduced deliberately; the kind byte stops a value
+//! of one type from ever being validated as another. Decoding copies the bytes into an aligned
+//! buffer and validates the archive (bytecheck) before anything is read: a peer is never trusted
+//! to send well-formed bytes.
+
+use rkyv::api::high::{HighDeserializer, HighSerializer, HighValidator};
+use rkyv::bytecheck::CheckBytes;
+use rkyv::rancor;
+use rkyv::ser::allocator::ArenaHandle;
+use rkyv::util::AlignedVec;
+use rkyv::{Archive, Deserialize, Serialize};
+
+/// The current envelope format. Bump on any incompatible change to an archived type.
+pub const FORMAT_VERSION: u8 = 1;
+
+/// What an envelope carries; part of the envelope so a value can only decode as its own type.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Kind {
+    LoadDigest = 1,
+    SummaryShard = 2,
+    RequestHead = 3,
+    ResponseHead = 4,
+    WireError = 5,
+}
+
+/// Why bytes were rejected.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DecodeError {
+    #[error("envelope too short ({0} bytes)")]
+    TooShort(usize),
+    #[error("unsupported format version {0} (this build speaks {FORMAT_VERSION})")]
+    Version(u8),
+    #[error("expected a {expected:?} envelope, found kind {found}")]
+    WrongKind { expected: Kind, found: u8 },
+    #[error("invalid archive: {0}")]
+    Invalid(String),
+    #[error("invalid value: {0}")]
+    Semantic(String),
+}
+
+/// Serializes `value` into an envelope of the given kind.
+pub fn encode<T>(kind: Kind, value: &T) -> Vec<u8>
+where
+    T: for<'a> Serialize<HighSerializer<AlignedVec, ArenaHandle<'a>, rancor::Error>>,
+{
+    // Serializing plain owned data into a growable buffer cannot fail: no shared pointers, no
+    // fixed-capacity writer. A failure here is a programming error in a type definition.
+    let archive = rkyv::to_bytes::<rancor::Error>(value).expect("archiving owned data");
+    let mut out = Vec::with_capacity(archive.len() + 2);
+    out.push(FORMAT_VERSION);
+    out.push(kind as u8);
+    out.extend_from_slice(&archive);
+    out
+}
+
+/// Validates and deserializes an envelope of the given kind.
+pub fn decode<T>(kind: Kind, bytes: &[u8]) -> Result<T, DecodeError>
+where
+    T: Archive,
+    T::Archived: for<'a> CheckBytes<HighValidator<'a, rancor::Error>>
+        + Deserialize<T, HighDeserializer<rancor::Error>>,
+{
+    let (header, body) = match bytes {
+        [version, kind, body @ ..] => ((*version, *kind), body),
+        _ => return Err(DecodeError::TooShort(bytes.len())),
+    };
+    if header.0 != FORMAT_VERSION {
+        return Err(DecodeError::Version(header.0));
+    }
+    if header.1 != kind as u8 {
+        return Err(DecodeError::WrongKind { expected: kind, found: header.1 });
+    }
+    // Network bytes have no alignment guarantee; rkyv needs one.
+    let mut aligned = AlignedVec::<16>::with_capacity(body.len());
+    aligned.extend_from_slice(body);
+    rkyv::from_bytes::<T, rancor::Error>(&aligned).map_err(|e| DecodeError::Invalid(e.to_string()))
+}

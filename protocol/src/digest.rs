@@ -1,0 +1,136 @@
+//! The load digest: what a node tells the mesh about its engine, every ~100 ms.
+
+use crate::codec::{self, DecodeError, Kind};
+use rkyv::{Archive, Deserialize, Serialize};
+
+/// What kind of work an engine takes, for prefill/decode disaggregation.
+#[derive(Archive, Serialize, Deserialize, Copy, Clone, Debug, PartialEq, Eq, Hash)]
+#[rkyv(derive(Debug))]
+#[repr(u8)]
+pub enum Role {
+    /// Takes whole requests (the default, and the only role without disaggregation).
+    Mixed,
+    /// Runs prefill legs only.
+    Prefill,
+    /// Runs decode legs only.
+    Decode,
+}
+
+/// One node's load report. Gauges come from the engine's `/metrics`; EWMAs from what the node
+/// observed; `version` orders digests of one incarnation, `timestamp_ms` is the publisher's
+/// wall clock (informational: staleness is judged by the receiver's clock on arrival).
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[rkyv(derive(Debug))]
+pub struct LoadDigest {
+    pub version: u64,
+    pub timestamp_ms: u64,
+    /// `vllm:num_requests_running`.
+    pub running: u32,
+    /// `vllm:num_requests_waiting`.
+    pub waiting: u32,
+    /// `vllm:kv_cache_usage_perc`, 0..=1.
+    pub kv_usage: f32,
+    /// `num_gpu_blocks` of `vllm:cache_config_info`.
+    pub kv_capacity_blocks: u32,
+    /// `block_size` of `vllm:cache_config_info`, in tokens.
+    pub block_size: u16,
+    /// Observed time to first token, exponentially weighted, milliseconds.
+    pub ttft_ewma_ms: f32,
+    /// Observed prefill throughput, exponentially weighted, tokens per second (0 = unknown).
+    pub prefill_tokens_per_s: f32,
+    /// Requests other sidecars forwarded here that have not finished.
+    pub inflight_forwarded: u32,
+    pub role: Role,
+    pub healthy: bool,
+    /// The hash version this node computes chains with ([`crate::hashing::HASH_VERSION`]).
+    pub hash_version: u16,
+    /// Served model names (`/v1/models`).
+    pub models: Vec<String>,
+    /// LoRA adapters served, addressed by name like models.
+    pub loras: Vec<String>,
+}
+
+impl LoadDigest {
+    /// Whether this node's engine serves `model` (a model or an adapter name).
+    pub fn serves(&self, model: &str) -> bool {
+        self.models.iter().chain(&self.loras).any(|m| m == model)
+    }
+
+    /// The queue the bounded-load rule balances: everything admitted and not yet finished.
+    pub fn load(&self) -> u32 {
+        self.running.saturating_add(self.waiting)
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        codec::encode(Kind::LoadDigest, self)
+    }
+
+    /// Validates structure (bytecheck) and values (finite, in range).
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        let digest: Self = codec::decode(Kind::LoadDigest, bytes)?;
+        let finite_non_negative = |x: f32| x.is_finite() && x >= 0.0;
+        if !(0.0..=1.0).contains(&digest.kv_usage) {
+            return Err(DecodeError::Semantic(format!("kv_usage {} out of 0..=1", digest.kv_usage)));
+        }
+        if !finite_non_negative(digest.ttft_ewma_ms)
+            || !finite_non_negative(digest.prefill_tokens_per_s)
+        {
+            return Err(DecodeError::Semantic("negative or non-finite EWMA".into()));
+        }
+        Ok(digest)
+    }
+}
+
+#[cfg(test)]
+pub(crate) fn sample_digest() -> LoadDigest {
+    LoadDigest {
+        version: 7,
+        timestamp_ms: 1_790_000_000_000,
+        running: 12,
+        waiting: 3,
+        kv_usage: 0.42,
+        kv_capacity_blocks: 20_000,
+        block_size: 16,
+        ttft_ewma_ms: 180.5,
+        prefill_tokens_per_s: 9_000.0,
+        inflight_forwarded: 4,
+        role: Role::Mixed,
+        healthy: true,
+        hash_version: crate::hashing::HASH_VERSION,
+        models: vec!["meta-llama/Llama-3.1-8B-Instruct".into()],
+        loras: vec![],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_and_stays_small() {
+        let digest = sample_digest();
+        let bytes = digest.encode();
+        assert_eq!(LoadDigest::decode(&bytes).unwrap(), digest);
+        let names: usize = digest.models.iter().chain(&digest.loras).map(String::len).sum();
+        assert!(bytes.len() - names <= 160, "digest is {} bytes plus names", bytes.len() - names);
+    }
+
+    #[test]
+    fn rejects_out_of_range_values() {
+        let mut digest = sample_digest();
+        digest.kv_usage = 1.5;
+        assert!(matches!(LoadDigest::decode(&digest.encode()), Err(DecodeError::Semantic(_))));
+        let mut digest = sample_digest();
+        digest.ttft_ewma_ms = f32::NAN;
+        assert!(matches!(LoadDigest::decode(&digest.encode()), Err(DecodeError::Semantic(_))));
+    }
+
+    #[test]
+    fn serves_models_and_adapters() {
+        let mut digest = sample_digest();
+        digest.loras.push("sql-adapter".into());
+        assert!(digest.serves("sql-adapter"));
+        assert!(digest.serves("meta-llama/Llama-3.1-8B-Instruct"));
+        assert!(!digest.serves("other"));
+    }
+}

@@ -1,0 +1,216 @@
+//! The chained block hash itself.
+
+use super::BlockHash;
+
+/// What a block holds; part of the key so a text block can never collide with a media block
+/// or a token block of the same bytes.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+#[repr(u8)]
+enum BlockKind {
+    Text = 1,
+    Media = 2,
+    Tokens = 3,
+}
+
+/// Domain-separation tag mixed into every key.
+const KEY_TAG: &[u8; 7] = b"kvmesh1";
+
+/// The starting point of a chain: folds in everything that makes KV blocks unshareable.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ChainSeed(pub u64);
+
+impl ChainSeed {
+    /// `model` is the `model` field of the request: a served model name or a LoRA adapter name.
+    pub fn new(model: &str, cache_salt: Option<&str>) -> Self {
+        let mut hasher = blake3::Hasher::new_derive_key("kvmesh chain seed v1");
+        hasher.update(&(model.len() as u64).to_le_bytes());
+        hasher.update(model.as_bytes());
+        match cache_salt {
+            Some(salt) => {
+                hasher.update(&[1]);
+                hasher.update(&(salt.len() as u64).to_le_bytes());
+                hasher.update(salt.as_bytes());
+            }
+            None => {
+                hasher.update(&[0]);
+            }
+        }
+        Self(truncate(hasher.finalize().as_bytes()))
+    }
+}
+
+fn truncate(digest: &[u8; 32]) -> u64 {
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    u64::from_le_bytes(first)
+}
+
+/// `H(prev, block)`: blake3 keyed by the previous hash and the block's kind.
+fn link(prev: u64, kind: BlockKind, block: &[u8]) -> BlockHash {
+    let mut key = [0u8; 32];
+    key[..8].copy_from_slice(&prev.to_le_bytes());
+    key[8] = kind as u8;
+    key[9..16].copy_from_slice(KEY_TAG);
+    truncate(blake3::keyed_hash(&key, block).as_bytes())
+}
+
+/// Builds a chain incrementally from text, media and token pieces, in order.
+///
+/// Text accumulates into blocks of `block_bytes`. A media part first closes the text block in
+/// progress (so the media block sits at the same position whatever text length preceded it),
+/// then adds one block of its own. A trailing partial text block is dropped: only whole blocks
+/// count, as in vLLM's prefix cache.
+#[derive(Debug)]
+pub struct ChainBuilder {
+    prev: u64,
+    block_bytes: usize,
+    pending: Vec<u8>,
+    chain: Vec<BlockHash>,
+    total_bytes: usize,
+}
+
+impl ChainBuilder {
+    /// `block_bytes` must be non-zero.
+    pub fn new(seed: ChainSeed, block_bytes: usize) -> Self {
+        assert!(block_bytes > 0, "block size must be positive");
+        Self {
+            prev: seed.0,
+            block_bytes,
+            pending: Vec::with_capacity(block_bytes),
+            chain: Vec::new(),
+            total_bytes: 0,
+        }
+    }
+
+    /// Appends text bytes.
+    pub fn push_text(&mut self, mut bytes: &[u8]) {
+        self.total_bytes += bytes.len();
+        if !self.pending.is_empty() {
+            let take = (self.block_bytes - self.pending.len()).min(bytes.len());
+            self.pending.extend_from_slice(&bytes[..take]);
+            bytes = &bytes[take..];
+            if self.pending.len() == self.block_bytes {
+                self.emit_pending();
+            }
+        }
+        let whole = bytes.len() - bytes.len() % self.block_bytes;
+        self.chain.reserve(whole / self.block_bytes);
+        for block in bytes[..whole].chunks_exact(self.block_bytes) {
+            self.prev = link(self.prev, BlockKind::Text, block);
+            self.chain.push(self.prev);
+        }
+        self.pending.extend_from_slice(&bytes[whole..]);
+    }
+
+    /// Appends one media block (an image or audio part) identified by its content digest.
+    pub fn push_media(&mut self, digest: &[u8; 32]) {
+        if !self.pending.is_empty() {
+            self.emit_pending();
+        }
+        self.total_bytes += digest.len();
+        self.prev = link(self.prev, BlockKind::Media, digest);
+        self.chain.push(self.prev);
+    }
+
+    fn emit_pending(&mut self) {
+        self.prev = link(self.prev, BlockKind::Text, &self.pending);
+        self.chain.push(self.prev);
+        self.pending.clear();
+    }
+
+    /// Bytes pushed so far, whether or not they completed a block.
+    pub fn total_bytes(&self) -> usize {
+        self.total_bytes
+    }
+
+    /// The chain of whole blocks; a trailing partial text block is dropped.
+    pub fn finish(self) -> Vec<BlockHash> {
+        self.chain
+    }
+}
+
+/// The chain of a plain text prompt.
+pub fn chain_from_text(seed: ChainSeed, text: &[u8], block_bytes: usize) -> Vec<BlockHash> {
+    let mut builder = ChainBuilder::new(seed, block_bytes);
+    builder.push_text(text);
+    builder.finish()
+}
+
+/// The chain of a tokenized prompt: blocks of `block_tokens` ids (little-endian u32 each);
+/// a trailing partial block is dropped. `block_tokens` must be non-zero.
+pub fn chain_from_tokens(seed: ChainSeed, tokens: &[u32], block_tokens: usize) -> Vec<BlockHash> {
+    assert!(block_tokens > 0, "block size must be positive");
+    let mut prev = seed.0;
+    let mut bytes = Vec::with_capacity(block_tokens * 4);
+    tokens
+        .chunks_exact(block_tokens)
+        .map(|block| {
+            bytes.clear();
+            for token in block {
+                bytes.extend_from_slice(&token.to_le_bytes());
+            }
+            prev = link(prev, BlockKind::Tokens, &bytes);
+            prev
+        })
+        .collect()
+}
+
+/// Extends a chain by one token block: what exact mode uses to follow vLLM's `BlockStored`
+/// events, which name a parent and carry the new block's token ids.
+pub fn extend_with_tokens(parent: u64, tokens: &[u32]) -> BlockHash {
+    let mut bytes = Vec::with_capacity(tokens.len() * 4);
+    for token in tokens {
+        bytes.extend_from_slice(&token.to_le_bytes());
+    }
+    link(parent, BlockKind::Tokens, &bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_pieces_give_the_same_chain_as_one_piece() {
+        let seed = ChainSeed::new("m", None);
+        let text: Vec<u8> = (0..1000u32).map(|i| (i % 251) as u8).collect();
+        let whole = chain_from_text(seed, &text, 64);
+        let mut builder = ChainBuilder::new(seed, 64);
+        for piece in text.chunks(7) {
+            builder.push_text(piece);
+        }
+        assert_eq!(builder.finish(), whole);
+        assert_eq!(whole.len(), 1000 / 64);
+    }
+
+    #[test]
+    fn seed_separates_models_and_salts() {
+        let text = [b'x'; 128];
+        let a = chain_from_text(ChainSeed::new("a", None), &text, 64);
+        let b = chain_from_text(ChainSeed::new("b", None), &text, 64);
+        let salted = chain_from_text(ChainSeed::new("a", Some("s")), &text, 64);
+        let empty_salt = chain_from_text(ChainSeed::new("a", Some("")), &text, 64);
+        assert_ne!(a[0], b[0]);
+        assert_ne!(a[0], salted[0]);
+        assert_ne!(a[0], empty_salt[0], "an empty salt is still a salt");
+    }
+
+    #[test]
+    fn media_closes_the_text_block_in_progress() {
+        let seed = ChainSeed::new("m", None);
+        let mut builder = ChainBuilder::new(seed, 64);
+        builder.push_text(b"describe:");
+        builder.push_media(&[7; 32]);
+        let chain = builder.finish();
+        assert_eq!(chain.len(), 2, "partial text block, then the media block");
+    }
+
+    #[test]
+    fn token_chain_extends_block_by_block() {
+        let seed = ChainSeed::new("m", None);
+        let tokens: Vec<u32> = (0..40).collect();
+        let chain = chain_from_tokens(seed, &tokens, 16);
+        assert_eq!(chain.len(), 2);
+        assert_eq!(extend_with_tokens(seed.0, &tokens[..16]), chain[0]);
+        assert_eq!(extend_with_tokens(chain[0], &tokens[16..32]), chain[1]);
+    }
+}

@@ -1,0 +1,346 @@
+//! From an OpenAI-compatible request body to its chain of block hashes.
+//!
+//! Chat messages are rendered canonically, in order: tool definitions first (chat templates put
+//! them ahead of the conversation), then each message as `<|role|>`, its content parts in order,
+//! its tool calls as canonical JSON, and `<|end|>`. The rendering is not any model's chat
+//! template; it only has to be identical for identical conversations and share a byte prefix
+//! whenever two conversations share a message prefix, which is what prefix routing needs.
+
+use super::canonical_json::write_canonical;
+use super::chain::{ChainBuilder, ChainSeed, chain_from_tokens};
+use super::media::{base64_media_digest, media_digest};
+use super::{BYTES_PER_TOKEN_ESTIMATE, BlockHash, HashConfig, HashMode};
+use serde_json::Value;
+
+/// Which OpenAI endpoint a body was sent to.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    Completions,
+    ChatCompletions,
+}
+
+/// A request body that cannot be routed, with the field at fault; shown to clients as a 400.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum HashError {
+    #[error("the request body must be a JSON object")]
+    NotAnObject,
+    #[error("missing required field `{0}`")]
+    Missing(&'static str),
+    #[error("field `{field}` has the wrong type: expected {expected}")]
+    WrongType { field: &'static str, expected: &'static str },
+    #[error("token-mode hashing needs token ids; tokenize the prompt first")]
+    NeedsTokens,
+}
+
+/// What routing needs to know about one request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RequestHashes {
+    /// The `model` field: a served model name or a LoRA adapter name.
+    pub model: String,
+    /// The chain of whole-block prefix hashes.
+    pub chain: Vec<BlockHash>,
+    /// Estimated prompt length in tokens (exact for token prompts).
+    pub prompt_tokens: u32,
+    /// Estimated tokens per block of this chain.
+    pub tokens_per_block: f32,
+    /// The OpenAI `user` field, a soft session-affinity key when present.
+    pub user: Option<String>,
+}
+
+/// Hashes a request body. In token mode only token-id prompts can be hashed here; text must be
+/// tokenized first ([`HashError::NeedsTokens`]).
+pub fn hash_request(
+    endpoint: Endpoint,
+    body: &Value,
+    config: &HashConfig,
+) -> Result<RequestHashes, HashError> {
+    let object = body.as_object().ok_or(HashError::NotAnObject)?;
+    let model = match object.get("model") {
+        Some(Value::String(model)) => model.clone(),
+        Some(_) => return Err(HashError::WrongType { field: "model", expected: "a string" }),
+        None => return Err(HashError::Missing("model")),
+    };
+    let cache_salt = match object.get("cache_salt") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(salt)) => Some(salt.as_str()),
+        Some(_) => return Err(HashError::WrongType { field: "cache_salt", expected: "a string" }),
+    };
+    let user = match object.get("user") {
+        Some(Value::String(user)) if !user.is_empty() => Some(user.clone()),
+        _ => None,
+    };
+    let seed = ChainSeed::new(&model, cache_salt);
+    let prompt = match endpoint {
+        Endpoint::Completions => completions_prompt(object.get("prompt"))?,
+        Endpoint::ChatCompletions => Prompt::Chat(object),
+    };
+    let (chain, prompt_tokens, tokens_per_block) = match (prompt, config.mode) {
+        (Prompt::Tokens(tokens), _) => {
+            let block = config.token_prompt_block_tokens.max(1);
+            let tokens: Vec<u32> = tokens;
+            (chain_from_tokens(seed, &tokens, block), tokens.len() as u32, block as f32)
+        }
+        (_, HashMode::Token { .. }) => return Err(HashError::NeedsTokens),
+        (Prompt::Text(text), HashMode::Text { block_bytes }) => {
+            let mut builder = ChainBuilder::new(seed, block_bytes.max(1));
+            builder.push_text(text.as_bytes());
+            text_result(builder, block_bytes)
+        }
+        (Prompt::Chat(object), HashMode::Text { block_bytes }) => {
+            let mut builder = ChainBuilder::new(seed, block_bytes.max(1));
+            render_chat(object, &mut builder)?;
+            text_result(builder, block_bytes)
+        }
+    };
+    Ok(RequestHashes { model, chain, prompt_tokens, tokens_per_block, user })
+}
+
+fn text_result(builder: ChainBuilder, block_bytes: usize) -> (Vec<BlockHash>, u32, f32) {
+    let tokens = (builder.total_bytes() as f32 / BYTES_PER_TOKEN_ESTIMATE).ceil() as u32;
+    (builder.finish(), tokens, block_bytes as f32 / BYTES_PER_TOKEN_ESTIMATE)
+}
+
+enum Prompt<'a> {
+    Text(&'a str),
+    Tokens(Vec<u32>),
+    Chat(&'a serde_json::Map<String, Value>),
+}
+
+/// A completions `prompt` is a string, a token-id array, or a batch of either; a batch is
+/// routed by its first prompt (all of a batch goes to one engine).
+fn completions_prompt(prompt: Option<&Value>) -> Result<Prompt<'_>, HashError> {
+    const EXPECTED: &str = "a string, an array of token ids, or a non-empty batch of those";
+    let wrong = HashError::WrongType { field: "prompt", expected: EXPECTED };
+    match prompt {
+        None => Err(HashError::Missing("prompt")),
+        Some(Value::String(text)) => Ok(Prompt::Text(text)),
+        Some(Value::Array(items)) => match items.first() {
+            None => Err(wrong),
+            Some(Value::String(text)) => Ok(Prompt::Text(text)),
+            Some(Value::Array(tokens)) => token_ids(tokens).map(Prompt::Tokens).ok_or(wrong),
+            Some(Value::Number(_)) => token_ids(items).map(Prompt::Tokens).ok_or(wrong),
+            Some(_) => Err(wrong),
+        },
+        Some(_) => Err(wrong),
+    }
+}
+
+fn token_ids(items: &[Value]) -> Option<Vec<u32>> {
+    items.iter().map(|v| v.as_u64().and_then(|t| u32::try_from(t).ok())).collect()
+}
+
+fn render_chat(
+    object: &serde_json::Map<String, Value>,
+    builder: &mut ChainBuilder,
+) -> Result<(), HashError> {
+    let messages = match object.get("messages") {
+        Some(Value::Array(messages)) => messages,
+        Some(_) => return Err(HashError::WrongType { field: "messages", expected: "an array" }),
+        None => return Err(HashError::Missing("messages")),
+    };
+    let mut scratch = String::new();
+    if let Some(tools) = object.get("tools").filter(|t| !t.is_null()) {
+        scratch.push_str("<|tools|>");
+        write_canonical(tools, &mut scratch);
+        scratch.push_str("<|end|>");
+        builder.push_text(scratch.as_bytes());
+    }
+    for message in messages {
+        let message = message
+            .as_object()
+            .ok_or(HashError::WrongType { field: "messages", expected: "an array of objects" })?;
+        scratch.clear();
+        let role = message.get("role").and_then(Value::as_str).unwrap_or("");
+        scratch.push_str("<|");
+        scratch.push_str(role);
+        scratch.push_str("|>");
+        if let Some(Value::String(name)) = message.get("name") {
+            scratch.push_str("<|name|>");
+            scratch.push_str(name);
+            scratch.push_str("<|content|>");
+        }
+        builder.push_text(scratch.as_bytes());
+        render_content(message.get("content"), builder);
+        for key in ["tool_calls", "tool_call_id", "function_call"] {
+            if let Some(value) = message.get(key).filter(|v| !v.is_null()) {
+                scratch.clear();
+                scratch.push_str("<|");
+                scratch.push_str(key);
+                scratch.push_str("|>");
+                write_canonical(value, &mut scratch);
+                builder.push_text(scratch.as_bytes());
+            }
+        }
+        builder.push_text(b"<|end|>");
+    }
+    Ok(())
+}
+
+fn render_content(content: Option<&Value>, builder: &mut ChainBuilder) {
+    match content {
+        None | Some(Value::Null) => {}
+        Some(Value::String(text)) => builder.push_text(text.as_bytes()),
+        Some(Value::Array(parts)) => parts.iter().for_each(|part| render_part(part, builder)),
+        Some(other) => push_canonical(other, builder),
+    }
+}
+
+fn render_part(part: &Value, builder: &mut ChainBuilder) {
+    let kind = part.get("type").and_then(Value::as_str).unwrap_or("");
+    let url_of = |key: &str| {
+        let field = part.get(key)?;
+        field.as_str().or_else(|| field.get("url").and_then(Value::as_str))
+    };
+    match kind {
+        "text" => match part.get("text").and_then(Value::as_str) {
+            Some(text) => builder.push_text(text.as_bytes()),
+            None => push_canonical(part, builder),
+        },
+        "image_url" | "video_url" | "audio_url" | "input_image" => match url_of(kind)
+            .or_else(|| url_of("image_url"))
+        {
+            Some(url) => builder.push_media(&media_digest(url)),
+            None => push_canonical(part, builder),
+        },
+        "input_audio" => match part.pointer("/input_audio/data").and_then(Value::as_str) {
+            Some(data) => builder.push_media(&base64_media_digest(data)),
+            None => push_canonical(part, builder),
+        },
+        _ => push_canonical(part, builder),
+    }
+}
+
+fn push_canonical(value: &Value, builder: &mut ChainBuilder) {
+    let mut text = String::new();
+    write_canonical(value, &mut text);
+    builder.push_text(text.as_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn chat(body: Value) -> RequestHashes {
+        hash_request(Endpoint::ChatCompletions, &body, &HashConfig::default()).unwrap()
+    }
+
+    #[test]
+    fn a_longer_conversation_extends_the_chain() {
+        let system = "You are a careful assistant. ".repeat(20);
+        let first = chat(json!({"model": "m", "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": "What is the capital of France? Answer briefly please."},
+        ]}));
+        let second = chat(json!({"model": "m", "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": "What is the capital of France? Answer briefly please."},
+            {"role": "assistant", "content": "Paris."},
+            {"role": "user", "content": "And of Italy?"},
+        ]}));
+        assert!(first.chain.len() >= 9);
+        assert_eq!(second.chain[..first.chain.len()], first.chain[..]);
+    }
+
+    #[test]
+    fn the_same_image_hashes_the_same_and_a_different_one_does_not() {
+        let with = |url: &str| {
+            chat(json!({"model": "m", "messages": [{"role": "user", "content": [
+                {"type": "text", "text": "Describe this picture in detail, please."},
+                {"type": "image_url", "image_url": {"url": url}},
+                {"type": "text", "text": "x".repeat(200)},
+            ]}]}))
+        };
+        let a = with("https://example.com/a.png");
+        assert_eq!(a, with("https://example.com/a.png"));
+        let b = with("https://example.com/b.png");
+        assert_eq!(a.chain[0], b.chain[0], "text before the image is shared");
+        assert_ne!(a.chain[1], b.chain[1], "the image block differs");
+    }
+
+    #[test]
+    fn tools_and_tool_calls_are_part_of_the_prefix() {
+        let base = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+        let mut with_tools = base.clone();
+        with_tools["tools"] = json!([{"type": "function", "function": {"name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
+        assert_ne!(chat(base).chain, chat(with_tools).chain);
+    }
+
+    #[test]
+    fn completions_prompt_shapes() {
+        let config = HashConfig::default();
+        let text = "a".repeat(130);
+        let single = hash_request(
+            Endpoint::Completions,
+            &json!({"model": "m", "prompt": text}),
+            &config,
+        )
+        .unwrap();
+        let batch = hash_request(
+            Endpoint::Completions,
+            &json!({"model": "m", "prompt": [text, "other"]}),
+            &config,
+        )
+        .unwrap();
+        assert_eq!(single.chain.len(), 2);
+        assert_eq!(single.chain, batch.chain, "a batch is routed by its first prompt");
+        let tokens: Vec<u32> = (0..40).collect();
+        let by_tokens =
+            hash_request(Endpoint::Completions, &json!({"model": "m", "prompt": tokens}), &config)
+                .unwrap();
+        assert_eq!(by_tokens.chain.len(), 2);
+        assert_eq!(by_tokens.prompt_tokens, 40);
+        let nested = hash_request(
+            Endpoint::Completions,
+            &json!({"model": "m", "prompt": [tokens, [1, 2]]}),
+            &config,
+        )
+        .unwrap();
+        assert_eq!(nested.chain, by_tokens.chain);
+    }
+
+    #[test]
+    fn malformed_bodies_are_typed_errors() {
+        let config = HashConfig::default();
+        let cases = [
+            (json!([1]), HashError::NotAnObject),
+            (json!({"prompt": "x"}), HashError::Missing("model")),
+            (json!({"model": "m"}), HashError::Missing("prompt")),
+        ];
+        for (body, expected) in cases {
+            assert_eq!(hash_request(Endpoint::Completions, &body, &config), Err(expected));
+        }
+        for prompt in [json!([]), json!(5), json!([{"a": 1}]), json!([-1]), json!([1.5])] {
+            let body = json!({"model": "m", "prompt": prompt});
+            assert!(matches!(
+                hash_request(Endpoint::Completions, &body, &config),
+                Err(HashError::WrongType { field: "prompt", .. })
+            ));
+        }
+        assert_eq!(
+            hash_request(Endpoint::ChatCompletions, &json!({"model": "m"}), &config),
+            Err(HashError::Missing("messages"))
+        );
+        let token_mode = HashConfig { mode: HashMode::Token { block_tokens: 16 }, ..config };
+        assert_eq!(
+            hash_request(
+                Endpoint::Completions,
+                &json!({"model": "m", "prompt": "text"}),
+                &token_mode
+            ),
+            Err(HashError::NeedsTokens)
+        );
+    }
+
+    #[test]
+    fn cache_salt_and_model_separate_chains() {
+        let config = HashConfig::default();
+        let prompt = "p".repeat(64);
+        let hash = |body: Value| hash_request(Endpoint::Completions, &body, &config).unwrap().chain;
+        let plain = hash(json!({"model": "m", "prompt": prompt}));
+        assert_ne!(plain, hash(json!({"model": "m", "prompt": prompt, "cache_salt": "tenant"})));
+        assert_ne!(plain, hash(json!({"model": "lora-a", "prompt": prompt})));
+        assert_eq!(plain, hash(json!({"model": "m", "prompt": prompt, "cache_salt": null})));
+    }
+}
