@@ -1,0 +1,3 @@
+//! `kvmesh-sim engine`: a mock vLLM engine.
+
+pub mod model;

@@ -1,0 +1,572 @@
+//! The engine state machine: waiting queue, continuous batching, chunked prefill, prefix-cache
+//! bookkeeping and preemption, with time passed in.
+//!
+//! The engine executes one *step* at a time, like vLLM V1's busy loop. A step is planned from
+//! the running sequences first (one token for each decoding sequence, the next chunk for each
+//! sequence still in prefill), then from the waiting queue while a sequence slot
+//! (`max_num_seqs`), token budget (`max_num_batched_tokens`) and KV blocks remain. A running
+//! sequence that needs a block when none is free preempts the most recently admitted running
+//! sequence (its blocks are freed and it is recomputed later). The step's duration comes from
+//! the [`TimingModel`]; when it ends, every sequence that has caught up with its tokens emits
+//! one token, newly filled blocks enter the prefix cache, and finished sequences release their
+//! blocks (tail first, so their last blocks are evicted first).
+//!
+//! Driving it: call [`Engine::submit`] when a request arrives, [`Engine::next_event_time`] to
+//! learn when something happens next, and [`Engine::advance`] with the current time to run
+//! every step that completes by then. Same inputs, same seed: same outputs, same timings.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+
+use super::block_hash::{BlockHash, BlockHasher, CacheKey};
+use super::block_pool::{BlockId, BlockPool, KvCacheEvent};
+use super::request::{EngineRequest, Finished, KvTransfer, Output, RequestId, SubmitError};
+use super::stats::{EngineStats, FinishReason};
+use super::timing::{StepShape, TimingModel};
+use super::tokenizer::token_id;
+use crate::rng::mix64;
+use crate::text;
+
+/// Static configuration of an engine.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineConfig {
+    /// KV capacity in blocks (vLLM's `num_gpu_blocks`).
+    pub num_gpu_blocks: u32,
+    /// Tokens per block.
+    pub block_size: u32,
+    /// Most sequences in one batch.
+    pub max_num_seqs: u32,
+    /// Most tokens computed in one step (chunked prefill budget).
+    pub max_num_batched_tokens: u32,
+    /// Context window: prompt plus output tokens.
+    pub max_model_len: u32,
+    /// Step timing.
+    pub timing: TimingModel,
+    /// Seed of the output text and of the block-hash root.
+    pub seed: u64,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            num_gpu_blocks: 8192,
+            block_size: 16,
+            max_num_seqs: 256,
+            max_num_batched_tokens: 8192,
+            max_model_len: 131_072,
+            timing: TimingModel::default(),
+            seed: 0,
+        }
+    }
+}
+
+/// Gauges of the engine at one instant.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EngineGauges {
+    /// Sequences in the running batch.
+    pub running: usize,
+    /// Requests waiting (including those waiting for a KV transfer).
+    pub waiting: usize,
+    /// Fraction of KV blocks referenced by requests.
+    pub kv_usage: f64,
+}
+
+#[derive(Debug)]
+struct Seq {
+    req: EngineRequest,
+    key: CacheKey,
+    tokens: Vec<u32>,
+    prompt_len: usize,
+    hashes: Vec<BlockHash>,
+    blocks: Vec<BlockId>,
+    num_computed: usize,
+    num_registered: usize,
+    num_output: u32,
+    natural_len: u32,
+    output_key: u64,
+    arrival: Duration,
+    first_token_at: Option<Duration>,
+    cached_tokens: Option<u32>,
+    transfer_done: bool,
+}
+
+#[derive(Debug)]
+struct InFlight {
+    end: Duration,
+    plan: Vec<(RequestId, usize)>,
+}
+
+/// The sans-IO engine model. See the module docs.
+#[derive(Debug)]
+pub struct Engine {
+    cfg: EngineConfig,
+    hasher: BlockHasher,
+    pool: BlockPool,
+    seqs: HashMap<RequestId, Seq>,
+    waiting: VecDeque<RequestId>,
+    running: Vec<RequestId>,
+    transferring: Vec<(RequestId, Duration)>,
+    in_flight: Option<InFlight>,
+    clock: Duration,
+    stalled: bool,
+    stats: EngineStats,
+}
+
+impl Engine {
+    /// An idle engine with an empty cache. `max_model_len` is capped at the KV capacity.
+    pub fn new(mut cfg: EngineConfig) -> Self {
+        assert!(cfg.block_size > 0 && cfg.num_gpu_blocks > 0 && cfg.max_num_seqs > 0);
+        cfg.max_model_len = cfg.max_model_len.min(cfg.num_gpu_blocks.saturating_mul(cfg.block_size));
+        cfg.max_num_batched_tokens = cfg.max_num_batched_tokens.max(1);
+        Self {
+            hasher: BlockHasher::new(cfg.seed, cfg.block_size as usize),
+            pool: BlockPool::new(cfg.num_gpu_blocks),
+            seqs: HashMap::new(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            transferring: Vec::new(),
+            in_flight: None,
+            clock: Duration::ZERO,
+            stalled: false,
+            stats: EngineStats::default(),
+            cfg,
+        }
+    }
+
+    /// The configuration in force (with `max_model_len` capped).
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    /// Cumulative statistics.
+    pub fn stats(&self) -> &EngineStats {
+        &self.stats
+    }
+
+    /// Current gauges.
+    pub fn gauges(&self) -> EngineGauges {
+        EngineGauges {
+            running: self.running.len(),
+            waiting: self.waiting.len() + self.transferring.len(),
+            kv_usage: self.pool.usage(),
+        }
+    }
+
+    /// The block pool (read-only), e.g. to compare KV events with the cache state.
+    pub fn pool(&self) -> &BlockPool {
+        &self.pool
+    }
+
+    /// The chained block hashes the engine would use for `tokens` under `key`.
+    pub fn block_hashes(&self, tokens: &[u32], key: &CacheKey) -> Vec<BlockHash> {
+        let mut v = Vec::new();
+        self.hasher.extend_chain(&mut v, tokens, key);
+        v
+    }
+
+    /// Takes the KV cache events recorded since the last call, in order.
+    pub fn take_kv_events(&mut self) -> Vec<KvCacheEvent> {
+        self.pool.take_events()
+    }
+
+    /// Whether the engine holds no request.
+    pub fn is_idle(&self) -> bool {
+        self.seqs.is_empty()
+    }
+
+    /// Clears the prefix cache if no request holds blocks. Returns whether it did.
+    pub fn reset_prefix_cache(&mut self) -> bool {
+        self.pool.reset_prefix_cache()
+    }
+
+    /// Accepts a request arriving at `now`.
+    pub fn submit(&mut self, req: EngineRequest, now: Duration) -> Result<(), SubmitError> {
+        if req.prompt.is_empty() {
+            return Err(SubmitError::EmptyPrompt);
+        }
+        if req.max_tokens == 0 {
+            return Err(SubmitError::ZeroMaxTokens);
+        }
+        let total = req.prompt.len() + req.max_tokens as usize;
+        if total > self.cfg.max_model_len as usize {
+            return Err(SubmitError::TooLong {
+                prompt: req.prompt.len(),
+                max_tokens: req.max_tokens,
+                total,
+                max_model_len: self.cfg.max_model_len,
+            });
+        }
+        if self.seqs.contains_key(&req.id) {
+            return Err(SubmitError::DuplicateId(req.id));
+        }
+        let key = CacheKey {
+            lora: req.lora.as_ref().map(|l| l.name.clone()),
+            cache_salt: req.cache_salt.clone(),
+        };
+        let prompt_key = req.prompt.iter().fold(self.cfg.seed, |h, &t| mix64(h ^ u64::from(t)));
+        let natural_len = 16 + (mix64(prompt_key ^ 0x6e61_7475_7261_6c) % 497) as u32;
+        let mut hashes = Vec::with_capacity(req.prompt.len() / self.cfg.block_size as usize + 1);
+        self.hasher.extend_chain(&mut hashes, &req.prompt, &key);
+        let id = req.id;
+        let tokens = req.prompt.clone();
+        self.seqs.insert(
+            id,
+            Seq {
+                prompt_len: tokens.len(),
+                tokens,
+                key,
+                hashes,
+                blocks: Vec::new(),
+                num_computed: 0,
+                num_registered: 0,
+                num_output: 0,
+                natural_len,
+                output_key: prompt_key,
+                arrival: now,
+                first_token_at: None,
+                cached_tokens: None,
+                transfer_done: false,
+                req,
+            },
+        );
+        self.waiting.push_back(id);
+        self.wake(now);
+        Ok(())
+    }
+
+    /// Drops a request (the client went away). Returns whether the engine held it.
+    pub fn abort(&mut self, id: RequestId, now: Duration) -> bool {
+        let Some(seq) = self.seqs.remove(&id) else { return false };
+        self.waiting.retain(|&r| r != id);
+        self.running.retain(|&r| r != id);
+        self.transferring.retain(|&(r, _)| r != id);
+        self.pool.free(seq.blocks.iter().rev().copied());
+        self.stats.count_finished(FinishReason::Abort);
+        self.wake(now);
+        true
+    }
+
+    /// When the engine next has something to do: the end of the step in flight, `now`-ish
+    /// (the engine's clock) when idle with schedulable work, the end of the earliest KV
+    /// transfer, or `None` when there is nothing to do until a request arrives.
+    pub fn next_event_time(&self) -> Option<Duration> {
+        if let Some(step) = &self.in_flight {
+            return Some(step.end);
+        }
+        let transfer = self.transferring.iter().map(|&(_, t)| t).min();
+        if !self.stalled && (!self.running.is_empty() || !self.waiting.is_empty()) {
+            return Some(self.clock);
+        }
+        transfer.map(|t| t.max(self.clock))
+    }
+
+    /// Runs every step that completes by `now` and returns the tokens they generated.
+    pub fn advance(&mut self, now: Duration) -> Vec<Output> {
+        let mut out = Vec::new();
+        self.advance_into(now, &mut out);
+        out
+    }
+
+    /// Like [`advance`](Self::advance), appending to `out`.
+    pub fn advance_into(&mut self, now: Duration, out: &mut Vec<Output>) {
+        loop {
+            if let Some(step) = &self.in_flight {
+                if step.end > now {
+                    return;
+                }
+                let step = self.in_flight.take().expect("checked above");
+                self.clock = self.clock.max(step.end);
+                self.complete_step(step, out);
+                continue;
+            }
+            self.finish_transfers();
+            if self.stalled || (self.running.is_empty() && self.waiting.is_empty()) {
+                match self.transferring.iter().map(|&(_, t)| t).min() {
+                    Some(t) if t <= now => {
+                        self.clock = self.clock.max(t);
+                        continue;
+                    }
+                    _ => return,
+                }
+            }
+            if self.clock > now {
+                return;
+            }
+            let (plan, shape, preempted) = self.schedule();
+            if plan.is_empty() {
+                // After preempting everything the next plan admits from the waiting queue;
+                // otherwise nothing can run until a request arrives, leaves or transfers.
+                self.stalled = !preempted;
+                continue;
+            }
+            let end = self.clock + self.cfg.timing.step_duration(&shape);
+            self.in_flight = Some(InFlight { end, plan });
+        }
+    }
+
+    fn wake(&mut self, now: Duration) {
+        self.stalled = false;
+        if self.in_flight.is_none() && self.running.is_empty() {
+            self.clock = self.clock.max(now);
+        }
+    }
+
+    fn finish_transfers(&mut self) {
+        let clock = self.clock;
+        let mut i = 0;
+        while i < self.transferring.len() {
+            if self.transferring[i].1 > clock {
+                i += 1;
+                continue;
+            }
+            let (id, _) = self.transferring.swap_remove(i);
+            if let Some(seq) = self.seqs.get_mut(&id) {
+                // The pulled KV covers the whole prompt but its last token, which the decode
+                // engine computes itself to sample the first token (as vLLM does).
+                seq.num_computed = seq.num_computed.max(seq.prompt_len - 1);
+                seq.transfer_done = true;
+                let full = seq.num_computed / self.cfg.block_size as usize;
+                register_blocks(&mut self.pool, &self.hasher, seq, full);
+                self.waiting.push_front(id);
+                self.stalled = false;
+            }
+        }
+    }
+
+    fn schedule(&mut self) -> (Vec<(RequestId, usize)>, StepShape, bool) {
+        let mut budget = self.cfg.max_num_batched_tokens as usize;
+        let mut plan = Vec::new();
+        let mut preempted = false;
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            let id = self.running[i];
+            let seq = &self.seqs[&id];
+            let num_new = (seq.tokens.len() - seq.num_computed).min(budget);
+            if num_new == 0 {
+                i += 1;
+                continue;
+            }
+            loop {
+                if self.try_allocate(id, num_new) {
+                    plan.push((id, num_new));
+                    budget -= num_new;
+                    i += 1;
+                    break;
+                }
+                let victim = self.running.pop().expect("running holds at least `id`");
+                self.preempt(victim);
+                preempted = true;
+                if victim == id {
+                    break;
+                }
+            }
+        }
+        while !preempted
+            && budget > 0
+            && self.running.len() < self.cfg.max_num_seqs as usize
+            && let Some(&id) = self.waiting.front()
+        {
+            match self.admit(id, budget) {
+                Admission::Scheduled(n) => {
+                    self.waiting.pop_front();
+                    self.running.push(id);
+                    plan.push((id, n));
+                    budget -= n;
+                }
+                Admission::Transferring => {
+                    self.waiting.pop_front();
+                }
+                Admission::NoRoom => break,
+            }
+        }
+        let mut shape = StepShape { seqs: plan.len() as u32, ..Default::default() };
+        for &(id, n) in &plan {
+            let seq = &self.seqs[&id];
+            if !(n == 1 && seq.num_computed + 1 == seq.tokens.len() && seq.num_output > 0) {
+                shape.prefill_tokens += n as u64;
+                shape.attention_work += n as f64 * (seq.num_computed as f64 + n as f64 / 2.0);
+            }
+        }
+        (plan, shape, preempted)
+    }
+
+    /// Tries to start a waiting request with at most `budget` new tokens.
+    fn admit(&mut self, id: RequestId, budget: usize) -> Admission {
+        let bs = self.cfg.block_size as usize;
+        let seq = self.seqs.get_mut(&id).expect("waiting ids are live");
+        if !seq.blocks.is_empty() {
+            // Resumed after a KV transfer: blocks are held already.
+            let num_new = (seq.tokens.len() - seq.num_computed).min(budget);
+            return if self.try_allocate(id, num_new) {
+                Admission::Scheduled(num_new)
+            } else {
+                Admission::NoRoom
+            };
+        }
+        // Prefix-cache lookup. The last token is always recomputed (its logits are needed),
+        // so at most (len - 1) / block_size blocks can hit.
+        let max_hit = (seq.tokens.len() - 1) / bs;
+        let mut hit_blocks = Vec::new();
+        let mut revived = 0u32;
+        for &h in seq.hashes.iter().take(max_hit) {
+            match self.pool.lookup(h) {
+                Some(b) => {
+                    if self.pool.is_free(b) {
+                        revived += 1;
+                    }
+                    hit_blocks.push(b);
+                }
+                None => break,
+            }
+        }
+        let hit_tokens = hit_blocks.len() * bs;
+        let remote = matches!(seq.req.kv_transfer, KvTransfer::RemotePrefill { .. })
+            && !seq.transfer_done;
+        let target_tokens = if remote {
+            seq.tokens.len()
+        } else {
+            hit_tokens + (seq.tokens.len() - hit_tokens).min(budget)
+        };
+        let new_blocks = target_tokens.div_ceil(bs) - hit_blocks.len();
+        if new_blocks as u64 + u64::from(revived) > u64::from(self.pool.num_free()) {
+            return Admission::NoRoom;
+        }
+        for &b in &hit_blocks {
+            self.pool.touch(b);
+        }
+        seq.blocks = hit_blocks;
+        for _ in 0..new_blocks {
+            seq.blocks.push(self.pool.allocate().expect("free count checked"));
+        }
+        seq.num_computed = hit_tokens;
+        seq.num_registered = seq.blocks.len().min(hit_tokens / bs);
+        self.stats.prefix_cache_queries += seq.tokens.len() as u64;
+        self.stats.prefix_cache_hits += hit_tokens as u64;
+        if remote {
+            let pulled = seq.blocks.len() - hit_tokens / bs;
+            seq.cached_tokens.get_or_insert((seq.prompt_len - 1) as u32);
+            let until = self.clock + self.cfg.timing.transfer_duration(pulled);
+            self.transferring.push((id, until));
+            return Admission::Transferring;
+        }
+        seq.cached_tokens.get_or_insert(hit_tokens as u32);
+        Admission::Scheduled(target_tokens - hit_tokens)
+    }
+
+    /// Makes sure `id` has blocks for `num_new` more tokens; all or nothing.
+    fn try_allocate(&mut self, id: RequestId, num_new: usize) -> bool {
+        let bs = self.cfg.block_size as usize;
+        let seq = self.seqs.get_mut(&id).expect("live id");
+        let need = (seq.num_computed + num_new).div_ceil(bs).saturating_sub(seq.blocks.len());
+        if need as u64 > u64::from(self.pool.num_free()) {
+            return false;
+        }
+        for _ in 0..need {
+            seq.blocks.push(self.pool.allocate().expect("free count checked"));
+        }
+        true
+    }
+
+    fn preempt(&mut self, id: RequestId) {
+        let seq = self.seqs.get_mut(&id).expect("live id");
+        self.pool.free(seq.blocks.drain(..).rev());
+        seq.num_computed = 0;
+        seq.num_registered = 0;
+        seq.transfer_done = false;
+        self.waiting.push_front(id);
+        self.stats.num_preemptions += 1;
+    }
+
+    fn complete_step(&mut self, step: InFlight, out: &mut Vec<Output>) {
+        let now = step.end;
+        self.stalled = false;
+        for (id, n) in step.plan {
+            let Some(seq) = self.seqs.get_mut(&id) else { continue };
+            if seq.blocks.is_empty() {
+                continue; // preempted after planning; cannot happen today, kept for safety
+            }
+            seq.num_computed += n;
+            let full = seq.num_computed / self.cfg.block_size as usize;
+            register_blocks(&mut self.pool, &self.hasher, seq, full);
+            if seq.num_computed < seq.tokens.len() {
+                continue; // prefill continues next step
+            }
+            let piece = text::piece(seq.output_key ^ self.cfg.seed, u64::from(seq.num_output));
+            let tid = token_id(piece.as_bytes());
+            seq.tokens.push(tid);
+            seq.num_output += 1;
+            self.stats.generation_tokens += 1;
+            if seq.first_token_at.is_none() {
+                seq.first_token_at = Some(now);
+                self.stats.ttft.observe((now - seq.arrival).as_secs_f64());
+            }
+            let reason = if seq.req.kv_transfer == KvTransfer::RemoteDecode
+                || seq.num_output >= seq.req.max_tokens
+            {
+                Some(FinishReason::Length)
+            } else if !seq.req.ignore_eos
+                && seq.num_output >= seq.natural_len.max(seq.req.min_tokens)
+            {
+                Some(FinishReason::Stop)
+            } else {
+                None
+            };
+            let finished = reason.map(|reason| {
+                let seq = self.seqs.remove(&id).expect("present");
+                self.running.retain(|&r| r != id);
+                self.stats.prompt_tokens += seq.prompt_len as u64;
+                self.stats.count_finished(reason);
+                self.stats.e2e.observe((now - seq.arrival).as_secs_f64());
+                let prompt_blocks = seq.prompt_len.div_ceil(self.cfg.block_size as usize);
+                let remote_block_ids = (seq.req.kv_transfer == KvTransfer::RemoteDecode)
+                    .then(|| seq.blocks[..prompt_blocks.min(seq.blocks.len())].to_vec());
+                self.pool.free(seq.blocks.iter().rev().copied());
+                Finished {
+                    reason,
+                    prompt_tokens: seq.prompt_len as u32,
+                    completion_tokens: seq.num_output,
+                    cached_tokens: seq.cached_tokens.unwrap_or(0),
+                    remote_block_ids,
+                }
+            });
+            out.push(Output { request: id, token_id: tid, text: piece, finished });
+        }
+    }
+}
+
+enum Admission {
+    Scheduled(usize),
+    Transferring,
+    NoRoom,
+}
+
+/// Enters the sequence's newly full blocks (up to `full`) into the prefix cache and records
+/// one `BlockStored` event per run of consecutive newly cached blocks.
+fn register_blocks(pool: &mut BlockPool, hasher: &BlockHasher, seq: &mut Seq, full: usize) {
+    let full = full.min(seq.blocks.len());
+    if full <= seq.num_registered {
+        return;
+    }
+    let bs = hasher.block_size();
+    hasher.extend_chain(&mut seq.hashes, &seq.tokens[..full * bs], &seq.key);
+    let mut run_start: Option<usize> = None;
+    for j in seq.num_registered..=full {
+        let stored = j < full && pool.cache_block(seq.blocks[j], seq.hashes[j]);
+        match (stored, run_start) {
+            (true, None) => run_start = Some(j),
+            (false, Some(s)) => {
+                pool.record(KvCacheEvent::BlockStored {
+                    block_hashes: seq.hashes[s..j].to_vec(),
+                    parent_block_hash: s.checked_sub(1).map(|p| seq.hashes[p]),
+                    token_ids: seq.tokens[s * bs..j * bs].to_vec(),
+                    block_size: bs as u32,
+                    lora_id: seq.req.lora.as_ref().map(|l| l.id),
+                    lora_name: seq.req.lora.as_ref().map(|l| l.name.clone()),
+                });
+                run_start = None;
+            }
+            _ => {}
+        }
+    }
+    seq.num_registered = full;
+}

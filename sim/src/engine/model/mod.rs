@@ -1,0 +1,23 @@
+//! The sans-IO engine model: pseudo-tokenizer, prefix cache, scheduler and timing.
+//!
+//! No sockets, no runtime, no clock: time is a [`Duration`](std::time::Duration) since an
+//! epoch the caller chooses, passed into every call. The HTTP server drives it in real time;
+//! the cluster simulator drives the same code in virtual time.
+
+pub mod block_hash;
+pub mod block_pool;
+pub mod engine;
+pub mod request;
+pub mod stats;
+pub mod timing;
+pub mod tokenizer;
+
+pub use block_hash::{BlockHash, BlockHasher, CacheKey};
+pub use block_pool::{BlockId, BlockPool, KvCacheEvent};
+pub use engine::{Engine, EngineConfig, EngineGauges};
+pub use request::{EngineRequest, Finished, KvTransfer, LoraRef, Output, RequestId, SubmitError};
+pub use stats::{EngineStats, FinishReason, Histogram};
+pub use timing::{StepShape, TimingModel};
+
+#[cfg(test)]
+mod engine_tests;

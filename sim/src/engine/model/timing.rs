@@ -1,0 +1,116 @@
+//! How long a model step takes.
+//!
+//! A step is one forward pass over a batch (vLLM V1 mixes prefill chunks and decodes in one
+//! step). Its duration is
+//!
+//! ```text
+//! step = step_overhead + per_seq · seqs_in_batch
+//!      + prefill_tokens / prefill_tokens_per_s
+//!      + attention · Σ_chunks chunk_tokens · (context_before_chunk + chunk_tokens / 2)
+//! ```
+//!
+//! all multiplied by `time_scale` (1.0 = real time; 0.1 = ten times faster). The first two
+//! terms are the decode step time and its growth with batch size; the last term grows with
+//! context length, so long prompts cost more than linearly. `instant` makes every step take
+//! zero time (the bookkeeping still runs). A KV transfer for a disaggregated decode costs
+//! `kv_transfer_s_per_block` per block pulled.
+
+use std::time::Duration;
+
+/// Parameters of the timing model; see the module docs for the formula.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TimingModel {
+    /// Fixed cost of a step (the decode step time at batch size 1), seconds.
+    pub step_overhead_s: f64,
+    /// Extra step time per sequence in the batch, seconds.
+    pub per_seq_s: f64,
+    /// Prefill speed for uncached prompt tokens, tokens per second.
+    pub prefill_tokens_per_s: f64,
+    /// Attention cost, seconds per (token × context token).
+    pub attention_s_per_token_ctx: f64,
+    /// Modelled KV transfer time per block pulled from a prefill engine, seconds.
+    pub kv_transfer_s_per_block: f64,
+    /// Multiplier applied to every modelled duration.
+    pub time_scale: f64,
+    /// Zero modelled time for everything.
+    pub instant: bool,
+}
+
+impl Default for TimingModel {
+    /// Roughly an 8B model on one modern data-centre GPU.
+    fn default() -> Self {
+        Self {
+            step_overhead_s: 0.012,
+            per_seq_s: 0.000_15,
+            prefill_tokens_per_s: 12_000.0,
+            attention_s_per_token_ctx: 1.0e-9,
+            kv_transfer_s_per_block: 0.000_2,
+            time_scale: 1.0,
+            instant: false,
+        }
+    }
+}
+
+/// What a step computes, as far as timing is concerned.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepShape {
+    /// Sequences in the batch (decodes and prefill chunks).
+    pub seqs: u32,
+    /// Prompt (or recomputed) tokens computed in this step.
+    pub prefill_tokens: u64,
+    /// Σ chunk_tokens · (context_before_chunk + chunk_tokens / 2) over prefill chunks.
+    pub attention_work: f64,
+}
+
+impl TimingModel {
+    /// Duration of a step of the given shape.
+    pub fn step_duration(&self, shape: &StepShape) -> Duration {
+        if self.instant || shape.seqs == 0 {
+            return Duration::ZERO;
+        }
+        let s = self.step_overhead_s
+            + self.per_seq_s * f64::from(shape.seqs)
+            + shape.prefill_tokens as f64 / self.prefill_tokens_per_s
+            + self.attention_s_per_token_ctx * shape.attention_work;
+        scaled(s * self.time_scale)
+    }
+
+    /// Duration of pulling `blocks` KV blocks from a remote prefill engine.
+    pub fn transfer_duration(&self, blocks: usize) -> Duration {
+        if self.instant {
+            return Duration::ZERO;
+        }
+        scaled(self.kv_transfer_s_per_block * blocks as f64 * self.time_scale)
+    }
+}
+
+fn scaled(seconds: f64) -> Duration {
+    Duration::from_secs_f64(seconds.max(0.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefill_dominates_long_prompts_and_scale_applies() {
+        let t = TimingModel::default();
+        let small = StepShape { seqs: 1, prefill_tokens: 16, attention_work: 16.0 * 8.0 };
+        let big = StepShape { seqs: 1, prefill_tokens: 4096, attention_work: 4096.0 * 2048.0 };
+        assert!(t.step_duration(&big) > t.step_duration(&small) * 10);
+        let fast = TimingModel { time_scale: 0.1, ..t.clone() };
+        let ratio = t.step_duration(&big).as_secs_f64() / fast.step_duration(&big).as_secs_f64();
+        assert!((ratio - 10.0).abs() < 1e-6);
+        let instant = TimingModel { instant: true, ..t.clone() };
+        assert_eq!(instant.step_duration(&big), Duration::ZERO);
+        assert_eq!(t.step_duration(&StepShape::default()), Duration::ZERO);
+    }
+
+    #[test]
+    fn decode_step_grows_with_batch() {
+        let t = TimingModel::default();
+        let one = StepShape { seqs: 1, ..Default::default() };
+        let many = StepShape { seqs: 128, ..Default::default() };
+        assert!(t.step_duration(&many) > t.step_duration(&one));
+    }
+}

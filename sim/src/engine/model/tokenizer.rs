@@ -1,0 +1,120 @@
+//! The pseudo-tokenizer and the chat template of the mock engine.
+//!
+//! **Tokenizer.** The UTF-8 bytes of a text are cut into consecutive chunks of
+//! [`BYTES_PER_TOKEN`] (= 4) bytes; the last chunk may be shorter. Each chunk becomes one
+//! token whose id is `mix64(le_u32(chunk zero-padded) | len << 32) mod VOCAB_SIZE`, where
+//! `mix64` is the SplitMix64 finaliser (see `crate::rng::mix64`). So a text of `n` bytes has
+//! `ceil(n / 4)` tokens, the same text always gives the same ids, and a text that extends
+//! another (at a 4-byte boundary) extends its token ids. There is no BOS token.
+//!
+//! **Chat template.** Messages are rendered, in order, as
+//! `<|{role}|>\n{content}<|end|>\n`, followed by `<|assistant|>\n` when a generation prompt is
+//! added (the default). Content given as a list of parts contributes its `text` parts in order,
+//! and each image part as `<|image|>{url}`. `/tokenize` with `messages` and the chat endpoint
+//! use this same function, so the token ids `/tokenize` returns are the ids the engine caches.
+
+use crate::rng::mix64;
+
+/// Bytes per token of the pseudo-tokenizer.
+pub const BYTES_PER_TOKEN: usize = 4;
+
+/// Size of the pseudo vocabulary: token ids are in `0..VOCAB_SIZE`.
+pub const VOCAB_SIZE: u32 = 128_000;
+
+/// The id of one chunk of at most [`BYTES_PER_TOKEN`] bytes.
+pub fn token_id(chunk: &[u8]) -> u32 {
+    debug_assert!(!chunk.is_empty() && chunk.len() <= BYTES_PER_TOKEN);
+    let mut v: u64 = 0;
+    for (i, b) in chunk.iter().enumerate() {
+        v |= u64::from(*b) << (8 * i);
+    }
+    v |= (chunk.len() as u64) << 32;
+    (mix64(v) % u64::from(VOCAB_SIZE)) as u32
+}
+
+/// Token ids of `text`.
+pub fn tokenize(text: &str) -> Vec<u32> {
+    text.as_bytes().chunks(BYTES_PER_TOKEN).map(token_id).collect()
+}
+
+/// Number of tokens of `text`, without materialising them.
+pub fn count_tokens(text: &str) -> usize {
+    text.len().div_ceil(BYTES_PER_TOKEN)
+}
+
+/// One chat message, already reduced to its rendered content.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChatMessage {
+    /// `system`, `user`, `assistant`, `tool`, ...
+    pub role: String,
+    /// The content text (parts already joined, see the module docs).
+    pub content: String,
+}
+
+/// Renders `messages` with the fixed chat template (see the module docs).
+pub fn render_chat(messages: &[ChatMessage], add_generation_prompt: bool) -> String {
+    let mut out = String::with_capacity(
+        messages.iter().map(|m| m.content.len() + m.role.len() + 12).sum::<usize>() + 16,
+    );
+    for m in messages {
+        out.push_str("<|");
+        out.push_str(&m.role);
+        out.push_str("|>\n");
+        out.push_str(&m.content);
+        out.push_str("<|end|>\n");
+    }
+    if add_generation_prompt {
+        out.push_str("<|assistant|>\n");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn four_bytes_per_token_and_deterministic() {
+        assert_eq!(tokenize("").len(), 0);
+        assert_eq!(tokenize("abcd").len(), 1);
+        assert_eq!(tokenize("abcde").len(), 2);
+        assert_eq!(tokenize("hello world"), tokenize("hello world"));
+        assert_ne!(tokenize("abcd"), tokenize("abce"));
+        // A short final chunk is distinct from the same bytes padded with NULs.
+        assert_ne!(token_id(b"ab"), token_id(b"ab\0\0"));
+    }
+
+    #[test]
+    fn chat_template_is_the_documented_one() {
+        let msgs = vec![
+            ChatMessage { role: "system".into(), content: "Be brief.".into() },
+            ChatMessage { role: "user".into(), content: "Hi".into() },
+        ];
+        assert_eq!(
+            render_chat(&msgs, true),
+            "<|system|>\nBe brief.<|end|>\n<|user|>\nHi<|end|>\n<|assistant|>\n"
+        );
+        assert_eq!(render_chat(&msgs[..1], false), "<|system|>\nBe brief.<|end|>\n");
+    }
+
+    proptest! {
+        #[test]
+        fn ids_in_vocab_and_count_matches(s in ".{0,200}") {
+            let ids = tokenize(&s);
+            prop_assert_eq!(ids.len(), count_tokens(&s));
+            prop_assert!(ids.iter().all(|&t| t < VOCAB_SIZE));
+        }
+
+        #[test]
+        fn aligned_extension_extends_ids(a in "[a-z ]{0,40}", b in "[a-z ]{0,40}") {
+            // Pad `a` to a 4-byte boundary: then tokens(a + b) starts with tokens(a).
+            let mut a = a;
+            while a.len() % BYTES_PER_TOKEN != 0 { a.push('x'); }
+            let joined = format!("{a}{b}");
+            let ta = tokenize(&a);
+            let tj = tokenize(&joined);
+            prop_assert_eq!(&tj[..ta.len()], &ta[..]);
+        }
+    }
+}

@@ -1,0 +1,10 @@
+//! kvmesh-sim: a vLLM-compatible mock engine, a load generator and (later) a cluster simulator.
+//!
+//! - [`engine::model`] is the sans-IO engine model (tokenizer, prefix cache, scheduler,
+//!   timing), reusable with virtual time.
+//! - [`engine`] also holds the HTTP server and the KV-event publisher around it.
+//! - [`load`] is the load generator.
+
+pub mod engine;
+pub mod rng;
+pub mod text;
