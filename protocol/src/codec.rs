@@ -72,7 +72,10 @@ where
         return Err(DecodeError::Version(header.0));
     }
     if header.1 != kind as u8 {
-        return Err(DecodeError::WrongKind { expected: kind, found: header.1 });
+        return Err(DecodeError::WrongKind {
+            expected: kind,
+            found: header.1,
+        });
     }
     // Network bytes have no alignment guarantee; rkyv needs one.
     let mut aligned = AlignedVec::<16>::with_capacity(body.len());

@@ -70,7 +70,10 @@ impl LoadDigest {
         let digest: Self = codec::decode(Kind::LoadDigest, bytes)?;
         let finite_non_negative = |x: f32| x.is_finite() && x >= 0.0;
         if !(0.0..=1.0).contains(&digest.kv_usage) {
-            return Err(DecodeError::Semantic(format!("kv_usage {} out of 0..=1", digest.kv_usage)));
+            return Err(DecodeError::Semantic(format!(
+                "kv_usage {} out of 0..=1",
+                digest.kv_usage
+            )));
         }
         if !finite_non_negative(digest.ttft_ewma_ms)
             || !finite_non_negative(digest.prefill_tokens_per_s)
@@ -111,18 +114,33 @@ mod tests {
         let digest = sample_digest();
         let bytes = digest.encode();
         assert_eq!(LoadDigest::decode(&bytes).unwrap(), digest);
-        let names: usize = digest.models.iter().chain(&digest.loras).map(String::len).sum();
-        assert!(bytes.len() - names <= 160, "digest is {} bytes plus names", bytes.len() - names);
+        let names: usize = digest
+            .models
+            .iter()
+            .chain(&digest.loras)
+            .map(String::len)
+            .sum();
+        assert!(
+            bytes.len() - names <= 160,
+            "digest is {} bytes plus names",
+            bytes.len() - names
+        );
     }
 
     #[test]
     fn rejects_out_of_range_values() {
         let mut digest = sample_digest();
         digest.kv_usage = 1.5;
-        assert!(matches!(LoadDigest::decode(&digest.encode()), Err(DecodeError::Semantic(_))));
+        assert!(matches!(
+            LoadDigest::decode(&digest.encode()),
+            Err(DecodeError::Semantic(_))
+        ));
         let mut digest = sample_digest();
         digest.ttft_ewma_ms = f32::NAN;
-        assert!(matches!(LoadDigest::decode(&digest.encode()), Err(DecodeError::Semantic(_))));
+        assert!(matches!(
+            LoadDigest::decode(&digest.encode()),
+            Err(DecodeError::Semantic(_))
+        ));
     }
 
     #[test]

@@ -20,5 +20,5 @@ pub mod wire;
 
 pub use digest::{LoadDigest, Role};
 pub use hashing::{BlockHash, HashConfig, HashMode, RequestHashes};
-
-
+pub use route::{Candidate, Decision, RouteConfig, RouteReason, RouteRequest, decide};
+pub use summary::{PeerSummary, SummaryBuilder, SummaryConfig};

@@ -38,7 +38,10 @@ mod tests {
         let b64 = base64::engine::general_purpose::STANDARD.encode(b"\x89PNG fake image");
         let url = format!("data:image/png;base64,{b64}");
         assert_eq!(media_digest(&url), base64_media_digest(&b64));
-        assert_eq!(media_digest(&url), *blake3::hash(b"\x89PNG fake image").as_bytes());
+        assert_eq!(
+            media_digest(&url),
+            *blake3::hash(b"\x89PNG fake image").as_bytes()
+        );
     }
 
     #[test]
@@ -47,6 +50,9 @@ mod tests {
             media_digest("https://example.com/cat.png"),
             *blake3::hash(b"https://example.com/cat.png").as_bytes()
         );
-        assert_ne!(media_digest("https://a/1.png"), media_digest("https://a/2.png"));
+        assert_ne!(
+            media_digest("https://a/1.png"),
+            media_digest("https://a/2.png")
+        );
     }
 }

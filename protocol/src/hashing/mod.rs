@@ -21,7 +21,7 @@ mod chain;
 mod media;
 mod request;
 
-pub use chain::{ChainBuilder, ChainSeed, chain_from_text, chain_from_tokens};
+pub use chain::{ChainBuilder, ChainSeed, chain_from_text, chain_from_tokens, extend_with_tokens};
 pub use media::media_digest;
 pub use request::{Endpoint, HashError, RequestHashes, hash_request};
 
@@ -61,7 +61,9 @@ pub struct HashConfig {
 impl Default for HashConfig {
     fn default() -> Self {
         Self {
-            mode: HashMode::Text { block_bytes: DEFAULT_BLOCK_BYTES },
+            mode: HashMode::Text {
+                block_bytes: DEFAULT_BLOCK_BYTES,
+            },
             token_prompt_block_tokens: DEFAULT_BLOCK_TOKENS,
         }
     }

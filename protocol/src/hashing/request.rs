@@ -27,7 +27,10 @@ pub enum HashError {
     #[error("missing required field `{0}`")]
     Missing(&'static str),
     #[error("field `{field}` has the wrong type: expected {expected}")]
-    WrongType { field: &'static str, expected: &'static str },
+    WrongType {
+        field: &'static str,
+        expected: &'static str,
+    },
     #[error("token-mode hashing needs token ids; tokenize the prompt first")]
     NeedsTokens,
 }
@@ -57,13 +60,23 @@ pub fn hash_request(
     let object = body.as_object().ok_or(HashError::NotAnObject)?;
     let model = match object.get("model") {
         Some(Value::String(model)) => model.clone(),
-        Some(_) => return Err(HashError::WrongType { field: "model", expected: "a string" }),
+        Some(_) => {
+            return Err(HashError::WrongType {
+                field: "model",
+                expected: "a string",
+            });
+        }
         None => return Err(HashError::Missing("model")),
     };
     let cache_salt = match object.get("cache_salt") {
         None | Some(Value::Null) => None,
         Some(Value::String(salt)) => Some(salt.as_str()),
-        Some(_) => return Err(HashError::WrongType { field: "cache_salt", expected: "a string" }),
+        Some(_) => {
+            return Err(HashError::WrongType {
+                field: "cache_salt",
+                expected: "a string",
+            });
+        }
     };
     let user = match object.get("user") {
         Some(Value::String(user)) if !user.is_empty() => Some(user.clone()),
@@ -78,7 +91,11 @@ pub fn hash_request(
         (Prompt::Tokens(tokens), _) => {
             let block = config.token_prompt_block_tokens.max(1);
             let tokens: Vec<u32> = tokens;
-            (chain_from_tokens(seed, &tokens, block), tokens.len() as u32, block as f32)
+            (
+                chain_from_tokens(seed, &tokens, block),
+                tokens.len() as u32,
+                block as f32,
+            )
         }
         (_, HashMode::Token { .. }) => return Err(HashError::NeedsTokens),
         (Prompt::Text(text), HashMode::Text { block_bytes }) => {
@@ -92,12 +109,22 @@ pub fn hash_request(
             text_result(builder, block_bytes)
         }
     };
-    Ok(RequestHashes { model, chain, prompt_tokens, tokens_per_block, user })
+    Ok(RequestHashes {
+        model,
+        chain,
+        prompt_tokens,
+        tokens_per_block,
+        user,
+    })
 }
 
 fn text_result(builder: ChainBuilder, block_bytes: usize) -> (Vec<BlockHash>, u32, f32) {
     let tokens = (builder.total_bytes() as f32 / BYTES_PER_TOKEN_ESTIMATE).ceil() as u32;
-    (builder.finish(), tokens, block_bytes as f32 / BYTES_PER_TOKEN_ESTIMATE)
+    (
+        builder.finish(),
+        tokens,
+        block_bytes as f32 / BYTES_PER_TOKEN_ESTIMATE,
+    )
 }
 
 enum Prompt<'a> {
@@ -110,7 +137,10 @@ enum Prompt<'a> {
 /// routed by its first prompt (all of a batch goes to one engine).
 fn completions_prompt(prompt: Option<&Value>) -> Result<Prompt<'_>, HashError> {
     const EXPECTED: &str = "a string, an array of token ids, or a non-empty batch of those";
-    let wrong = HashError::WrongType { field: "prompt", expected: EXPECTED };
+    let wrong = HashError::WrongType {
+        field: "prompt",
+        expected: EXPECTED,
+    };
     match prompt {
         None => Err(HashError::Missing("prompt")),
         Some(Value::String(text)) => Ok(Prompt::Text(text)),
@@ -126,7 +156,10 @@ fn completions_prompt(prompt: Option<&Value>) -> Result<Prompt<'_>, HashError> {
 }
 
 fn token_ids(items: &[Value]) -> Option<Vec<u32>> {
-    items.iter().map(|v| v.as_u64().and_then(|t| u32::try_from(t).ok())).collect()
+    items
+        .iter()
+        .map(|v| v.as_u64().and_then(|t| u32::try_from(t).ok()))
+        .collect()
 }
 
 fn render_chat(
@@ -135,7 +168,12 @@ fn render_chat(
 ) -> Result<(), HashError> {
     let messages = match object.get("messages") {
         Some(Value::Array(messages)) => messages,
-        Some(_) => return Err(HashError::WrongType { field: "messages", expected: "an array" }),
+        Some(_) => {
+            return Err(HashError::WrongType {
+                field: "messages",
+                expected: "an array",
+            });
+        }
         None => return Err(HashError::Missing("messages")),
     };
     let mut scratch = String::new();
@@ -146,9 +184,10 @@ fn render_chat(
         builder.push_text(scratch.as_bytes());
     }
     for message in messages {
-        let message = message
-            .as_object()
-            .ok_or(HashError::WrongType { field: "messages", expected: "an array of objects" })?;
+        let message = message.as_object().ok_or(HashError::WrongType {
+            field: "messages",
+            expected: "an array of objects",
+        })?;
         scratch.clear();
         let role = message.get("role").and_then(Value::as_str).unwrap_or("");
         scratch.push_str("<|");
@@ -189,19 +228,21 @@ fn render_part(part: &Value, builder: &mut ChainBuilder) {
     let kind = part.get("type").and_then(Value::as_str).unwrap_or("");
     let url_of = |key: &str| {
         let field = part.get(key)?;
-        field.as_str().or_else(|| field.get("url").and_then(Value::as_str))
+        field
+            .as_str()
+            .or_else(|| field.get("url").and_then(Value::as_str))
     };
     match kind {
         "text" => match part.get("text").and_then(Value::as_str) {
             Some(text) => builder.push_text(text.as_bytes()),
             None => push_canonical(part, builder),
         },
-        "image_url" | "video_url" | "audio_url" | "input_image" => match url_of(kind)
-            .or_else(|| url_of("image_url"))
-        {
-            Some(url) => builder.push_media(&media_digest(url)),
-            None => push_canonical(part, builder),
-        },
+        "image_url" | "video_url" | "audio_url" | "input_image" => {
+            match url_of(kind).or_else(|| url_of("image_url")) {
+                Some(url) => builder.push_media(&media_digest(url)),
+                None => push_canonical(part, builder),
+            }
+        }
         "input_audio" => match part.pointer("/input_audio/data").and_then(Value::as_str) {
             Some(data) => builder.push_media(&base64_media_digest(data)),
             None => push_canonical(part, builder),
@@ -245,11 +286,13 @@ mod tests {
     #[test]
     fn the_same_image_hashes_the_same_and_a_different_one_does_not() {
         let with = |url: &str| {
-            chat(json!({"model": "m", "messages": [{"role": "user", "content": [
-                {"type": "text", "text": "Describe this picture in detail, please."},
-                {"type": "image_url", "image_url": {"url": url}},
-                {"type": "text", "text": "x".repeat(200)},
-            ]}]}))
+            chat(
+                json!({"model": "m", "messages": [{"role": "user", "content": [
+                    {"type": "text", "text": "Describe this picture in detail, please."},
+                    {"type": "image_url", "image_url": {"url": url}},
+                    {"type": "text", "text": "x".repeat(200)},
+                ]}]}),
+            )
         };
         let a = with("https://example.com/a.png");
         assert_eq!(a, with("https://example.com/a.png"));
@@ -284,11 +327,17 @@ mod tests {
         )
         .unwrap();
         assert_eq!(single.chain.len(), 2);
-        assert_eq!(single.chain, batch.chain, "a batch is routed by its first prompt");
+        assert_eq!(
+            single.chain, batch.chain,
+            "a batch is routed by its first prompt"
+        );
         let tokens: Vec<u32> = (0..40).collect();
-        let by_tokens =
-            hash_request(Endpoint::Completions, &json!({"model": "m", "prompt": tokens}), &config)
-                .unwrap();
+        let by_tokens = hash_request(
+            Endpoint::Completions,
+            &json!({"model": "m", "prompt": tokens}),
+            &config,
+        )
+        .unwrap();
         assert_eq!(by_tokens.chain.len(), 2);
         assert_eq!(by_tokens.prompt_tokens, 40);
         let nested = hash_request(
@@ -309,20 +358,35 @@ mod tests {
             (json!({"model": "m"}), HashError::Missing("prompt")),
         ];
         for (body, expected) in cases {
-            assert_eq!(hash_request(Endpoint::Completions, &body, &config), Err(expected));
+            assert_eq!(
+                hash_request(Endpoint::Completions, &body, &config),
+                Err(expected)
+            );
         }
-        for prompt in [json!([]), json!(5), json!([{"a": 1}]), json!([-1]), json!([1.5])] {
+        for prompt in [
+            json!([]),
+            json!(5),
+            json!([{"a": 1}]),
+            json!([-1]),
+            json!([1.5]),
+        ] {
             let body = json!({"model": "m", "prompt": prompt});
             assert!(matches!(
                 hash_request(Endpoint::Completions, &body, &config),
-                Err(HashError::WrongType { field: "prompt", .. })
+                Err(HashError::WrongType {
+                    field: "prompt",
+                    ..
+                })
             ));
         }
         assert_eq!(
             hash_request(Endpoint::ChatCompletions, &json!({"model": "m"}), &config),
             Err(HashError::Missing("messages"))
         );
-        let token_mode = HashConfig { mode: HashMode::Token { block_tokens: 16 }, ..config };
+        let token_mode = HashConfig {
+            mode: HashMode::Token { block_tokens: 16 },
+            ..config
+        };
         assert_eq!(
             hash_request(
                 Endpoint::Completions,
@@ -337,10 +401,20 @@ mod tests {
     fn cache_salt_and_model_separate_chains() {
         let config = HashConfig::default();
         let prompt = "p".repeat(64);
-        let hash = |body: Value| hash_request(Endpoint::Completions, &body, &config).unwrap().chain;
+        let hash = |body: Value| {
+            hash_request(Endpoint::Completions, &body, &config)
+                .unwrap()
+                .chain
+        };
         let plain = hash(json!({"model": "m", "prompt": prompt}));
-        assert_ne!(plain, hash(json!({"model": "m", "prompt": prompt, "cache_salt": "tenant"})));
+        assert_ne!(
+            plain,
+            hash(json!({"model": "m", "prompt": prompt, "cache_salt": "tenant"}))
+        );
         assert_ne!(plain, hash(json!({"model": "lora-a", "prompt": prompt})));
-        assert_eq!(plain, hash(json!({"model": "m", "prompt": prompt, "cache_salt": null})));
+        assert_eq!(
+            plain,
+            hash(json!({"model": "m", "prompt": prompt, "cache_salt": null}))
+        );
     }
 }

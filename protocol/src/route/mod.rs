@@ -1,1 +1,20 @@
-//! The routing decision.
+//! The routing decision: which engine serves a request.
+//!
+//! [`decide`] is a pure function of the candidates (each peer's digest, summary and this node's
+//! own recent assignments to it), the request's chain and `now`. It is deterministic: identical
+//! inputs give the identical decision on every node, whatever order the candidates come in.
+//! The node feeds it from gossip; the simulator feeds it from a model.
+
+mod config;
+mod decide;
+mod pending;
+mod reason;
+mod rendezvous;
+#[cfg(test)]
+mod tests;
+
+pub use config::{Policy, RouteConfig};
+pub use decide::{Candidate, Decision, RouteError, RouteRequest, decide};
+pub use pending::PendingLedger;
+pub use reason::RouteReason;
+pub use rendezvous::{node_key, rendezvous_weight};

@@ -1,0 +1,65 @@
+//! Weights and thresholds of the decision, with their defaults.
+
+/// Which scoring form ranks candidates.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Policy {
+    /// `α·matched/len + β·(1 - kv_usage) - γ·queued/L`: highest wins.
+    Score,
+    /// Estimated time to first token, `queue_wait + prefill(uncached tokens)`: lowest wins.
+    Cost,
+}
+
+/// Every tunable of [`super::decide`]. Defaults are documented on each field.
+#[derive(Copy, Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct RouteConfig {
+    /// Default [`Policy::Score`].
+    pub policy: Policy,
+    /// α, weight of the matched fraction of the prompt. Default 1.0.
+    pub alpha: f64,
+    /// β, weight of free KV cache. Default 0.1.
+    pub beta: f64,
+    /// γ, weight of the queue. Default 1.0.
+    pub gamma: f64,
+    /// L, the queue length at which the queue term costs γ. Default 16.
+    pub waiting_threshold: f64,
+    /// ε of bounded load: no candidate is given more than `(1 + ε)×` the mean load while one
+    /// under it exists. Default 0.25 (as KubeAI's CHWBL).
+    pub load_epsilon: f64,
+    /// Additive slack of the load bound, in requests: the cap is
+    /// `ceil((1 + ε) × mean + slack)`. At small loads a difference of a request or two is noise,
+    /// and moving a prefix away from its cache costs more than it balances. 0 gives the pure
+    /// CHWBL bound. Default 2.
+    pub load_slack: f64,
+    /// Bonus for the session's preferred node: score units, or in the cost form that fraction
+    /// of the prompt's whole prefill time. Default 0.3.
+    pub session_weight: f64,
+    /// Blocks that must match for a prefix to count as a hit. Default 1.
+    pub min_hit_blocks: u32,
+    /// A digest older than this is ignored while a fresher candidate exists. Default 3000 ms.
+    pub max_digest_age_ms: u64,
+    /// Candidates returned in rank order (the first plus the retries). Default 4.
+    pub ranked_len: usize,
+    /// Cost form: prefill speed assumed when a digest reports none. Default 5000 tokens/s.
+    pub default_prefill_tokens_per_s: f64,
+}
+
+impl Default for RouteConfig {
+    fn default() -> Self {
+        Self {
+            policy: Policy::Score,
+            alpha: 1.0,
+            beta: 0.1,
+            gamma: 1.0,
+            waiting_threshold: 16.0,
+            load_epsilon: 0.25,
+            load_slack: 2.0,
+            session_weight: 0.3,
+            min_hit_blocks: 1,
+            max_digest_age_ms: 3_000,
+            ranked_len: 4,
+            default_prefill_tokens_per_s: 5_000.0,
+        }
+    }
+}

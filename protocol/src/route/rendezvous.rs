@@ -1,0 +1,44 @@
+//! Rendezvous (highest-random-weight) hashing: every node computes the same ranking of
+//! candidates for a key without talking to anyone, and removing a candidate only moves the
+//! keys that were on it.
+
+/// A node's stable 64-bit identity, from its node id.
+pub fn node_key(node_id: &str) -> u64 {
+    let digest = blake3::hash(node_id.as_bytes());
+    u64::from_le_bytes(digest.as_bytes()[..8].try_into().expect("8 of 32 bytes"))
+}
+
+/// The weight of `node` for `key`; the highest weight wins.
+#[inline]
+pub fn rendezvous_weight(key: u64, node: u64) -> u64 {
+    mix64(key ^ mix64(node))
+}
+
+/// splitmix64's finalizer: a bijective, well-mixed 64-bit permutation.
+#[inline]
+fn mix64(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_spread_evenly_over_nodes() {
+        let nodes: Vec<u64> = (0..8).map(|i| node_key(&format!("node-{i}"))).collect();
+        let mut counts = [0u32; 8];
+        for key in 0..80_000u64 {
+            let winner = (0..8)
+                .max_by_key(|&i| rendezvous_weight(mix64(key), nodes[i]))
+                .unwrap();
+            counts[winner] += 1;
+        }
+        assert!(
+            counts.iter().all(|&c| (9_000..11_000).contains(&c)),
+            "{counts:?}"
+        );
+    }
+}

@@ -1,0 +1,267 @@
+//! Behaviour of the decision on small, hand-built clusters.
+
+use super::*;
+use crate::digest::{LoadDigest, Role};
+use crate::hashing::HASH_VERSION;
+use crate::summary::{PeerSummary, SummaryBuilder, SummaryConfig};
+
+const NOW: u64 = 10_000;
+
+fn digest(waiting: u32) -> LoadDigest {
+    LoadDigest {
+        version: 1,
+        timestamp_ms: NOW,
+        running: 2,
+        waiting,
+        kv_usage: 0.3,
+        kv_capacity_blocks: 10_000,
+        block_size: 16,
+        ttft_ewma_ms: 0.0,
+        prefill_tokens_per_s: 0.0,
+        inflight_forwarded: 0,
+        role: Role::Mixed,
+        healthy: true,
+        hash_version: HASH_VERSION,
+        models: vec!["m".into()],
+        loras: vec![],
+    }
+}
+
+fn summary_of(hashes: &[u64]) -> PeerSummary {
+    let mut builder = SummaryBuilder::new(SummaryConfig::default(), 1).unwrap();
+    hashes.iter().for_each(|&h| {
+        builder.insert(h);
+    });
+    let mut summary = PeerSummary::new();
+    for shard in builder.publish_dirty() {
+        summary.apply_bytes(&shard.bytes).unwrap();
+    }
+    summary
+}
+
+fn chain(n: u64, salt: u64) -> Vec<u64> {
+    (0..n).map(|i| rendezvous_weight(i, salt)).collect()
+}
+
+fn candidate<'a>(
+    name: &str,
+    digest: &'a LoadDigest,
+    summary: Option<&'a PeerSummary>,
+) -> Candidate<'a> {
+    Candidate {
+        node_key: node_key(name),
+        digest,
+        summary,
+        digest_received_ms: NOW - 50,
+        pending: 0,
+        recent_match: 0,
+    }
+}
+
+fn request(chain: &[u64]) -> RouteRequest<'_> {
+    RouteRequest {
+        model: "m",
+        chain,
+        prompt_tokens: chain.len() as u32 * 16,
+        tokens_per_block: 16.0,
+        session: None,
+        role: Role::Mixed,
+    }
+}
+
+#[test]
+fn the_engine_holding_the_prefix_wins() {
+    let prompt = chain(32, 1);
+    let held = summary_of(&prompt[..24]);
+    let (idle, busy) = (digest(0), digest(2));
+    let candidates = [
+        candidate("a", &idle, None),
+        candidate("b", &busy, Some(&held)),
+        candidate("c", &idle, None),
+    ];
+    let decision = decide(&candidates, &request(&prompt), &RouteConfig::default(), NOW).unwrap();
+    assert_eq!(decision.ranked[0], 1);
+    assert_eq!(decision.reason, RouteReason::PrefixHit);
+    assert_eq!(decision.matched_blocks, 24);
+    assert_eq!(decision.ranked.len(), 3);
+}
+
+#[test]
+fn a_cold_prefix_goes_to_the_same_node_from_every_entry() {
+    let prompt = chain(8, 2);
+    let load = digest(1);
+    let names = ["a", "b", "c", "d", "e"];
+    let forward: Vec<Candidate> = names.iter().map(|n| candidate(n, &load, None)).collect();
+    let backward: Vec<Candidate> = names
+        .iter()
+        .rev()
+        .map(|n| candidate(n, &load, None))
+        .collect();
+    let config = RouteConfig::default();
+    let a = decide(&forward, &request(&prompt), &config, NOW).unwrap();
+    let b = decide(&backward, &request(&prompt), &config, NOW).unwrap();
+    assert_eq!(a.reason, RouteReason::ColdHash);
+    assert_eq!(
+        forward[a.ranked[0]].node_key,
+        backward[b.ranked[0]].node_key
+    );
+}
+
+#[test]
+fn a_hot_prefix_spills_past_the_load_bound() {
+    let prompt = chain(16, 3);
+    let held = summary_of(&prompt);
+    let mut hot = digest(2);
+    hot.running = 30;
+    let idle = digest(0);
+    let mut hot_candidate = candidate("hot", &hot, Some(&held));
+    hot_candidate.pending = 5;
+    let candidates = [
+        hot_candidate,
+        candidate("x", &idle, None),
+        candidate("y", &idle, None),
+    ];
+    let decision = decide(&candidates, &request(&prompt), &RouteConfig::default(), NOW).unwrap();
+    assert_ne!(decision.ranked[0], 0);
+    assert_eq!(decision.reason, RouteReason::LoadSpill);
+    assert_eq!(
+        *decision.ranked.last().unwrap(),
+        0,
+        "the hot node stays as a last resort"
+    );
+}
+
+#[test]
+fn unhealthy_foreign_and_wrong_role_engines_are_never_chosen() {
+    let prompt = chain(4, 4);
+    let mut sick = digest(0);
+    sick.healthy = false;
+    let mut other_model = digest(0);
+    other_model.models = vec!["other".into()];
+    let mut prefill = digest(0);
+    prefill.role = Role::Prefill;
+    let busy = digest(50);
+    let candidates = [
+        candidate("sick", &sick, None),
+        candidate("other", &other_model, None),
+        candidate("prefill", &prefill, None),
+        candidate("busy", &busy, None),
+    ];
+    let decision = decide(&candidates, &request(&prompt), &RouteConfig::default(), NOW).unwrap();
+    assert_eq!(decision.ranked, vec![3]);
+    assert_eq!(decision.reason, RouteReason::OnlyCandidate);
+    let none = decide(
+        &candidates[..3],
+        &request(&prompt),
+        &RouteConfig::default(),
+        NOW,
+    );
+    assert_eq!(none, Err(RouteError::NoCandidate("m".into())));
+}
+
+#[test]
+fn stale_digests_yield_to_fresh_ones_but_still_serve_alone() {
+    let prompt = chain(4, 5);
+    let load = digest(0);
+    let mut stale = candidate("stale", &load, None);
+    stale.digest_received_ms = 0;
+    let now = 60_000;
+    let fresh = candidate("fresh", &load, None);
+    let config = RouteConfig::default();
+    let mut fresh = fresh;
+    fresh.digest_received_ms = now - 10;
+    let both = decide(&[stale, fresh], &request(&prompt), &config, now).unwrap();
+    assert_eq!(both.ranked, vec![1]);
+    let alone = decide(&[stale], &request(&prompt), &config, now).unwrap();
+    assert_eq!(alone.ranked, vec![0]);
+}
+
+#[test]
+fn pending_assignments_count_as_load() {
+    let load = digest(0);
+    let mut a = candidate("a", &load, None);
+    let b = candidate("b", &load, None);
+    let config = RouteConfig::default();
+    // A prompt shorter than one block is placed on load alone.
+    a.pending = 3;
+    let decision = decide(&[a, b], &request(&[]), &config, NOW).unwrap();
+    assert_eq!(decision.ranked[0], 1);
+    assert_eq!(decision.reason, RouteReason::LeastLoaded);
+}
+
+#[test]
+fn recent_sends_count_as_a_match() {
+    let prompt = chain(10, 6);
+    let load = digest(0);
+    let mut a = candidate("a", &load, None);
+    a.recent_match = 10;
+    let candidates = [candidate("b", &load, None), a, candidate("c", &load, None)];
+    let decision = decide(&candidates, &request(&prompt), &RouteConfig::default(), NOW).unwrap();
+    assert_eq!(decision.ranked[0], 1);
+    assert_eq!(decision.reason, RouteReason::PrefixHit);
+}
+
+#[test]
+fn session_affinity_is_a_soft_preference() {
+    let load = digest(0);
+    let names = ["a", "b", "c", "d"];
+    let candidates: Vec<Candidate> = names.iter().map(|n| candidate(n, &load, None)).collect();
+    let mut with_session = request(&[]);
+    with_session.session = Some(42);
+    let config = RouteConfig::default();
+    let first = decide(&candidates, &with_session, &config, NOW).unwrap();
+    let again = decide(&candidates, &with_session, &config, NOW).unwrap();
+    assert_eq!(first.ranked[0], again.ranked[0]);
+    assert!(matches!(
+        first.reason,
+        RouteReason::Session | RouteReason::LeastLoaded
+    ));
+    // A heavy queue outweighs the affinity.
+    let busy = digest(40);
+    let mut loaded = candidates.clone();
+    loaded[first.ranked[0]].digest = &busy;
+    let moved = decide(&loaded, &with_session, &config, NOW).unwrap();
+    assert_ne!(moved.ranked[0], first.ranked[0]);
+}
+
+#[test]
+fn cost_policy_trades_cached_prefill_against_queueing() {
+    let prompt = chain(64, 7);
+    let held = summary_of(&prompt);
+    let mut holder = digest(2);
+    holder.prefill_tokens_per_s = 1_000.0;
+    holder.ttft_ewma_ms = 300.0;
+    let mut idle = digest(0);
+    idle.prefill_tokens_per_s = 1_000.0;
+    let config = RouteConfig {
+        policy: Policy::Cost,
+        ..RouteConfig::default()
+    };
+    let mut request = request(&prompt);
+    request.prompt_tokens = 1024;
+    // Holder: 2 queued × 100 ms, no prefill. Idle: 1024 ms of prefill.
+    let candidates = [
+        candidate("idle", &idle, None),
+        candidate("holder", &holder, Some(&held)),
+    ];
+    assert_eq!(
+        decide(&candidates, &request, &config, NOW).unwrap().ranked[0],
+        1
+    );
+    // A holder with a long queue loses to prefilling from scratch.
+    let mut swamped = holder.clone();
+    swamped.waiting = 12;
+    swamped.ttft_ewma_ms = 13.0 * 1_000.0;
+    let candidates = [
+        candidate("idle", &idle, None),
+        candidate("holder", &swamped, Some(&held)),
+    ];
+    let config = RouteConfig {
+        load_epsilon: 100.0,
+        ..config
+    };
+    assert_eq!(
+        decide(&candidates, &request, &config, NOW).unwrap().ranked[0],
+        0
+    );
+}

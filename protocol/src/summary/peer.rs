@@ -1,0 +1,209 @@
+//! The receiving side: what one peer advertises, assembled from its shards.
+
+use super::shard::{DecodedShard, ShardWire};
+use super::shard_of;
+use crate::codec::DecodeError;
+
+/// A peer's summary: the latest shard of each index, all of one generation and geometry.
+#[derive(Clone, Debug, Default)]
+pub struct PeerSummary {
+    num_shards: u16,
+    generation: u64,
+    shards: Vec<Option<DecodedShard>>,
+}
+
+/// What applying a shard did.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Applied {
+    Updated,
+    /// Older than what is held (an earlier generation or version): ignored.
+    Stale,
+}
+
+impl PeerSummary {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Decodes, validates and applies one gossiped shard.
+    pub fn apply_bytes(&mut self, bytes: &[u8]) -> Result<Applied, DecodeError> {
+        Ok(self.apply(ShardWire::decode(bytes)?))
+    }
+
+    /// Applies a validated shard. A newer generation or a new geometry replaces everything.
+    pub fn apply(&mut self, shard: DecodedShard) -> Applied {
+        let wire = &shard.wire;
+        if wire.generation < self.generation {
+            return Applied::Stale;
+        }
+        if wire.generation > self.generation || wire.num_shards != self.num_shards {
+            self.generation = wire.generation;
+            self.num_shards = wire.num_shards;
+            self.shards = vec![None; wire.num_shards as usize];
+        }
+        let slot = &mut self.shards[wire.index as usize];
+        if let Some(held) = slot
+            && held.wire.version > wire.version
+        {
+            return Applied::Stale;
+        }
+        *slot = Some(shard);
+        Applied::Updated
+    }
+
+    /// Forgets one shard (its gossip key was deleted).
+    pub fn remove_shard(&mut self, index: u16) {
+        if let Some(slot) = self.shards.get_mut(index as usize) {
+            *slot = None;
+        }
+    }
+
+    #[inline]
+    pub fn contains(&self, hash: u64) -> bool {
+        match self.shards.get(shard_of(hash, self.num_shards) as usize) {
+            Some(Some(shard)) => shard.contains(hash),
+            _ => false,
+        }
+    }
+
+    /// Number of leading blocks of `chain` this peer holds: walks from the start and stops at
+    /// the first miss, so a false match extends a match by at most one block per false hit.
+    #[inline]
+    pub fn longest_match(&self, chain: &[u64]) -> usize {
+        if self.shards.is_empty() {
+            return 0;
+        }
+        chain
+            .iter()
+            .take_while(|&&hash| self.contains(hash))
+            .count()
+    }
+
+    /// Bytes of all held shards as they came over the wire.
+    pub fn encoded_bytes(&self) -> usize {
+        self.shards.iter().flatten().map(|s| s.encoded_len).sum()
+    }
+
+    /// Expected false-match rate of a lookup, averaged over shards.
+    pub fn estimated_false_match_rate(&self) -> f64 {
+        if self.shards.is_empty() {
+            return 0.0;
+        }
+        let sum: f64 = self
+            .shards
+            .iter()
+            .flatten()
+            .map(DecodedShard::false_match_rate)
+            .sum();
+        sum / self.shards.len() as f64
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::summary::{SummaryBuilder, SummaryConfig};
+
+    fn hashes(n: u64, salt: u64) -> Vec<u64> {
+        (0..n).map(|i| blake3_u64(i, salt)).collect()
+    }
+
+    fn blake3_u64(i: u64, salt: u64) -> u64 {
+        let digest = blake3::hash(&[i.to_le_bytes(), salt.to_le_bytes()].concat());
+        u64::from_le_bytes(digest.as_bytes()[..8].try_into().unwrap())
+    }
+
+    #[test]
+    fn publishes_only_changed_shards_and_peers_follow() {
+        let mut builder = SummaryBuilder::new(SummaryConfig::default(), 1).unwrap();
+        let held = hashes(5_000, 1);
+        held.iter().for_each(|&h| {
+            builder.insert(h);
+        });
+        let mut peer = PeerSummary::new();
+        for shard in builder.publish_dirty() {
+            assert!(
+                shard.bytes.len() <= 1200,
+                "shard of {} bytes",
+                shard.bytes.len()
+            );
+            assert_eq!(peer.apply_bytes(&shard.bytes).unwrap(), Applied::Updated);
+        }
+        assert!(held.iter().all(|&h| peer.contains(h)));
+        assert_eq!(builder.dirty_count(), 0);
+
+        builder.remove(held[0]);
+        let changed = builder.publish_dirty();
+        assert_eq!(changed.len(), 1);
+        for shard in &changed {
+            peer.apply_bytes(&shard.bytes).unwrap();
+        }
+    }
+
+    #[test]
+    fn small_sets_are_exact() {
+        let mut builder = SummaryBuilder::new(SummaryConfig::default(), 1).unwrap();
+        let held = hashes(40, 2);
+        held.iter().for_each(|&h| {
+            builder.insert(h);
+        });
+        let mut peer = PeerSummary::new();
+        for shard in builder.publish_dirty() {
+            peer.apply_bytes(&shard.bytes).unwrap();
+        }
+        assert_eq!(peer.estimated_false_match_rate(), 0.0);
+        assert!(hashes(10_000, 3).iter().all(|&h| !peer.contains(h)));
+    }
+
+    #[test]
+    fn longest_match_walks_the_chain() {
+        let chain = hashes(10, 4);
+        let mut builder = SummaryBuilder::new(SummaryConfig::default(), 1).unwrap();
+        chain[..6].iter().for_each(|&h| {
+            builder.insert(h);
+        });
+        let mut peer = PeerSummary::new();
+        assert_eq!(peer.longest_match(&chain), 0);
+        for shard in builder.publish_dirty() {
+            peer.apply_bytes(&shard.bytes).unwrap();
+        }
+        assert_eq!(peer.longest_match(&chain), 6);
+        assert_eq!(peer.longest_match(&chain[..3]), 3);
+        assert_eq!(peer.longest_match(&[]), 0);
+    }
+
+    #[test]
+    fn newer_generation_replaces_older_and_stale_is_ignored() {
+        let (a, b) = (hashes(3, 5), hashes(3, 6));
+        let mut old = SummaryBuilder::new(SummaryConfig::default(), 1).unwrap();
+        let mut new = SummaryBuilder::new(SummaryConfig::default(), 2).unwrap();
+        a.iter().for_each(|&h| {
+            old.insert(h);
+        });
+        b.iter().for_each(|&h| {
+            new.insert(h);
+        });
+        let mut peer = PeerSummary::new();
+        let old_shards = old.publish_dirty();
+        old_shards.iter().for_each(|s| {
+            peer.apply_bytes(&s.bytes).unwrap();
+        });
+        new.publish_dirty().iter().for_each(|s| {
+            peer.apply_bytes(&s.bytes).unwrap();
+        });
+        assert!(
+            a.iter().all(|&h| !peer.contains(h)),
+            "old generation dropped"
+        );
+        assert!(b.iter().all(|&h| peer.contains(h)));
+        assert_eq!(
+            peer.apply_bytes(&old_shards[0].bytes).unwrap(),
+            Applied::Stale
+        );
+        assert_eq!(peer.generation(), 2);
+    }
+}
