@@ -1,12 +1,42 @@
 //! `kvmesh`: the sidecar that runs beside every vLLM server.
 
-use clap::Parser;
+mod cli_cert;
+
+use clap::{Parser, Subcommand};
 
 /// A decentralized, cache- and load-aware request router for vLLM clusters.
 #[derive(Parser, Debug)]
 #[command(name = "kvmesh", version, about)]
-struct Cli {}
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
 
-fn main() {
-    let _cli = Cli::parse();
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Create the cluster CA and issue node certificates.
+    #[command(subcommand)]
+    Cert(cli_cert::CertCommand),
+}
+
+fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Cert(command) => cli_cert::run(command),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            // The whole cause chain on one line, without a backtrace: these are user errors.
+            eprintln!("error: {err:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
 }

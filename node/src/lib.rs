@@ -1,0 +1,8 @@
+//! The kvmesh sidecar as a library; `main.rs` is a thin command line over it.
+//!
+//! Mesh layer:
+//! - [`cert`]: the cluster CA and node certificates (`kvmesh cert`).
+//! - [`tls`]: mutual-TLS configurations against the cluster CA, peer identification.
+
+pub mod cert;
+pub mod tls;
