@@ -1,12 +1,60 @@
 //! `kvmesh-sim`: mock vLLM engine, load generator and cluster simulator.
 
-use clap::Parser;
+use std::io::Write;
+
+use clap::{Parser, Subcommand};
+use kvmesh_sim::engine;
+use kvmesh_sim::engine::config::EngineArgs;
 
 /// Mock vLLM engine, load generator and cluster simulator for kvmesh.
 #[derive(Parser, Debug)]
 #[command(name = "kvmesh-sim", version, about)]
-struct Cli {}
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
 
-fn main() {
-    let _cli = Cli::parse();
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run a mock vLLM engine (OpenAI API, /metrics, /tokenize, KV events).
+    Engine(EngineArgs),
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Engine(args) => run_engine(args),
+    }
+}
+
+fn run_engine(args: EngineArgs) -> anyhow::Result<()> {
+    // One thread: the engine is meant to be pinned to a core and to be cheap.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let (addrs, serve) = engine::start(&args).await?;
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "kvmesh-sim engine listening on http://{}", addrs.http)?;
+        if let Some(ep) = &addrs.kv_events {
+            writeln!(out, "kv events on {ep}")?;
+        }
+        if let Some(ep) = &addrs.kv_events_replay {
+            writeln!(out, "kv events replay on {ep}")?;
+        }
+        out.flush()?;
+        drop(out);
+        tokio::select! {
+            r = serve => r?,
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        Ok(())
+    })
 }

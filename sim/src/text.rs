@@ -12,12 +12,12 @@ pub const PIECE_BYTES: usize = 4;
 
 /// The piece vocabulary: 64 pieces, so each piece carries 6 bits of entropy.
 pub const PIECES: [&str; 64] = [
-    " the", " and", " for", " you", " not", " are", " was", " but", " all", " can", " had",
-    " her", " one", " our", " out", " day", " get", " has", " him", " his", " how", " man",
-    " new", " now", " old", " see", " two", " way", " who", " boy", " did", " its", " let",
-    " put", " say", " she", " too", " use", " sun", " sea", " sky", " map", " key", " box",
-    " cup", " pen", " ink", " oak", " elm", " fox", " owl", " bee", " ant", " cat", " dog",
-    " car", " bus", " row", " set", " job", " art", " law", " war", " age",
+    " the", " and", " for", " you", " not", " are", " was", " but", " all", " can", " had", " her",
+    " one", " our", " out", " day", " get", " has", " him", " his", " how", " man", " new", " now",
+    " old", " see", " two", " way", " who", " boy", " did", " its", " let", " put", " say", " she",
+    " too", " use", " sun", " sea", " sky", " map", " key", " box", " cup", " pen", " ink", " oak",
+    " elm", " fox", " owl", " bee", " ant", " cat", " dog", " car", " bus", " row", " set", " job",
+    " art", " law", " war", " age",
 ];
 
 /// The piece at position `index` of the deterministic text stream named by `key`.

@@ -33,7 +33,10 @@ impl BlockHasher {
         let mut h = blake3::Hasher::new();
         h.update(b"kvmesh-sim/none-hash");
         h.update(&seed.to_le_bytes());
-        Self { root: truncate(h.finalize()), block_size }
+        Self {
+            root: truncate(h.finalize()),
+            block_size,
+        }
     }
 
     /// Tokens per block.
@@ -123,12 +126,24 @@ mod tests {
         let tokens: Vec<u32> = (0..8).collect();
         let h = BlockHasher::new(0, 4);
         let base = chain(&h, &tokens, &CacheKey::default());
-        let lora = CacheKey { lora: Some("a".into()), cache_salt: None };
-        let salt = CacheKey { lora: None, cache_salt: Some("s".into()) };
+        let lora = CacheKey {
+            lora: Some("a".into()),
+            cache_salt: None,
+        };
+        let salt = CacheKey {
+            lora: None,
+            cache_salt: Some("s".into()),
+        };
         assert_ne!(base, chain(&h, &tokens, &lora));
         let salted = chain(&h, &tokens, &salt);
         assert_ne!(base[0], salted[0]);
-        assert_ne!(base[1], salted[1], "the salt reaches later blocks through the parent");
-        assert_ne!(base, chain(&BlockHasher::new(1, 4), &tokens, &CacheKey::default()));
+        assert_ne!(
+            base[1], salted[1],
+            "the salt reaches later blocks through the parent"
+        );
+        assert_ne!(
+            base,
+            chain(&BlockHasher::new(1, 4), &tokens, &CacheKey::default())
+        );
     }
 }

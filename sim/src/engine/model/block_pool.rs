@@ -75,7 +75,13 @@ impl BlockPool {
             events: Vec::new(),
         };
         for i in 0..num_blocks {
-            pool.blocks.push(Block { ref_cnt: 0, hash: None, prev: NIL, next: NIL, in_free_queue: false });
+            pool.blocks.push(Block {
+                ref_cnt: 0,
+                hash: None,
+                prev: NIL,
+                next: NIL,
+                in_free_queue: false,
+            });
             pool.push_tail(i);
         }
         pool
@@ -139,7 +145,9 @@ impl BlockPool {
         block.ref_cnt = 1;
         if let Some(hash) = block.hash.take() {
             self.cached.remove(&hash);
-            self.events.push(KvCacheEvent::BlockRemoved { block_hashes: vec![hash] });
+            self.events.push(KvCacheEvent::BlockRemoved {
+                block_hashes: vec![hash],
+            });
         }
         Some(id)
     }
@@ -226,7 +234,10 @@ impl BlockPool {
             let b = &mut self.blocks[id as usize];
             debug_assert!(b.in_free_queue);
             b.in_free_queue = false;
-            (std::mem::replace(&mut b.prev, NIL), std::mem::replace(&mut b.next, NIL))
+            (
+                std::mem::replace(&mut b.prev, NIL),
+                std::mem::replace(&mut b.next, NIL),
+            )
         };
         if prev == NIL {
             self.head = next;
@@ -262,7 +273,12 @@ mod tests {
         assert!(c != a && c != b);
         assert!(pool.take_events().is_empty());
         assert_eq!(pool.allocate(), Some(b));
-        assert_eq!(pool.take_events(), vec![KvCacheEvent::BlockRemoved { block_hashes: vec![11] }]);
+        assert_eq!(
+            pool.take_events(),
+            vec![KvCacheEvent::BlockRemoved {
+                block_hashes: vec![11]
+            }]
+        );
         assert_eq!(pool.lookup(10), Some(a));
         assert_eq!(pool.lookup(11), None);
         assert_eq!(pool.allocate(), Some(a));

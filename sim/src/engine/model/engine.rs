@@ -116,7 +116,9 @@ impl Engine {
     /// An idle engine with an empty cache. `max_model_len` is capped at the KV capacity.
     pub fn new(mut cfg: EngineConfig) -> Self {
         assert!(cfg.block_size > 0 && cfg.num_gpu_blocks > 0 && cfg.max_num_seqs > 0);
-        cfg.max_model_len = cfg.max_model_len.min(cfg.num_gpu_blocks.saturating_mul(cfg.block_size));
+        cfg.max_model_len = cfg
+            .max_model_len
+            .min(cfg.num_gpu_blocks.saturating_mul(cfg.block_size));
         cfg.max_num_batched_tokens = cfg.max_num_batched_tokens.max(1);
         Self {
             hasher: BlockHasher::new(cfg.seed, cfg.block_size as usize),
@@ -181,21 +183,7 @@ impl Engine {
 
     /// Accepts a request arriving at `now`.
     pub fn submit(&mut self, req: EngineRequest, now: Duration) -> Result<(), SubmitError> {
-        if req.prompt.is_empty() {
-            return Err(SubmitError::EmptyPrompt);
-        }
-        if req.max_tokens == 0 {
-            return Err(SubmitError::ZeroMaxTokens);
-        }
-        let total = req.prompt.len() + req.max_tokens as usize;
-        if total > self.cfg.max_model_len as usize {
-            return Err(SubmitError::TooLong {
-                prompt: req.prompt.len(),
-                max_tokens: req.max_tokens,
-                total,
-                max_model_len: self.cfg.max_model_len,
-            });
-        }
+        validate(&self.cfg, req.prompt.len(), req.max_tokens)?;
         if self.seqs.contains_key(&req.id) {
             return Err(SubmitError::DuplicateId(req.id));
         }
@@ -203,8 +191,11 @@ impl Engine {
             lora: req.lora.as_ref().map(|l| l.name.clone()),
             cache_salt: req.cache_salt.clone(),
         };
-        let prompt_key = req.prompt.iter().fold(self.cfg.seed, |h, &t| mix64(h ^ u64::from(t)));
-        let natural_len = 16 + (mix64(prompt_key ^ 0x6e61_7475_7261_6c) % 497) as u32;
+        let prompt_key = req
+            .prompt
+            .iter()
+            .fold(self.cfg.seed, |h, &t| mix64(h ^ u64::from(t)));
+        let natural_len = 16 + (mix64(prompt_key ^ 0x006e_6174_7572_616c) % 497) as u32;
         let mut hashes = Vec::with_capacity(req.prompt.len() / self.cfg.block_size as usize + 1);
         self.hasher.extend_chain(&mut hashes, &req.prompt, &key);
         let id = req.id;
@@ -236,7 +227,9 @@ impl Engine {
 
     /// Drops a request (the client went away). Returns whether the engine held it.
     pub fn abort(&mut self, id: RequestId, now: Duration) -> bool {
-        let Some(seq) = self.seqs.remove(&id) else { return false };
+        let Some(seq) = self.seqs.remove(&id) else {
+            return false;
+        };
         self.waiting.retain(|&r| r != id);
         self.running.retain(|&r| r != id);
         self.transferring.retain(|&(r, _)| r != id);
@@ -379,7 +372,10 @@ impl Engine {
                 Admission::NoRoom => break,
             }
         }
-        let mut shape = StepShape { seqs: plan.len() as u32, ..Default::default() };
+        let mut shape = StepShape {
+            seqs: plan.len() as u32,
+            ..Default::default()
+        };
         for &(id, n) in &plan {
             let seq = &self.seqs[&id];
             if !(n == 1 && seq.num_computed + 1 == seq.tokens.len() && seq.num_output > 0) {
@@ -420,8 +416,8 @@ impl Engine {
             }
         }
         let hit_tokens = hit_blocks.len() * bs;
-        let remote = matches!(seq.req.kv_transfer, KvTransfer::RemotePrefill { .. })
-            && !seq.transfer_done;
+        let remote =
+            matches!(seq.req.kv_transfer, KvTransfer::RemotePrefill { .. }) && !seq.transfer_done;
         let target_tokens = if remote {
             seq.tokens.len()
         } else {
@@ -436,7 +432,8 @@ impl Engine {
         }
         seq.blocks = hit_blocks;
         for _ in 0..new_blocks {
-            seq.blocks.push(self.pool.allocate().expect("free count checked"));
+            seq.blocks
+                .push(self.pool.allocate().expect("free count checked"));
         }
         seq.num_computed = hit_tokens;
         seq.num_registered = seq.blocks.len().min(hit_tokens / bs);
@@ -457,12 +454,15 @@ impl Engine {
     fn try_allocate(&mut self, id: RequestId, num_new: usize) -> bool {
         let bs = self.cfg.block_size as usize;
         let seq = self.seqs.get_mut(&id).expect("live id");
-        let need = (seq.num_computed + num_new).div_ceil(bs).saturating_sub(seq.blocks.len());
+        let need = (seq.num_computed + num_new)
+            .div_ceil(bs)
+            .saturating_sub(seq.blocks.len());
         if need as u64 > u64::from(self.pool.num_free()) {
             return false;
         }
         for _ in 0..need {
-            seq.blocks.push(self.pool.allocate().expect("free count checked"));
+            seq.blocks
+                .push(self.pool.allocate().expect("free count checked"));
         }
         true
     }
@@ -481,7 +481,9 @@ impl Engine {
         let now = step.end;
         self.stalled = false;
         for (id, n) in step.plan {
-            let Some(seq) = self.seqs.get_mut(&id) else { continue };
+            let Some(seq) = self.seqs.get_mut(&id) else {
+                continue;
+            };
             if seq.blocks.is_empty() {
                 continue; // preempted after planning; cannot happen today, kept for safety
             }
@@ -529,9 +531,38 @@ impl Engine {
                     remote_block_ids,
                 }
             });
-            out.push(Output { request: id, token_id: tid, text: piece, finished });
+            out.push(Output {
+                request: id,
+                token_id: tid,
+                text: piece,
+                finished,
+            });
         }
     }
+}
+
+/// Checks a request's lengths against `cfg` as [`Engine::submit`] does, so a server can
+/// refuse a request before handing it over.
+pub fn validate(cfg: &EngineConfig, prompt_len: usize, max_tokens: u32) -> Result<(), SubmitError> {
+    if prompt_len == 0 {
+        return Err(SubmitError::EmptyPrompt);
+    }
+    if max_tokens == 0 {
+        return Err(SubmitError::ZeroMaxTokens);
+    }
+    let max_model_len = cfg
+        .max_model_len
+        .min(cfg.num_gpu_blocks.saturating_mul(cfg.block_size));
+    let total = prompt_len + max_tokens as usize;
+    if total > max_model_len as usize {
+        return Err(SubmitError::TooLong {
+            prompt: prompt_len,
+            max_tokens,
+            total,
+            max_model_len,
+        });
+    }
+    Ok(())
 }
 
 enum Admission {

@@ -5,7 +5,12 @@ use std::time::Duration;
 use super::*;
 
 fn cfg(blocks: u32) -> EngineConfig {
-    EngineConfig { num_gpu_blocks: blocks, block_size: 16, seed: 7, ..Default::default() }
+    EngineConfig {
+        num_gpu_blocks: blocks,
+        block_size: 16,
+        seed: 7,
+        ..Default::default()
+    }
 }
 
 /// Runs the engine until idle, returning (request, first-token time, outputs) per request.
@@ -23,22 +28,32 @@ fn run(engine: &mut Engine) -> Vec<(Duration, Output)> {
 }
 
 fn prompt(seed: u32, len: u32) -> Vec<u32> {
-    (0..len).map(|i| (i * 7919 + seed * 104_729) % 100_000).collect()
+    (0..len)
+        .map(|i| (i * 7919 + seed * 104_729) % 100_000)
+        .collect()
 }
 
 #[test]
 fn a_repeated_prompt_hits_the_cache_and_has_a_smaller_ttft() {
     let mut e = Engine::new(cfg(1024));
-    e.submit(EngineRequest::new(1, prompt(1, 4000), 4), Duration::ZERO).unwrap();
+    e.submit(EngineRequest::new(1, prompt(1, 4000), 4), Duration::ZERO)
+        .unwrap();
     let first = run(&mut e);
     let ttft1 = first[0].0;
     assert_eq!(first.len(), 4);
-    assert_eq!(first.last().unwrap().1.finished.as_ref().unwrap().reason, FinishReason::Length);
+    assert_eq!(
+        first.last().unwrap().1.finished.as_ref().unwrap().reason,
+        FinishReason::Length
+    );
     let start = ttft1 + Duration::from_secs(1);
-    e.submit(EngineRequest::new(2, prompt(1, 4000), 4), start).unwrap();
+    e.submit(EngineRequest::new(2, prompt(1, 4000), 4), start)
+        .unwrap();
     let second = run(&mut e);
     let ttft2 = second[0].0 - start;
-    assert!(ttft2 * 5 < ttft1, "second TTFT {ttft2:?} vs first {ttft1:?}");
+    assert!(
+        ttft2 * 5 < ttft1,
+        "second TTFT {ttft2:?} vs first {ttft1:?}"
+    );
     let s = e.stats();
     assert_eq!(s.prefix_cache_queries, 8000);
     // 4000 tokens = 250 blocks; the last token is always recomputed, so 249 blocks hit.
@@ -52,8 +67,12 @@ fn a_repeated_prompt_hits_the_cache_and_has_a_smaller_ttft() {
 fn output_is_deterministic_from_the_seed() {
     let texts = |seed: u64| {
         let mut e = Engine::new(EngineConfig { seed, ..cfg(256) });
-        e.submit(EngineRequest::new(1, prompt(3, 100), 20), Duration::ZERO).unwrap();
-        run(&mut e).into_iter().map(|(t, o)| (t, o.text)).collect::<Vec<_>>()
+        e.submit(EngineRequest::new(1, prompt(3, 100), 20), Duration::ZERO)
+            .unwrap();
+        run(&mut e)
+            .into_iter()
+            .map(|(t, o)| (t, o.text))
+            .collect::<Vec<_>>()
     };
     assert_eq!(texts(1), texts(1));
     assert_ne!(texts(1), texts(2));
@@ -62,7 +81,8 @@ fn output_is_deterministic_from_the_seed() {
 #[test]
 fn natural_stop_unless_ignore_eos() {
     let mut e = Engine::new(cfg(256));
-    e.submit(EngineRequest::new(1, prompt(1, 50), 2000), Duration::ZERO).unwrap();
+    e.submit(EngineRequest::new(1, prompt(1, 50), 2000), Duration::ZERO)
+        .unwrap();
     let out = run(&mut e);
     let fin = out.last().unwrap().1.finished.clone().unwrap();
     assert_eq!(fin.reason, FinishReason::Stop);
@@ -72,7 +92,10 @@ fn natural_stop_unless_ignore_eos() {
     e.submit(req, Duration::from_secs(100)).unwrap();
     let out = run(&mut e);
     assert_eq!(out.len(), 600);
-    assert_eq!(out.last().unwrap().1.finished.as_ref().unwrap().reason, FinishReason::Length);
+    assert_eq!(
+        out.last().unwrap().1.finished.as_ref().unwrap().reason,
+        FinishReason::Length
+    );
 }
 
 #[test]
@@ -80,15 +103,26 @@ fn unreferenced_blocks_are_evicted_lru_at_capacity() {
     // 64 blocks; each prompt of 320 tokens = 20 blocks, plus output blocks.
     let mut e = Engine::new(cfg(64));
     for i in 0..3u32 {
-        e.submit(EngineRequest::new(u64::from(i), prompt(i + 1, 320), 2), Duration::ZERO).unwrap();
+        e.submit(
+            EngineRequest::new(u64::from(i), prompt(i + 1, 320), 2),
+            Duration::ZERO,
+        )
+        .unwrap();
         run(&mut e);
     }
     e.take_kv_events();
     let hashes_a = e.block_hashes(&prompt(1, 320), &CacheKey::default());
-    assert!(hashes_a.iter().all(|h| e.pool().contains(*h)), "prompt 1 still cached");
+    assert!(
+        hashes_a.iter().all(|h| e.pool().contains(*h)),
+        "prompt 1 still cached"
+    );
     // A fourth prompt needs 20 blocks; only 4 are empty, so 16 cached blocks are evicted,
     // and the least recently freed ones belong to prompt 1.
-    e.submit(EngineRequest::new(9, prompt(9, 320), 2), Duration::from_secs(10)).unwrap();
+    e.submit(
+        EngineRequest::new(9, prompt(9, 320), 2),
+        Duration::from_secs(10),
+    )
+    .unwrap();
     run(&mut e);
     let evicted: Vec<u64> = e
         .take_kv_events()
@@ -100,10 +134,16 @@ fn unreferenced_blocks_are_evicted_lru_at_capacity() {
         .flatten()
         .collect();
     assert!(!evicted.is_empty());
-    assert!(evicted.iter().all(|h| hashes_a.contains(h)), "LRU victims come from prompt 1");
+    assert!(
+        evicted.iter().all(|h| hashes_a.contains(h)),
+        "LRU victims come from prompt 1"
+    );
     assert!(evicted.iter().all(|h| !e.pool().contains(*h)));
     let hashes_c = e.block_hashes(&prompt(3, 320), &CacheKey::default());
-    assert!(hashes_c.iter().all(|h| e.pool().contains(*h)), "most recent prompt survives");
+    assert!(
+        hashes_c.iter().all(|h| e.pool().contains(*h)),
+        "most recent prompt survives"
+    );
 }
 
 #[test]
@@ -113,7 +153,8 @@ fn kv_events_replay_to_the_cache_state() {
     for i in 0..12u32 {
         let mut req = EngineRequest::new(u64::from(i), prompt(i % 5, 100 + 37 * i), 20);
         req.ignore_eos = true;
-        e.submit(req, Duration::from_millis(u64::from(i) * 5)).unwrap();
+        e.submit(req, Duration::from_millis(u64::from(i) * 5))
+            .unwrap();
         if i % 3 == 0 {
             run(&mut e);
         }
@@ -121,7 +162,12 @@ fn kv_events_replay_to_the_cache_state() {
     run(&mut e);
     for ev in e.take_kv_events() {
         match ev {
-            KvCacheEvent::BlockStored { block_hashes, token_ids, block_size, .. } => {
+            KvCacheEvent::BlockStored {
+                block_hashes,
+                token_ids,
+                block_size,
+                ..
+            } => {
                 assert_eq!(token_ids.len(), block_hashes.len() * block_size as usize);
                 for h in block_hashes {
                     assert!(cached.insert(h), "stored twice without removal");
@@ -142,7 +188,10 @@ fn kv_events_replay_to_the_cache_state() {
 #[test]
 fn kv_pressure_preempts_and_everything_still_finishes() {
     // 24 blocks of 16 tokens; four requests of 64-token prompts that each grow to 300 tokens.
-    let mut e = Engine::new(EngineConfig { max_model_len: 384, ..cfg(24) });
+    let mut e = Engine::new(EngineConfig {
+        max_model_len: 384,
+        ..cfg(24)
+    });
     for i in 0..4u32 {
         let mut req = EngineRequest::new(u64::from(i), prompt(i + 10, 64), 236);
         req.ignore_eos = true;
@@ -155,16 +204,26 @@ fn kv_pressure_preempts_and_everything_still_finishes() {
         *counts.entry(o.request).or_insert(0) += 1;
     }
     assert_eq!(counts.len(), 4);
-    assert!(counts.values().all(|&c| c == 236), "no token lost or repeated: {counts:?}");
+    assert!(
+        counts.values().all(|&c| c == 236),
+        "no token lost or repeated: {counts:?}"
+    );
     assert!(e.is_idle());
     assert_eq!(e.gauges().kv_usage, 0.0);
 }
 
 #[test]
 fn batching_is_bounded_by_max_num_seqs() {
-    let mut e = Engine::new(EngineConfig { max_num_seqs: 2, ..cfg(256) });
+    let mut e = Engine::new(EngineConfig {
+        max_num_seqs: 2,
+        ..cfg(256)
+    });
     for i in 0..5 {
-        e.submit(EngineRequest::new(i, prompt(i as u32, 20), 10), Duration::ZERO).unwrap();
+        e.submit(
+            EngineRequest::new(i, prompt(i as u32, 20), 10),
+            Duration::ZERO,
+        )
+        .unwrap();
     }
     let t = e.next_event_time().unwrap();
     e.advance(t);
@@ -177,7 +236,10 @@ fn batching_is_bounded_by_max_num_seqs() {
 
 #[test]
 fn submit_validates_length_and_ids() {
-    let mut e = Engine::new(EngineConfig { max_model_len: 100, ..cfg(64) });
+    let mut e = Engine::new(EngineConfig {
+        max_model_len: 100,
+        ..cfg(64)
+    });
     assert_eq!(
         e.submit(EngineRequest::new(1, vec![], 1), Duration::ZERO),
         Err(SubmitError::EmptyPrompt)
@@ -186,7 +248,8 @@ fn submit_validates_length_and_ids() {
         e.submit(EngineRequest::new(1, prompt(0, 90), 20), Duration::ZERO),
         Err(SubmitError::TooLong { total: 110, .. })
     ));
-    e.submit(EngineRequest::new(1, prompt(0, 10), 5), Duration::ZERO).unwrap();
+    e.submit(EngineRequest::new(1, prompt(0, 10), 5), Duration::ZERO)
+        .unwrap();
     assert_eq!(
         e.submit(EngineRequest::new(1, prompt(0, 10), 5), Duration::ZERO),
         Err(SubmitError::DuplicateId(1))
@@ -209,14 +272,21 @@ fn prefill_leg_returns_blocks_and_decode_leg_skips_prefill() {
 
     let mut d = Engine::new(cfg(256));
     let mut req = EngineRequest::new(1, prompt(5, 2000), 3);
-    req.kv_transfer = KvTransfer::RemotePrefill { remote_blocks: blocks.len() };
+    req.kv_transfer = KvTransfer::RemotePrefill {
+        remote_blocks: blocks.len(),
+    };
     d.submit(req, Duration::ZERO).unwrap();
     let out = run(&mut d);
     assert_eq!(out.len(), 3);
     let mut local = Engine::new(cfg(256));
-    local.submit(EngineRequest::new(1, prompt(5, 2000), 3), Duration::ZERO).unwrap();
+    local
+        .submit(EngineRequest::new(1, prompt(5, 2000), 3), Duration::ZERO)
+        .unwrap();
     let local_out = run(&mut local);
-    assert!(out[0].0 < local_out[0].0, "pulling KV is faster than computing it");
+    assert!(
+        out[0].0 < local_out[0].0,
+        "pulling KV is faster than computing it"
+    );
     // The pulled blocks are now cached on the decode engine.
     let hashes = d.block_hashes(&prompt(5, 2000), &CacheKey::default());
     assert!(hashes.iter().take(124).all(|h| d.pool().contains(*h)));
@@ -225,9 +295,13 @@ fn prefill_leg_returns_blocks_and_decode_leg_skips_prefill() {
 #[test]
 fn time_scale_shrinks_latency() {
     let ttft = |scale: f64| {
-        let timing = TimingModel { time_scale: scale, ..TimingModel::default() };
+        let timing = TimingModel {
+            time_scale: scale,
+            ..TimingModel::default()
+        };
         let mut e = Engine::new(EngineConfig { timing, ..cfg(512) });
-        e.submit(EngineRequest::new(1, prompt(1, 3000), 1), Duration::ZERO).unwrap();
+        e.submit(EngineRequest::new(1, prompt(1, 3000), 1), Duration::ZERO)
+            .unwrap();
         run(&mut e)[0].0
     };
     let full = ttft(1.0).as_secs_f64();

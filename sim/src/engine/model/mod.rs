@@ -14,7 +14,7 @@ pub mod tokenizer;
 
 pub use block_hash::{BlockHash, BlockHasher, CacheKey};
 pub use block_pool::{BlockId, BlockPool, KvCacheEvent};
-pub use engine::{Engine, EngineConfig, EngineGauges};
+pub use engine::{Engine, EngineConfig, EngineGauges, validate};
 pub use request::{EngineRequest, Finished, KvTransfer, LoraRef, Output, RequestId, SubmitError};
 pub use stats::{EngineStats, FinishReason, Histogram};
 pub use timing::{StepShape, TimingModel};

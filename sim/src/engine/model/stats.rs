@@ -8,8 +8,8 @@ pub const TTFT_BUCKETS: [f64; 22] = [
 
 /// Bucket upper bounds of `vllm:e2e_request_latency_seconds` (vLLM V1's).
 pub const E2E_BUCKETS: [f64; 19] = [
-    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
-    240.0, 480.0, 960.0,
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0,
 ];
 
 /// A cumulative histogram with fixed bucket bounds (Prometheus semantics).
@@ -24,7 +24,12 @@ pub struct Histogram {
 impl Histogram {
     /// An empty histogram over `bounds` (ascending; `+Inf` is implicit).
     pub fn new(bounds: &'static [f64]) -> Self {
-        Self { bounds, counts: vec![0; bounds.len()], sum: 0.0, count: 0 }
+        Self {
+            bounds,
+            counts: vec![0; bounds.len()],
+            sum: 0.0,
+            count: 0,
+        }
     }
 
     /// Records one observation.

@@ -95,13 +95,27 @@ mod tests {
     #[test]
     fn prefill_dominates_long_prompts_and_scale_applies() {
         let t = TimingModel::default();
-        let small = StepShape { seqs: 1, prefill_tokens: 16, attention_work: 16.0 * 8.0 };
-        let big = StepShape { seqs: 1, prefill_tokens: 4096, attention_work: 4096.0 * 2048.0 };
+        let small = StepShape {
+            seqs: 1,
+            prefill_tokens: 16,
+            attention_work: 16.0 * 8.0,
+        };
+        let big = StepShape {
+            seqs: 1,
+            prefill_tokens: 4096,
+            attention_work: 4096.0 * 2048.0,
+        };
         assert!(t.step_duration(&big) > t.step_duration(&small) * 10);
-        let fast = TimingModel { time_scale: 0.1, ..t.clone() };
+        let fast = TimingModel {
+            time_scale: 0.1,
+            ..t.clone()
+        };
         let ratio = t.step_duration(&big).as_secs_f64() / fast.step_duration(&big).as_secs_f64();
         assert!((ratio - 10.0).abs() < 1e-6);
-        let instant = TimingModel { instant: true, ..t.clone() };
+        let instant = TimingModel {
+            instant: true,
+            ..t.clone()
+        };
         assert_eq!(instant.step_duration(&big), Duration::ZERO);
         assert_eq!(t.step_duration(&StepShape::default()), Duration::ZERO);
     }
@@ -109,8 +123,14 @@ mod tests {
     #[test]
     fn decode_step_grows_with_batch() {
         let t = TimingModel::default();
-        let one = StepShape { seqs: 1, ..Default::default() };
-        let many = StepShape { seqs: 128, ..Default::default() };
+        let one = StepShape {
+            seqs: 1,
+            ..Default::default()
+        };
+        let many = StepShape {
+            seqs: 128,
+            ..Default::default()
+        };
         assert!(t.step_duration(&many) > t.step_duration(&one));
     }
 }

@@ -34,7 +34,10 @@ pub fn token_id(chunk: &[u8]) -> u32 {
 
 /// Token ids of `text`.
 pub fn tokenize(text: &str) -> Vec<u32> {
-    text.as_bytes().chunks(BYTES_PER_TOKEN).map(token_id).collect()
+    text.as_bytes()
+        .chunks(BYTES_PER_TOKEN)
+        .map(token_id)
+        .collect()
 }
 
 /// Number of tokens of `text`, without materialising them.
@@ -54,7 +57,11 @@ pub struct ChatMessage {
 /// Renders `messages` with the fixed chat template (see the module docs).
 pub fn render_chat(messages: &[ChatMessage], add_generation_prompt: bool) -> String {
     let mut out = String::with_capacity(
-        messages.iter().map(|m| m.content.len() + m.role.len() + 12).sum::<usize>() + 16,
+        messages
+            .iter()
+            .map(|m| m.content.len() + m.role.len() + 12)
+            .sum::<usize>()
+            + 16,
     );
     for m in messages {
         out.push_str("<|");
@@ -88,14 +95,23 @@ mod tests {
     #[test]
     fn chat_template_is_the_documented_one() {
         let msgs = vec![
-            ChatMessage { role: "system".into(), content: "Be brief.".into() },
-            ChatMessage { role: "user".into(), content: "Hi".into() },
+            ChatMessage {
+                role: "system".into(),
+                content: "Be brief.".into(),
+            },
+            ChatMessage {
+                role: "user".into(),
+                content: "Hi".into(),
+            },
         ];
         assert_eq!(
             render_chat(&msgs, true),
             "<|system|>\nBe brief.<|end|>\n<|user|>\nHi<|end|>\n<|assistant|>\n"
         );
-        assert_eq!(render_chat(&msgs[..1], false), "<|system|>\nBe brief.<|end|>\n");
+        assert_eq!(
+            render_chat(&msgs[..1], false),
+            "<|system|>\nBe brief.<|end|>\n"
+        );
     }
 
     proptest! {

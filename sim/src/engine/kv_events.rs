@@ -1,0 +1,327 @@
+//! KV cache events over ZMQ, in vLLM's wire format.
+//!
+//! A PUB socket sends one message per engine batch of events, three frames:
+//! `[topic, seq (u64 big-endian, from 0, +1 per batch), payload (msgpack)]`. The payload is
+//! `[ts, events, data_parallel_rank]` with positional events (`--kv-events-format array`), or
+//! `{"ts", "events", "data_parallel_rank"}` with map events (`map`). Events:
+//!
+//! - array: `["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id,
+//!   medium]` (+ `lora_name` when set), `["BlockRemoved", block_hashes, medium]`,
+//!   `["AllBlocksCleared"]`;
+//! - map: `{"type": "BlockStored", "block_hashes", "parent_block_hash", "token_ids",
+//!   "block_size", "lora_id", "medium", "lora_name"}`, `{"type": "BlockRemoved",
+//!   "block_hashes", "medium"}`, `{"type": "AllBlocksCleared"}`.
+//!
+//! Block hashes are u64, `medium` is `"GPU"`. The replay socket (ROUTER) takes a request whose
+//! last frame is an 8-byte big-endian start seq (from a DEALER, with or without an empty
+//! delimiter frame, or a REQ) and answers, behind the same envelope, one
+//! `[topic, seq, payload]` message per buffered batch from that seq on, then the end marker
+//! `[topic, 0xFFFFFFFFFFFFFFFF, ""]`.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use rmpv::Value;
+use tokio::sync::mpsc;
+use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
+
+use super::config::KvEventsFormat;
+use super::model::KvCacheEvent;
+
+/// Sequence number of the replay end marker.
+pub const END_SEQ: u64 = u64::MAX;
+
+/// Where and how to publish.
+#[derive(Debug, Clone)]
+pub struct KvEventsConfig {
+    /// PUB endpoint, e.g. `tcp://127.0.0.1:5557` (port 0 = any free port).
+    pub endpoint: String,
+    /// ROUTER endpoint for replay, if any.
+    pub replay_endpoint: Option<String>,
+    /// Topic frame.
+    pub topic: String,
+    /// Event shape.
+    pub format: KvEventsFormat,
+    /// Batches kept for replay.
+    pub buffer: usize,
+}
+
+/// Failure to start the publisher.
+#[derive(Debug, thiserror::Error)]
+pub enum KvEventsError {
+    /// Binding a ZMQ socket failed.
+    #[error("cannot bind ZMQ socket on {endpoint}: {source}")]
+    Bind {
+        /// The endpoint.
+        endpoint: String,
+        /// The cause.
+        source: zeromq::ZmqError,
+    },
+}
+
+/// The running publisher: its resolved endpoints and the channel the engine feeds.
+#[derive(Debug)]
+pub struct KvEventsPublisher {
+    /// Resolved PUB endpoint.
+    pub endpoint: String,
+    /// Resolved replay endpoint.
+    pub replay_endpoint: Option<String>,
+    /// Send each engine batch of events here.
+    pub sender: mpsc::UnboundedSender<Vec<KvCacheEvent>>,
+}
+
+type Buffer = Arc<Mutex<VecDeque<(u64, Bytes)>>>;
+
+/// Binds the sockets and starts the publishing and replay tasks on the current runtime.
+pub async fn start(cfg: KvEventsConfig) -> Result<KvEventsPublisher, KvEventsError> {
+    let mut pub_socket = PubSocket::new();
+    let endpoint = pub_socket
+        .bind(&cfg.endpoint)
+        .await
+        .map_err(|source| KvEventsError::Bind {
+            endpoint: cfg.endpoint.clone(),
+            source,
+        })?
+        .to_string();
+    let buffer: Buffer = Arc::new(Mutex::new(VecDeque::new()));
+    let topic = Bytes::from(cfg.topic.clone().into_bytes());
+    let replay_endpoint = match &cfg.replay_endpoint {
+        Some(ep) => {
+            let mut router = RouterSocket::new();
+            let bound = router
+                .bind(ep)
+                .await
+                .map_err(|source| KvEventsError::Bind {
+                    endpoint: ep.clone(),
+                    source,
+                })?
+                .to_string();
+            tokio::spawn(serve_replay(router, buffer.clone(), topic.clone()));
+            Some(bound)
+        }
+        None => None,
+    };
+    let (sender, rx) = mpsc::unbounded_channel();
+    tokio::spawn(publish(
+        pub_socket,
+        rx,
+        buffer,
+        topic,
+        cfg.format,
+        cfg.buffer.max(1),
+    ));
+    Ok(KvEventsPublisher {
+        endpoint,
+        replay_endpoint,
+        sender,
+    })
+}
+
+async fn publish(
+    mut socket: PubSocket,
+    mut rx: mpsc::UnboundedReceiver<Vec<KvCacheEvent>>,
+    buffer: Buffer,
+    topic: Bytes,
+    format: KvEventsFormat,
+    capacity: usize,
+) {
+    let mut seq: u64 = 0;
+    while let Some(events) = rx.recv().await {
+        let ts = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        let payload = Bytes::from(encode_batch(ts, &events, format));
+        {
+            let mut buf = buffer
+                .lock()
+                .expect("buffer lock never poisoned: no panics inside");
+            if buf.len() == capacity {
+                buf.pop_front();
+            }
+            buf.push_back((seq, payload.clone()));
+        }
+        let msg = frames(&[
+            topic.clone(),
+            Bytes::copy_from_slice(&seq.to_be_bytes()),
+            payload,
+        ]);
+        if let Err(e) = socket.send(msg).await {
+            tracing::warn!(error = %e, seq, "KV event publish failed");
+        }
+        seq += 1;
+    }
+}
+
+async fn serve_replay(mut router: RouterSocket, buffer: Buffer, topic: Bytes) {
+    loop {
+        let msg = match router.recv().await {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::debug!(error = %e, "replay socket receive failed");
+                continue;
+            }
+        };
+        let mut frames_in = msg.into_vec();
+        let Some(last) = frames_in.pop() else {
+            continue;
+        };
+        let Ok(start) = <[u8; 8]>::try_from(last.as_ref()) else {
+            tracing::warn!(
+                len = last.len(),
+                "invalid replay request: last frame is not an 8-byte seq"
+            );
+            continue;
+        };
+        let start = u64::from_be_bytes(start);
+        let envelope = frames_in; // identity, plus the empty delimiter when present
+        let batches: Vec<(u64, Bytes)> = {
+            let buf = buffer
+                .lock()
+                .expect("buffer lock never poisoned: no panics inside");
+            buf.iter().filter(|(s, _)| *s >= start).cloned().collect()
+        };
+        for (seq, payload) in batches.into_iter().chain([(END_SEQ, Bytes::new())]) {
+            let mut out = envelope.clone();
+            out.extend([
+                topic.clone(),
+                Bytes::copy_from_slice(&seq.to_be_bytes()),
+                payload,
+            ]);
+            if let Err(e) = router.send(frames(&out)).await {
+                tracing::debug!(error = %e, "replay answer failed");
+                break;
+            }
+        }
+    }
+}
+
+fn frames(parts: &[Bytes]) -> ZmqMessage {
+    let mut msg = ZmqMessage::from(parts[0].clone());
+    for p in &parts[1..] {
+        msg.push_back(p.clone());
+    }
+    msg
+}
+
+/// Encodes one batch as msgpack (see the module docs for the shapes).
+pub fn encode_batch(ts: f64, events: &[KvCacheEvent], format: KvEventsFormat) -> Vec<u8> {
+    let events = Value::Array(events.iter().map(|e| encode_event(e, format)).collect());
+    let batch = match format {
+        KvEventsFormat::Array => Value::Array(vec![Value::F64(ts), events, Value::Nil]),
+        KvEventsFormat::Map => Value::Map(vec![
+            ("ts".into(), Value::F64(ts)),
+            ("events".into(), events),
+            ("data_parallel_rank".into(), Value::Nil),
+        ]),
+    };
+    let mut out = Vec::with_capacity(256);
+    rmpv::encode::write_value(&mut out, &batch).expect("writing to a Vec cannot fail");
+    out
+}
+
+fn encode_event(e: &KvCacheEvent, format: KvEventsFormat) -> Value {
+    let hashes = |h: &[u64]| Value::Array(h.iter().map(|&x| Value::from(x)).collect());
+    let opt_u64 = |v: Option<u64>| v.map_or(Value::Nil, Value::from);
+    let (tag, fields): (&str, Vec<(&str, Value)>) = match e {
+        KvCacheEvent::BlockStored {
+            block_hashes,
+            parent_block_hash,
+            token_ids,
+            block_size,
+            lora_id,
+            lora_name,
+        } => {
+            let mut f = vec![
+                ("block_hashes", hashes(block_hashes)),
+                ("parent_block_hash", opt_u64(*parent_block_hash)),
+                (
+                    "token_ids",
+                    Value::Array(token_ids.iter().map(|&t| Value::from(t)).collect()),
+                ),
+                ("block_size", Value::from(*block_size)),
+                ("lora_id", opt_u64(lora_id.map(u64::from))),
+                ("medium", Value::from("GPU")),
+            ];
+            if let Some(name) = lora_name {
+                f.push(("lora_name", Value::from(name.as_str())));
+            }
+            ("BlockStored", f)
+        }
+        KvCacheEvent::BlockRemoved { block_hashes } => (
+            "BlockRemoved",
+            vec![
+                ("block_hashes", hashes(block_hashes)),
+                ("medium", Value::from("GPU")),
+            ],
+        ),
+        KvCacheEvent::AllBlocksCleared => ("AllBlocksCleared", vec![]),
+    };
+    match format {
+        KvEventsFormat::Array => Value::Array(
+            std::iter::once(Value::from(tag))
+                .chain(fields.into_iter().map(|(_, v)| v))
+                .collect(),
+        ),
+        KvEventsFormat::Map => Value::Map(
+            std::iter::once((Value::from("type"), Value::from(tag)))
+                .chain(fields.into_iter().map(|(k, v)| (Value::from(k), v)))
+                .collect(),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_shapes_decode_with_a_msgpack_decoder() {
+        let events = vec![
+            KvCacheEvent::BlockStored {
+                block_hashes: vec![u64::MAX, 1],
+                parent_block_hash: None,
+                token_ids: vec![1, 2, 3, 4],
+                block_size: 2,
+                lora_id: None,
+                lora_name: None,
+            },
+            KvCacheEvent::BlockRemoved {
+                block_hashes: vec![7],
+            },
+            KvCacheEvent::AllBlocksCleared,
+        ];
+        let bytes = encode_batch(1.5, &events, KvEventsFormat::Array);
+        let v = rmpv::decode::read_value(&mut &bytes[..]).unwrap();
+        let arr = v.as_array().unwrap();
+        assert_eq!(arr[0].as_f64(), Some(1.5));
+        let evs = arr[1].as_array().unwrap();
+        let stored = evs[0].as_array().unwrap();
+        assert_eq!(stored[0].as_str(), Some("BlockStored"));
+        assert_eq!(stored[1].as_array().unwrap()[0].as_u64(), Some(u64::MAX));
+        assert!(stored[2].is_nil());
+        assert_eq!(stored[4].as_u64(), Some(2));
+        assert_eq!(stored[6].as_str(), Some("GPU"));
+        assert_eq!(stored.len(), 7);
+        assert_eq!(evs[2].as_array().unwrap().len(), 1);
+
+        let bytes = encode_batch(1.5, &events, KvEventsFormat::Map);
+        let v = rmpv::decode::read_value(&mut &bytes[..]).unwrap();
+        let get = |m: &Value, k: &str| {
+            m.as_map()
+                .unwrap()
+                .iter()
+                .find(|(kk, _)| kk.as_str() == Some(k))
+                .map(|(_, v)| v.clone())
+        };
+        let evs = get(&v, "events").unwrap();
+        let removed = &evs.as_array().unwrap()[1];
+        assert_eq!(get(removed, "type").unwrap().as_str(), Some("BlockRemoved"));
+        assert_eq!(
+            get(removed, "block_hashes").unwrap().as_array().unwrap()[0].as_u64(),
+            Some(7)
+        );
+    }
+}

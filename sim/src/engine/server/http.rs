@@ -1,0 +1,412 @@
+//! Request routing and handlers: parse → validate → submit → answer (whole or streamed).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use futures::StreamExt;
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Limited, StreamBody};
+use hyper::body::{Frame, Incoming};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use super::body::{Body, empty, full};
+use super::driver::{DriverHandle, Submission, TokenEvent};
+use super::errors::ApiError;
+use super::metrics_text::{self, MetricsLabels};
+use super::openai::{self, Endpoint, Generation, Models};
+use super::responses::{self, ChoiceResult, PromptTokensDetails, ResponseMeta, Usage};
+use crate::engine::config::Role;
+use crate::engine::model::{EngineConfig, EngineRequest, KvTransfer, validate};
+use crate::rng::mix64;
+
+/// Everything handlers share.
+pub struct AppState {
+    /// Served models and adapters.
+    pub models: Models,
+    /// The engine model's configuration (for validation and `/tokenize`).
+    pub engine: EngineConfig,
+    /// The driver task.
+    pub driver: DriverHandle,
+    /// Metric labels.
+    pub labels: MetricsLabels,
+    /// Disaggregation role.
+    pub role: Role,
+    /// Id reported to decode engines.
+    pub engine_id: String,
+    /// Host and port reported to decode engines.
+    pub advertise: (String, u16),
+    /// Largest accepted body.
+    pub max_body_bytes: usize,
+    /// Report cached tokens in usage.
+    pub prompt_tokens_details: bool,
+    /// Source of request ids.
+    pub next_id: AtomicU64,
+    /// Process-unique salt of response ids.
+    pub id_salt: u64,
+}
+
+/// Routes one request.
+pub async fn handle(
+    state: Arc<AppState>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, Infallible> {
+    let path = req.uri().path();
+    let resp = match (req.method(), path) {
+        (&Method::GET, "/health") => Ok(Response::new(empty())),
+        (&Method::GET, "/v1/models") => Ok(models(&state)),
+        (&Method::GET, "/metrics") => metrics(&state).await,
+        (&Method::POST, "/v1/completions") => generate(&state, req, Endpoint::Completions).await,
+        (&Method::POST, "/v1/chat/completions") => generate(&state, req, Endpoint::Chat).await,
+        (&Method::POST, "/tokenize") => tokenize(&state, req).await,
+        (
+            _,
+            "/health"
+            | "/v1/models"
+            | "/metrics"
+            | "/v1/completions"
+            | "/v1/chat/completions"
+            | "/tokenize",
+        ) => Err(ApiError::method_not_allowed()),
+        _ => Err(ApiError::not_found(format!("Not Found: {path}"))),
+    };
+    Ok(resp.unwrap_or_else(ApiError::into_response))
+}
+
+fn json_response(status: StatusCode, body: Bytes) -> Response<Body> {
+    let mut resp = Response::new(full(body));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+async fn read_body(
+    state: &AppState,
+    req: Request<Incoming>,
+) -> Result<(http::request::Parts, Bytes), ApiError> {
+    let (parts, body) = req.into_parts();
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > state.max_body_bytes) {
+        return Err(ApiError::too_large(state.max_body_bytes));
+    }
+    match Limited::new(body, state.max_body_bytes).collect().await {
+        Ok(c) => Ok((parts, c.to_bytes())),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            Err(ApiError::too_large(state.max_body_bytes))
+        }
+        Err(e) => Err(ApiError::bad_request(format!(
+            "could not read the request body: {e}"
+        ))),
+    }
+}
+
+fn models(state: &AppState) -> Response<Body> {
+    let created = unix_now();
+    let base = &state.models.served[0];
+    let card = |id: &str, root: &str, parent: Option<&str>| {
+        json!({
+            "id": id, "object": "model", "created": created, "owned_by": "vllm",
+            "root": root, "parent": parent, "max_model_len": state.engine.max_model_len,
+            "permission": [],
+        })
+    };
+    let mut data: Vec<Value> = state
+        .models
+        .served
+        .iter()
+        .map(|m| card(m, base, None))
+        .collect();
+    data.extend(state.models.loras.iter().map(|l| card(l, l, Some(base))));
+    let body = json!({"object": "list", "data": data});
+    json_response(StatusCode::OK, Bytes::from(body.to_string()))
+}
+
+async fn metrics(state: &AppState) -> Result<Response<Body>, ApiError> {
+    let snap = state
+        .driver
+        .snapshot()
+        .await
+        .ok_or_else(ApiError::unavailable)?;
+    let text = metrics_text::render(&state.labels, &snap.gauges, &snap.stats);
+    let mut resp = Response::new(full(text));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(metrics_text::CONTENT_TYPE),
+    );
+    Ok(resp)
+}
+
+async fn tokenize(state: &AppState, req: Request<Incoming>) -> Result<Response<Body>, ApiError> {
+    let (_, body) = read_body(state, req).await?;
+    let tokens = openai::parse_tokenize(&body, &state.models)?;
+    let body = json!({
+        "count": tokens.len(),
+        "max_model_len": state.engine.max_model_len,
+        "tokens": tokens,
+        "token_strs": null,
+    });
+    Ok(json_response(StatusCode::OK, Bytes::from(body.to_string())))
+}
+
+async fn generate(
+    state: &AppState,
+    req: Request<Incoming>,
+    endpoint: Endpoint,
+) -> Result<Response<Body>, ApiError> {
+    let (parts, body) = read_body(state, req).await?;
+    let generation = match endpoint {
+        Endpoint::Completions => openai::parse_completion(&body, &state.models)?,
+        Endpoint::Chat => openai::parse_chat(&body, &state.models)?,
+    };
+    match (&generation.kv_transfer, state.role) {
+        (KvTransfer::RemoteDecode, Role::Decode) => {
+            return Err(ApiError::bad_param(
+                "kv_transfer_params",
+                "this engine has the decode role; it does not serve prefill legs",
+            ));
+        }
+        (KvTransfer::RemotePrefill { .. }, Role::Prefill) => {
+            return Err(ApiError::bad_param(
+                "kv_transfer_params",
+                "this engine has the prefill role; it does not serve decode legs",
+            ));
+        }
+        _ => {}
+    }
+    let request_id = parts
+        .headers
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let first_id = state
+        .next_id
+        .fetch_add(generation.prompts.len() as u64, Ordering::Relaxed);
+    let requests = engine_requests(state, &generation, first_id)?;
+    let prefix = match endpoint {
+        Endpoint::Completions => "cmpl",
+        Endpoint::Chat => "chatcmpl",
+    };
+    let id_body = request_id.clone().unwrap_or_else(|| {
+        format!(
+            "{:016x}{:016x}",
+            mix64(state.id_salt),
+            mix64(first_id ^ state.id_salt)
+        )
+    });
+    let meta = ResponseMeta {
+        id: format!("{prefix}-{id_body}"),
+        created: unix_now(),
+        model: generation.model.name.clone(),
+        endpoint,
+    };
+    let (tx, rx) = mpsc::unbounded_channel();
+    let choices = requests.len();
+    if !state.driver.submit(Submission { requests, sink: tx }) {
+        return Err(ApiError::unavailable());
+    }
+    if generation.stream {
+        return Ok(stream_response(state, meta, generation, choices, rx));
+    }
+    let mut texts = vec![String::new(); choices];
+    let mut finishes: Vec<Option<&'static str>> = vec![None; choices];
+    let mut usage = Usage::default();
+    let mut cached = 0;
+    let mut kv_params = None;
+    let mut rx = rx;
+    while let Some((index, out)) = rx.recv().await {
+        let i = index as usize;
+        texts[i].push_str(out.text);
+        if let Some(f) = out.finished {
+            finishes[i] = Some(f.reason.as_str());
+            usage.prompt_tokens += f.prompt_tokens;
+            usage.completion_tokens += f.completion_tokens;
+            cached += f.cached_tokens;
+            if let Some(blocks) = f.remote_block_ids {
+                kv_params = Some(prefill_transfer_params(
+                    state,
+                    &meta,
+                    request_id.as_deref(),
+                    &blocks,
+                ));
+            }
+        }
+    }
+    if finishes.iter().any(Option::is_none) {
+        return Err(ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message: "the engine dropped the request".into(),
+            param: None,
+        });
+    }
+    usage.total_tokens = usage.prompt_tokens + usage.completion_tokens;
+    if state.prompt_tokens_details {
+        usage.prompt_tokens_details = Some(PromptTokensDetails {
+            cached_tokens: cached,
+        });
+    }
+    let choices: Vec<ChoiceResult> = texts
+        .into_iter()
+        .zip(finishes)
+        .map(|(text, f)| ChoiceResult {
+            text,
+            finish_reason: f.unwrap_or("abort"),
+        })
+        .collect();
+    Ok(json_response(
+        StatusCode::OK,
+        responses::full_response(&meta, &choices, usage, kv_params),
+    ))
+}
+
+fn engine_requests(
+    state: &AppState,
+    g: &Generation,
+    first_id: u64,
+) -> Result<Vec<EngineRequest>, ApiError> {
+    let mut out = Vec::with_capacity(g.prompts.len());
+    for (i, prompt) in g.prompts.iter().enumerate() {
+        let room = (state.engine.max_model_len as usize).saturating_sub(prompt.len()) as u32;
+        let max_tokens = match (g.max_tokens, g.endpoint) {
+            (Some(m), _) => m,
+            (None, Endpoint::Completions) => 16,
+            (None, Endpoint::Chat) => room.max(1),
+        };
+        let max_tokens = if g.kv_transfer == KvTransfer::RemoteDecode {
+            1
+        } else {
+            max_tokens
+        };
+        validate(&state.engine, prompt.len(), max_tokens)
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        out.push(EngineRequest {
+            id: first_id + i as u64,
+            prompt: prompt.clone(),
+            max_tokens,
+            min_tokens: g.min_tokens,
+            ignore_eos: g.ignore_eos,
+            lora: g.model.lora.clone(),
+            cache_salt: g.cache_salt.clone(),
+            kv_transfer: g.kv_transfer.clone(),
+        });
+    }
+    Ok(out)
+}
+
+fn prefill_transfer_params(
+    state: &AppState,
+    meta: &ResponseMeta,
+    request_id: Option<&str>,
+    blocks: &[u32],
+) -> Value {
+    json!({
+        "do_remote_prefill": true,
+        "do_remote_decode": false,
+        "remote_block_ids": blocks,
+        "remote_engine_id": state.engine_id,
+        "remote_request_id": request_id.unwrap_or(&meta.id),
+        "remote_host": state.advertise.0,
+        "remote_port": state.advertise.1,
+        "tp_size": 1,
+    })
+}
+
+fn stream_response(
+    state: &AppState,
+    meta: ResponseMeta,
+    g: Generation,
+    choices: usize,
+    rx: mpsc::UnboundedReceiver<TokenEvent>,
+) -> Response<Body> {
+    struct StreamState {
+        rx: mpsc::UnboundedReceiver<TokenEvent>,
+        meta: ResponseMeta,
+        pending: std::collections::VecDeque<Bytes>,
+        open: usize,
+        usage: Usage,
+        cached: u32,
+        include_usage: bool,
+        details: bool,
+        done: bool,
+    }
+    let mut pending = std::collections::VecDeque::new();
+    if meta.endpoint == Endpoint::Chat {
+        for i in 0..choices {
+            pending.push_back(responses::chat_role_chunk(&meta, i as u32));
+        }
+    }
+    let st = StreamState {
+        rx,
+        meta,
+        pending,
+        open: choices,
+        usage: Usage::default(),
+        cached: 0,
+        include_usage: g.include_usage,
+        details: state.prompt_tokens_details,
+        done: false,
+    };
+    let stream = futures::stream::unfold(st, |mut st| async move {
+        loop {
+            if let Some(b) = st.pending.pop_front() {
+                return Some((b, st));
+            }
+            if st.done {
+                return None;
+            }
+            if st.open == 0 {
+                if st.include_usage {
+                    st.usage.total_tokens = st.usage.prompt_tokens + st.usage.completion_tokens;
+                    if st.details {
+                        st.usage.prompt_tokens_details = Some(PromptTokensDetails {
+                            cached_tokens: st.cached,
+                        });
+                    }
+                    st.pending
+                        .push_back(responses::usage_chunk(&st.meta, st.usage));
+                }
+                st.pending.push_back(responses::sse_done());
+                st.done = true;
+                continue;
+            }
+            match st.rx.recv().await {
+                Some((index, out)) => {
+                    let finish = out.finished.as_ref().map(|f| f.reason.as_str());
+                    st.pending
+                        .push_back(responses::token_chunk(&st.meta, index, out.text, finish));
+                    if let Some(f) = out.finished {
+                        st.open -= 1;
+                        st.usage.prompt_tokens += f.prompt_tokens;
+                        st.usage.completion_tokens += f.completion_tokens;
+                        st.cached += f.cached_tokens;
+                    }
+                }
+                // The engine dropped the request: end the stream without [DONE].
+                None => return None,
+            }
+        }
+    });
+    let body = StreamBody::new(stream.map(|b| Ok::<_, Infallible>(Frame::data(b))));
+    let mut resp = Response::new(BodyExt::boxed(body));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream; charset=utf-8"),
+    );
+    resp
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}

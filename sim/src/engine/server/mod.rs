@@ -1,0 +1,94 @@
+//! The HTTP server of the mock engine (hyper 1).
+
+pub mod body;
+pub mod driver;
+pub mod errors;
+pub mod http;
+pub mod metrics_text;
+pub mod openai;
+pub mod responses;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+
+use self::http::AppState;
+use self::metrics_text::MetricsLabels;
+use self::openai::Models;
+use super::config::EngineArgs;
+use super::model::{Engine, KvCacheEvent};
+use crate::rng::mix64;
+
+/// Builds the shared state and starts the engine driver on the current runtime.
+pub fn app_state(
+    args: &EngineArgs,
+    local: SocketAddr,
+    events: Option<mpsc::UnboundedSender<Vec<KvCacheEvent>>>,
+) -> Arc<AppState> {
+    let cfg = args.engine_config();
+    let engine = Engine::new(cfg.clone());
+    let engine_cfg = engine.config().clone();
+    let driver = driver::spawn(engine, events);
+    let id_salt = mix64(args.seed ^ (u64::from(local.port()) << 32) ^ std::process::id() as u64);
+    Arc::new(AppState {
+        models: Models {
+            served: args.models.clone(),
+            loras: args.loras.clone(),
+        },
+        labels: MetricsLabels {
+            model_name: args.models[0].clone(),
+            engine: args.engine_index.to_string(),
+            block_size: engine_cfg.block_size,
+            num_gpu_blocks: engine_cfg.num_gpu_blocks,
+        },
+        engine: engine_cfg,
+        driver,
+        role: args.role,
+        engine_id: args.engine_id.clone().unwrap_or_else(|| {
+            format!(
+                "kvmesh-sim-{:016x}",
+                mix64(args.seed ^ u64::from(local.port()))
+            )
+        }),
+        advertise: (local.ip().to_string(), local.port()),
+        max_body_bytes: args.max_body_bytes,
+        prompt_tokens_details: args.enable_prompt_tokens_details,
+        next_id: AtomicU64::new(0),
+        id_salt,
+    })
+}
+
+/// Accepts connections forever, serving each with HTTP/1.1 keep-alive and TCP_NODELAY.
+pub async fn serve(listener: TcpListener, state: Arc<AppState>) -> std::io::Result<()> {
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                // Running out of file descriptors must not end the server.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        if let Err(e) = stream.set_nodelay(true) {
+            tracing::debug!(error = %e, "could not set TCP_NODELAY");
+        }
+        let state = state.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req| http::handle(state.clone(), req));
+            if let Err(e) = http1::Builder::new()
+                .keep_alive(true)
+                .serve_connection(TokioIo::new(stream), service)
+                .await
+            {
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+        });
+    }
+}

@@ -1,0 +1,458 @@
+//! OpenAI / vLLM request bodies, parsed into what the engine needs.
+//!
+//! Unknown fields are accepted and ignored, as vLLM does; sampling parameters the mock has no
+//! use for (`temperature`, `top_p`, `stop`, ...) are therefore accepted too.
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::errors::ApiError;
+use crate::engine::model::tokenizer::{ChatMessage, render_chat, tokenize};
+use crate::engine::model::{KvTransfer, LoraRef};
+
+/// The models the server answers to.
+#[derive(Debug, Clone)]
+pub struct Models {
+    /// Served names of the base model (the first one names metrics).
+    pub served: Vec<String>,
+    /// LoRA adapters (ids are 1-based positions).
+    pub loras: Vec<String>,
+}
+
+/// A resolved model: its name and the adapter to run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolvedModel {
+    /// The name echoed in responses.
+    pub name: String,
+    /// The adapter, for a LoRA name.
+    pub lora: Option<LoraRef>,
+}
+
+impl Models {
+    /// Resolves the request's `model` field (absent = the first served name).
+    pub fn resolve(&self, model: Option<&str>) -> Result<ResolvedModel, ApiError> {
+        let Some(name) = model else {
+            return Ok(ResolvedModel {
+                name: self.served[0].clone(),
+                lora: None,
+            });
+        };
+        if self.served.iter().any(|m| m == name) {
+            return Ok(ResolvedModel {
+                name: name.to_owned(),
+                lora: None,
+            });
+        }
+        if let Some(i) = self.loras.iter().position(|m| m == name) {
+            return Ok(ResolvedModel {
+                name: name.to_owned(),
+                lora: Some(LoraRef {
+                    id: i as u32 + 1,
+                    name: name.to_owned(),
+                }),
+            });
+        }
+        let available: Vec<&str> = self
+            .served
+            .iter()
+            .chain(&self.loras)
+            .map(String::as_str)
+            .collect();
+        Err(ApiError {
+            param: Some("model".into()),
+            ..ApiError::not_found(format!(
+                "The model `{name}` does not exist. Available models: {}.",
+                available.join(", ")
+            ))
+        })
+    }
+}
+
+/// Which OpenAI endpoint a generation came in on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `/v1/completions`.
+    Completions,
+    /// `/v1/chat/completions`.
+    Chat,
+}
+
+/// A parsed generation request.
+#[derive(Debug, Clone)]
+pub struct Generation {
+    /// Endpoint it came in on.
+    pub endpoint: Endpoint,
+    /// Model and adapter.
+    pub model: ResolvedModel,
+    /// One token-id prompt per choice (a completions batch has several).
+    pub prompts: Vec<Vec<u32>>,
+    /// `max_tokens` (or `max_completion_tokens`) as given.
+    pub max_tokens: Option<u32>,
+    /// `min_tokens`.
+    pub min_tokens: u32,
+    /// `ignore_eos`.
+    pub ignore_eos: bool,
+    /// `cache_salt`.
+    pub cache_salt: Option<String>,
+    /// `stream`.
+    pub stream: bool,
+    /// `stream_options.include_usage`.
+    pub include_usage: bool,
+    /// Disaggregation leg requested through `kv_transfer_params`.
+    pub kv_transfer: KvTransfer,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum PromptInput {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<u32>),
+    TokenBatch(Vec<Vec<u32>>),
+}
+
+#[derive(Deserialize, Default)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: Option<bool>,
+}
+
+#[derive(Deserialize)]
+struct CompletionBody {
+    #[serde(default)]
+    model: Option<String>,
+    prompt: PromptInput,
+    #[serde(default)]
+    max_tokens: Option<u32>,
+    #[serde(flatten)]
+    common: CommonFields,
+}
+
+#[derive(Deserialize)]
+struct ChatBody {
+    #[serde(default)]
+    model: Option<String>,
+    messages: Vec<MessageBody>,
+    #[serde(default)]
+    max_tokens: Option<u32>,
+    #[serde(default)]
+    max_completion_tokens: Option<u32>,
+    #[serde(default)]
+    add_generation_prompt: Option<bool>,
+    #[serde(flatten)]
+    common: CommonFields,
+}
+
+#[derive(Deserialize)]
+struct CommonFields {
+    #[serde(default)]
+    min_tokens: Option<u32>,
+    #[serde(default)]
+    stream: Option<bool>,
+    #[serde(default)]
+    stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    n: Option<u32>,
+    #[serde(default)]
+    ignore_eos: Option<bool>,
+    #[serde(default)]
+    cache_salt: Option<String>,
+    #[serde(default)]
+    kv_transfer_params: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct MessageBody {
+    role: String,
+    #[serde(default)]
+    content: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct TokenizeBody {
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
+    prompt: Option<String>,
+    #[serde(default)]
+    messages: Option<Vec<MessageBody>>,
+    #[serde(default)]
+    add_generation_prompt: Option<bool>,
+}
+
+/// Parses a `/v1/completions` body.
+pub fn parse_completion(body: &[u8], models: &Models) -> Result<Generation, ApiError> {
+    let b: CompletionBody = serde_json::from_slice(body)?;
+    let model = models.resolve(b.model.as_deref())?;
+    let prompts = match b.prompt {
+        PromptInput::Text(s) => vec![tokenize(&s)],
+        PromptInput::Texts(v) => v.iter().map(|s| tokenize(s)).collect(),
+        PromptInput::Tokens(t) => vec![t],
+        PromptInput::TokenBatch(v) => v,
+    };
+    if prompts.is_empty() {
+        return Err(ApiError::bad_param(
+            "prompt",
+            "prompt must not be an empty list",
+        ));
+    }
+    if prompts.iter().any(Vec::is_empty) {
+        return Err(ApiError::bad_param("prompt", "Prompt cannot be empty"));
+    }
+    finish(
+        Endpoint::Completions,
+        model,
+        prompts,
+        b.max_tokens,
+        b.common,
+    )
+}
+
+/// Parses a `/v1/chat/completions` body.
+pub fn parse_chat(body: &[u8], models: &Models) -> Result<Generation, ApiError> {
+    let b: ChatBody = serde_json::from_slice(body)?;
+    let model = models.resolve(b.model.as_deref())?;
+    if b.messages.is_empty() {
+        return Err(ApiError::bad_param(
+            "messages",
+            "messages must not be empty",
+        ));
+    }
+    let text = render_messages(&b.messages, b.add_generation_prompt.unwrap_or(true))?;
+    let max_tokens = b.max_completion_tokens.or(b.max_tokens);
+    finish(
+        Endpoint::Chat,
+        model,
+        vec![tokenize(&text)],
+        max_tokens,
+        b.common,
+    )
+}
+
+/// Parses a `/tokenize` body into token ids (the same ids the engine caches on).
+pub fn parse_tokenize(body: &[u8], models: &Models) -> Result<Vec<u32>, ApiError> {
+    let b: TokenizeBody = serde_json::from_slice(body)?;
+    models.resolve(b.model.as_deref())?;
+    match (b.prompt, b.messages) {
+        (Some(p), None) => Ok(tokenize(&p)),
+        (None, Some(m)) => Ok(tokenize(&render_messages(
+            &m,
+            b.add_generation_prompt.unwrap_or(true),
+        )?)),
+        _ => Err(ApiError::bad_request(
+            "exactly one of `prompt` and `messages` is required",
+        )),
+    }
+}
+
+fn finish(
+    endpoint: Endpoint,
+    model: ResolvedModel,
+    prompts: Vec<Vec<u32>>,
+    max_tokens: Option<u32>,
+    c: CommonFields,
+) -> Result<Generation, ApiError> {
+    if c.n.unwrap_or(1) != 1 {
+        return Err(ApiError::bad_param("n", "kvmesh-sim supports only n=1"));
+    }
+    let stream = c.stream.unwrap_or(false);
+    if c.stream_options.is_some() && !stream {
+        return Err(ApiError::bad_param(
+            "stream_options",
+            "Stream options can only be defined when `stream=True`.",
+        ));
+    }
+    if max_tokens == Some(0) {
+        return Err(ApiError::bad_param(
+            "max_tokens",
+            "max_tokens must be at least 1, got 0.",
+        ));
+    }
+    Ok(Generation {
+        endpoint,
+        model,
+        prompts,
+        max_tokens,
+        min_tokens: c.min_tokens.unwrap_or(0),
+        ignore_eos: c.ignore_eos.unwrap_or(false),
+        cache_salt: c.cache_salt,
+        stream,
+        include_usage: c
+            .stream_options
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false),
+        kv_transfer: kv_transfer(c.kv_transfer_params.as_ref())?,
+    })
+}
+
+fn kv_transfer(params: Option<&Value>) -> Result<KvTransfer, ApiError> {
+    let Some(p) = params.filter(|p| !p.is_null()) else {
+        return Ok(KvTransfer::None);
+    };
+    let Some(obj) = p.as_object() else {
+        return Err(ApiError::bad_param(
+            "kv_transfer_params",
+            "kv_transfer_params must be an object",
+        ));
+    };
+    let flag = |k: &str| obj.get(k).and_then(Value::as_bool).unwrap_or(false);
+    match (flag("do_remote_decode"), flag("do_remote_prefill")) {
+        (true, true) => Err(ApiError::bad_param(
+            "kv_transfer_params",
+            "do_remote_decode and do_remote_prefill are exclusive",
+        )),
+        (true, false) => Ok(KvTransfer::RemoteDecode),
+        (false, true) => {
+            let blocks = obj
+                .get("remote_block_ids")
+                .and_then(Value::as_array)
+                .ok_or_else(|| {
+                    ApiError::bad_param(
+                        "kv_transfer_params",
+                        "do_remote_prefill needs remote_block_ids",
+                    )
+                })?;
+            Ok(KvTransfer::RemotePrefill {
+                remote_blocks: blocks.len(),
+            })
+        }
+        (false, false) => Ok(KvTransfer::None),
+    }
+}
+
+fn render_messages(
+    messages: &[MessageBody],
+    add_generation_prompt: bool,
+) -> Result<String, ApiError> {
+    let mut out = Vec::with_capacity(messages.len());
+    for m in messages {
+        let content = match &m.content {
+            None | Some(Value::Null) => String::new(),
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Array(parts)) => {
+                let mut s = String::new();
+                for part in parts {
+                    match part.get("type").and_then(Value::as_str) {
+                        Some("text") => {
+                            s.push_str(part.get("text").and_then(Value::as_str).unwrap_or(""))
+                        }
+                        Some("image_url") => {
+                            let url = part
+                                .get("image_url")
+                                .and_then(|u| u.get("url"))
+                                .and_then(Value::as_str)
+                                .unwrap_or("");
+                            s.push_str("<|image|>");
+                            s.push_str(url);
+                        }
+                        _ => {
+                            return Err(ApiError::bad_param(
+                                "messages",
+                                "unsupported content part (expected `text` or `image_url`)",
+                            ));
+                        }
+                    }
+                }
+                s
+            }
+            Some(_) => {
+                return Err(ApiError::bad_param(
+                    "messages",
+                    "content must be a string or a list of parts",
+                ));
+            }
+        };
+        out.push(ChatMessage {
+            role: m.role.clone(),
+            content,
+        });
+    }
+    Ok(render_chat(&out, add_generation_prompt))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn models() -> Models {
+        Models {
+            served: vec!["m".into(), "alias".into()],
+            loras: vec!["ad".into()],
+        }
+    }
+
+    #[test]
+    fn prompts_in_every_form() {
+        let g = parse_completion(
+            br#"{"prompt":"abcdefgh","max_tokens":3,"foo":1}"#,
+            &models(),
+        )
+        .unwrap();
+        assert_eq!(g.prompts, vec![tokenize("abcdefgh")]);
+        assert_eq!(g.model.name, "m");
+        let g = parse_completion(br#"{"model":"ad","prompt":[1,2,3]}"#, &models()).unwrap();
+        assert_eq!(g.prompts, vec![vec![1, 2, 3]]);
+        assert_eq!(
+            g.model.lora,
+            Some(LoraRef {
+                id: 1,
+                name: "ad".into()
+            })
+        );
+        let g = parse_completion(br#"{"prompt":[[1],[2,3]]}"#, &models()).unwrap();
+        assert_eq!(g.prompts.len(), 2);
+        let g = parse_completion(br#"{"prompt":["a","b"]}"#, &models()).unwrap();
+        assert_eq!(g.prompts.len(), 2);
+    }
+
+    #[test]
+    fn errors_are_typed() {
+        let e = parse_completion(b"{not json", &models()).unwrap_err();
+        assert_eq!(e.status, 400);
+        let e = parse_completion(br#"{"max_tokens":3}"#, &models()).unwrap_err();
+        assert!(e.message.contains("prompt"), "{}", e.message);
+        let e = parse_completion(br#"{"model":"x","prompt":"a"}"#, &models()).unwrap_err();
+        assert_eq!(e.status, 404);
+        assert!(e.message.contains("m, alias, ad"), "{}", e.message);
+        let e = parse_chat(br#"{"messages":[],"stream":true}"#, &models()).unwrap_err();
+        assert_eq!(e.status, 400);
+        let e = parse_completion(
+            br#"{"prompt":"a","stream_options":{"include_usage":true}}"#,
+            &models(),
+        )
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("stream_options"));
+    }
+
+    #[test]
+    fn tokenize_messages_matches_chat_prompt() {
+        let chat = br#"{"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]}"#;
+        let g = parse_chat(chat, &models()).unwrap();
+        let tok = parse_tokenize(
+            br#"{"messages":[{"role":"user","content":"hi"}]}"#,
+            &models(),
+        )
+        .unwrap();
+        assert_eq!(g.prompts[0], tok);
+        assert_eq!(tok, tokenize("<|user|>\nhi<|end|>\n<|assistant|>\n"));
+    }
+
+    #[test]
+    fn kv_transfer_params_select_the_leg() {
+        let g = parse_completion(
+            br#"{"prompt":"a","kv_transfer_params":{"do_remote_decode":true,"remote_block_ids":null}}"#,
+            &models(),
+        )
+        .unwrap();
+        assert_eq!(g.kv_transfer, KvTransfer::RemoteDecode);
+        let g = parse_completion(
+            br#"{"prompt":"a","kv_transfer_params":{"do_remote_prefill":true,"remote_block_ids":[1,2]}}"#,
+            &models(),
+        )
+        .unwrap();
+        assert_eq!(
+            g.kv_transfer,
+            KvTransfer::RemotePrefill { remote_blocks: 2 }
+        );
+    }
+}
