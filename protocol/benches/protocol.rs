@@ -1,1 +1,164 @@
-fn main() {}
+//! Criterion benches of the hot paths: hashing a prompt, deciding over many candidates, and
+//! encoding/decoding summary shards. Run: `cargo bench -p kvmesh-protocol --bench protocol`.
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use kvmesh_protocol::hashing::{ChainSeed, Endpoint, chain_from_text, hash_request};
+use kvmesh_protocol::route::{decide, node_key};
+use kvmesh_protocol::summary::{PeerSummary, ShardWire, SummaryBuilder, SummaryConfig};
+use kvmesh_protocol::{Candidate, HashConfig, LoadDigest, Role, RouteConfig, RouteRequest};
+use std::hint::black_box;
+
+fn uniform(seed: u64) -> impl Iterator<Item = u64> {
+    let mut state = seed;
+    std::iter::from_fn(move || {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        Some(z ^ (z >> 31))
+    })
+}
+
+fn prompt_text(bytes: usize) -> String {
+    let words = [
+        "the ",
+        "router ",
+        "sends ",
+        "every ",
+        "prefix ",
+        "home ",
+        "quickly. ",
+    ];
+    let mut text = String::with_capacity(bytes + 16);
+    let mut i = 0;
+    while text.len() < bytes {
+        text.push_str(words[i % words.len()]);
+        i += 1;
+    }
+    text.truncate(bytes);
+    text
+}
+
+fn hashing(c: &mut Criterion) {
+    let text = prompt_text(32 * 1024);
+    let mut group = c.benchmark_group("hash");
+    group.throughput(Throughput::Bytes(text.len() as u64));
+    group.bench_function("text_32KiB", |b| {
+        let seed = ChainSeed::new("meta-llama/Llama-3.1-8B-Instruct", None);
+        b.iter(|| chain_from_text(seed, black_box(text.as_bytes()), 64))
+    });
+    let body = serde_json::json!({"model": "m", "messages": [
+        {"role": "system", "content": text[..16 * 1024]},
+        {"role": "user", "content": text[16 * 1024..]},
+    ]});
+    let config = HashConfig::default();
+    group.bench_function("chat_request_32KiB", |b| {
+        b.iter(|| hash_request(Endpoint::ChatCompletions, black_box(&body), &config).unwrap())
+    });
+    group.finish();
+}
+
+fn digest() -> LoadDigest {
+    LoadDigest {
+        version: 1,
+        timestamp_ms: 0,
+        running: 8,
+        waiting: 1,
+        kv_usage: 0.5,
+        kv_capacity_blocks: 20_000,
+        block_size: 16,
+        ttft_ewma_ms: 150.0,
+        prefill_tokens_per_s: 8_000.0,
+        inflight_forwarded: 0,
+        role: Role::Mixed,
+        healthy: true,
+        hash_version: kvmesh_protocol::hashing::HASH_VERSION,
+        models: vec!["meta-llama/Llama-3.1-8B-Instruct".into()],
+        loras: vec![],
+    }
+}
+
+/// `nodes` peers, each with a summary of `held` random hashes; `holders` of them also hold the
+/// whole request chain (the realistic case: a prefix lives on a few replicas).
+fn cluster(nodes: usize, held: usize, holders: usize, chain: &[u64]) -> Vec<PeerSummary> {
+    (0..nodes)
+        .map(|n| {
+            let mut builder = SummaryBuilder::new(SummaryConfig::default(), 1).unwrap();
+            uniform(n as u64 + 100).take(held).for_each(|h| {
+                builder.insert(h);
+            });
+            if n < holders {
+                chain.iter().for_each(|&h| {
+                    builder.insert(h);
+                });
+            }
+            let mut summary = PeerSummary::new();
+            for shard in builder.publish_dirty() {
+                summary.apply_bytes(&shard.bytes).unwrap();
+            }
+            summary
+        })
+        .collect()
+}
+
+fn deciding(c: &mut Criterion) {
+    let chain: Vec<u64> = uniform(7).take(512).collect();
+    let digest = digest();
+    let request = RouteRequest {
+        model: "meta-llama/Llama-3.1-8B-Instruct",
+        chain: &chain,
+        prompt_tokens: 8192,
+        tokens_per_block: 16.0,
+        session: None,
+        role: Role::Mixed,
+    };
+    let config = RouteConfig::default();
+    let mut group = c.benchmark_group("decide");
+    for (nodes, holders) in [(16, 3), (256, 3), (1024, 3), (256, 256)] {
+        let summaries = cluster(nodes, 8_000, holders, &chain);
+        let names: Vec<u64> = (0..nodes).map(|n| node_key(&format!("node-{n}"))).collect();
+        let candidates: Vec<Candidate> = (0..nodes)
+            .map(|n| Candidate {
+                node_key: names[n],
+                digest: &digest,
+                summary: Some(&summaries[n]),
+                digest_received_ms: 1_000,
+                pending: 0,
+                recent_match: 0,
+            })
+            .collect();
+        let id = BenchmarkId::new(format!("512_blocks_{holders}_holders"), nodes);
+        group.bench_with_input(id, &candidates, |b, candidates| {
+            b.iter(|| decide(black_box(candidates), &request, &config, 1_500).unwrap())
+        });
+    }
+    group.finish();
+}
+
+fn summaries(c: &mut Criterion) {
+    let config = SummaryConfig::default();
+    let mut builder = SummaryBuilder::new(config, 1).unwrap();
+    uniform(3).take(config.capacity()).for_each(|h| {
+        builder.insert(h);
+    });
+    let mut group = c.benchmark_group("summary_shard");
+    group.bench_function("encode_bloom_at_capacity", |b| {
+        b.iter(|| builder.encode_shard(black_box(5)))
+    });
+    let bytes = builder.encode_shard(5);
+    group.bench_function("decode_bloom_at_capacity", |b| {
+        b.iter(|| ShardWire::decode(black_box(&bytes)).unwrap())
+    });
+    let mut sparse = SummaryBuilder::new(config, 1).unwrap();
+    uniform(4).take(32 * 64).for_each(|h| {
+        sparse.insert(h);
+    });
+    let exact = sparse.encode_shard(5);
+    group.bench_function("decode_exact_64", |b| {
+        b.iter(|| ShardWire::decode(black_box(&exact)).unwrap())
+    });
+    group.finish();
+}
+
+criterion_group!(benches, hashing, deciding, summaries);
+criterion_main!(benches);

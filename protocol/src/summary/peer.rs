@@ -66,13 +66,46 @@ impl PeerSummary {
         }
     }
 
-    /// Number of leading blocks of `chain` this peer holds: walks from the start and stops at
-    /// the first miss, so a false match extends a match by at most one block per false hit.
+    /// Number of leading blocks of `chain` this peer holds.
+    ///
+    /// Holding `h_i` means holding the whole prefix up to block `i` (engines evict a chain from
+    /// its tail), so the match is found by galloping (probe blocks 1, 2, 4, 8, ... until a
+    /// miss) and then bisecting: O(log n) lookups instead of n, which matters when hundreds of
+    /// peers all hold a long shared prefix. A false match while galloping needs a run of
+    /// independent false matches to reach far; while bisecting it can overstate a real match
+    /// by at most the remaining interval, with the filter's false-match probability per probe.
     #[inline]
     pub fn longest_match(&self, chain: &[u64]) -> usize {
-        if self.shards.is_empty() {
+        if self.shards.is_empty() || chain.is_empty() || !self.contains(chain[0]) {
             return 0;
         }
+        // Invariant: blocks [0, held) are held; block `missing` (if < len) is not.
+        let (mut held, mut step) = (1usize, 1usize);
+        let mut missing = chain.len();
+        while held < chain.len() {
+            let probe = (held + step).min(chain.len()) - 1;
+            if self.contains(chain[probe]) {
+                held = probe + 1;
+                step *= 2;
+            } else {
+                missing = probe;
+                break;
+            }
+        }
+        while held < missing {
+            let mid = held + (missing - held) / 2;
+            if self.contains(chain[mid]) {
+                held = mid + 1;
+            } else {
+                missing = mid;
+            }
+        }
+        held
+    }
+
+    /// The longest match by walking every block from the start: the reference the galloping
+    /// search is tested against.
+    pub fn longest_match_linear(&self, chain: &[u64]) -> usize {
         chain
             .iter()
             .take_while(|&&hash| self.contains(hash))
@@ -174,6 +207,12 @@ mod tests {
         assert_eq!(peer.longest_match(&chain), 6);
         assert_eq!(peer.longest_match(&chain[..3]), 3);
         assert_eq!(peer.longest_match(&[]), 0);
+        for len in 0..=chain.len() {
+            assert_eq!(
+                peer.longest_match(&chain[..len]),
+                peer.longest_match_linear(&chain[..len])
+            );
+        }
     }
 
     #[test]
