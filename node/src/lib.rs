@@ -3,6 +3,8 @@
 //! Mesh layer:
 //! - [`cert`]: the cluster CA and node certificates (`kvmesh cert`).
 //! - [`tls`]: mutual-TLS configurations against the cluster CA, peer identification.
+//! - [`mesh`]: the QUIC endpoint shared by gossip and forwarding, and gossip itself.
 
 pub mod cert;
+pub mod mesh;
 pub mod tls;

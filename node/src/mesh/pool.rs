@@ -1,0 +1,160 @@
+//! Outgoing connections: one per peer address, dialed on first use and again after it closed.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use quinn::Connection;
+use tokio::time::timeout;
+
+use super::MeshError;
+use super::acceptor::{StreamRouter, identify_peer};
+use super::metrics::MeshMetrics;
+use super::wire::StreamKind;
+use crate::tls::SNI;
+
+/// An established connection and the node name its certificate proves.
+#[derive(Debug, Clone)]
+pub struct PeerConnection {
+    pub conn: Connection,
+    pub peer_name: Arc<str>,
+}
+
+impl PeerConnection {
+    pub fn remote_address(&self) -> SocketAddr {
+        self.conn.remote_address()
+    }
+
+    fn is_open(&self) -> bool {
+        self.conn.close_reason().is_none()
+    }
+}
+
+/// One slot per peer address. The slot's async lock is held while dialing, so concurrent
+/// callers for the same peer wait for one handshake instead of racing several.
+type Slot = Arc<tokio::sync::Mutex<Option<PeerConnection>>>;
+
+pub(crate) struct ConnectionPool {
+    endpoint: quinn::Endpoint,
+    slots: Mutex<HashMap<SocketAddr, Slot>>,
+    router: StreamRouter,
+    connect_timeout: Duration,
+    metrics: MeshMetrics,
+}
+
+impl ConnectionPool {
+    pub fn new(
+        endpoint: quinn::Endpoint,
+        router: StreamRouter,
+        connect_timeout: Duration,
+        metrics: MeshMetrics,
+    ) -> Self {
+        Self {
+            endpoint,
+            slots: Mutex::new(HashMap::new()),
+            router,
+            connect_timeout,
+            metrics,
+        }
+    }
+
+    /// The open connection to `addr`, dialing it if there is none.
+    pub async fn get(&self, addr: SocketAddr) -> Result<PeerConnection, MeshError> {
+        let slot = self.slot(addr);
+        let mut guard = slot.lock().await;
+        if let Some(existing) = guard.as_ref().filter(|c| c.is_open()) {
+            return Ok(existing.clone());
+        }
+        *guard = None;
+        match self.dial(addr).await {
+            Ok(peer) => {
+                self.metrics.connections_opened.inc();
+                *guard = Some(peer.clone());
+                Ok(peer)
+            }
+            Err(err) => {
+                self.metrics.connect_failures.inc();
+                Err(err)
+            }
+        }
+    }
+
+    /// Forgets `stale` (if it is still the pooled connection to `addr`), so the next
+    /// [`get`](Self::get) dials again.
+    pub async fn invalidate(&self, addr: SocketAddr, stale: &PeerConnection) {
+        let slot = self.slot(addr);
+        let mut guard = slot.lock().await;
+        if guard
+            .as_ref()
+            .is_some_and(|c| c.conn.stable_id() == stale.conn.stable_id())
+        {
+            *guard = None;
+        }
+    }
+
+    /// Drops slots that hold no open connection and that nobody is dialing, so addresses of
+    /// departed peers do not accumulate.
+    pub fn prune(&self) {
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        slots.retain(|_, slot| match slot.try_lock() {
+            Ok(guard) => guard.as_ref().is_some_and(PeerConnection::is_open),
+            Err(_) => true,
+        });
+    }
+
+    fn slot(&self, addr: SocketAddr) -> Slot {
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        slots.entry(addr).or_default().clone()
+    }
+
+    /// Handshake, then wait for the server's welcome: only then do we know that it accepted
+    /// our certificate (in TLS 1.3 the client finishes its handshake before the server has
+    /// checked the client certificate).
+    async fn dial(&self, addr: SocketAddr) -> Result<PeerConnection, MeshError> {
+        let connecting = self
+            .endpoint
+            .connect(addr, SNI)
+            .map_err(|err| MeshError::Connect {
+                addr,
+                reason: err.to_string(),
+            })?;
+        let establish = async {
+            let conn = connecting.await.map_err(|err| MeshError::Connect {
+                addr,
+                reason: err.to_string(),
+            })?;
+            let refused = |err: &dyn std::fmt::Display| MeshError::Connect {
+                addr,
+                reason: format!("peer closed the connection before welcoming us: {err}"),
+            };
+            let mut welcome = conn.accept_uni().await.map_err(|err| refused(&err))?;
+            let mut kind = [0u8; 1];
+            welcome
+                .read_exact(&mut kind)
+                .await
+                .map_err(|err| refused(&err))?;
+            if StreamKind::from_byte(kind[0]) != Some(StreamKind::Welcome) {
+                conn.close(super::wire::codes::MALFORMED, b"expected welcome");
+                return Err(MeshError::Connect {
+                    addr,
+                    reason: format!("peer sent stream kind {:#x} instead of welcome", kind[0]),
+                });
+            }
+            let peer_name = identify_peer(&conn).map_err(|err| MeshError::Connect {
+                addr,
+                reason: err.to_string(),
+            })?;
+            Ok(PeerConnection { conn, peer_name })
+        };
+        let peer = timeout(self.connect_timeout, establish)
+            .await
+            .map_err(|_| MeshError::Timeout {
+                addr,
+                what: "connect",
+            })??;
+        tracing::debug!(peer = %peer.peer_name, %addr, "mesh connection established");
+        self.router.serve(peer.clone());
+        Ok(peer)
+    }
+}
