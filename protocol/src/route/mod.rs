@@ -14,7 +14,9 @@ mod rendezvous;
 mod tests;
 
 pub use config::{Policy, RouteConfig};
-pub use decide::{Candidate, Decision, RouteError, RouteRequest, decide};
+pub use decide::{
+    Candidate, DecideScratch, Decision, RouteError, RouteRequest, decide, decide_with,
+};
 pub use pending::PendingLedger;
 pub use reason::RouteReason;
 pub use rendezvous::{node_key, rendezvous_weight};

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The whole test suite: formatting, lints, and every test (unit, property and end-to-end).
+# Needs only the Rust toolchain. Exits non-zero on any failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "cargo fmt --check"
+cargo fmt --all --check
+
+step "cargo clippy (all targets, warnings are errors)"
+cargo clippy --workspace --all-targets -- -D warnings
+
+# The end-to-end tests start the real binaries; build them first so the tests find them.
+step "cargo build --bins"
+cargo build --workspace --bins
+
+step "tests"
+if cargo nextest --version >/dev/null 2>&1; then
+    cargo nextest run --workspace --no-fail-fast
+else
+    cargo test --workspace --no-fail-fast
+fi
