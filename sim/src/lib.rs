@@ -6,5 +6,6 @@
 //! - [`load`] is the load generator.
 
 pub mod engine;
+pub mod load;
 pub mod rng;
 pub mod text;

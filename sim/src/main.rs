@@ -5,6 +5,8 @@ use std::io::Write;
 use clap::{Parser, Subcommand};
 use kvmesh_sim::engine;
 use kvmesh_sim::engine::config::EngineArgs;
+use kvmesh_sim::load::config::LoadArgs;
+use kvmesh_sim::load::{report, runner};
 
 /// Mock vLLM engine, load generator and cluster simulator for kvmesh.
 #[derive(Parser, Debug)]
@@ -18,6 +20,8 @@ struct Cli {
 enum Command {
     /// Run a mock vLLM engine (OpenAI API, /metrics, /tokenize, KV events).
     Engine(EngineArgs),
+    /// Generate load against OpenAI-compatible targets and report latency and cache hits.
+    Load(LoadArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -31,7 +35,24 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Engine(args) => run_engine(args),
+        Command::Load(args) => run_load(args),
     }
+}
+
+fn run_load(args: LoadArgs) -> anyhow::Result<()> {
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = args.threads {
+        rt.worker_threads(n.max(1));
+    }
+    let rt = rt.enable_all().build()?;
+    let report = rt.block_on(runner::run(&args))?;
+    print!("{}", report::table(&report));
+    if let Some(path) = &args.json {
+        let json = serde_json::to_string_pretty(&report)?;
+        std::fs::write(path, json + "\n")
+            .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+    }
+    Ok(())
 }
 
 fn run_engine(args: EngineArgs) -> anyhow::Result<()> {

@@ -292,6 +292,10 @@ impl Engine {
                 self.stalled = !preempted;
                 continue;
             }
+            // A step cannot start before the requests in it arrived (a caller may submit a
+            // request at a time later than the end of a step it has not advanced past yet).
+            let latest_arrival = plan.iter().map(|(id, _)| self.seqs[id].arrival).max();
+            self.clock = self.clock.max(latest_arrival.unwrap_or_default());
             let end = self.clock + self.cfg.timing.step_duration(&shape);
             self.in_flight = Some(InFlight { end, plan });
         }
@@ -500,7 +504,9 @@ impl Engine {
             self.stats.generation_tokens += 1;
             if seq.first_token_at.is_none() {
                 seq.first_token_at = Some(now);
-                self.stats.ttft.observe((now - seq.arrival).as_secs_f64());
+                self.stats
+                    .ttft
+                    .observe(now.saturating_sub(seq.arrival).as_secs_f64());
             }
             let reason = if seq.req.kv_transfer == KvTransfer::RemoteDecode
                 || seq.num_output >= seq.req.max_tokens
@@ -518,7 +524,9 @@ impl Engine {
                 self.running.retain(|&r| r != id);
                 self.stats.prompt_tokens += seq.prompt_len as u64;
                 self.stats.count_finished(reason);
-                self.stats.e2e.observe((now - seq.arrival).as_secs_f64());
+                self.stats
+                    .e2e
+                    .observe(now.saturating_sub(seq.arrival).as_secs_f64());
                 let prompt_blocks = seq.prompt_len.div_ceil(self.cfg.block_size as usize);
                 let remote_block_ids = (seq.req.kv_transfer == KvTransfer::RemoteDecode)
                     .then(|| seq.blocks[..prompt_blocks.min(seq.blocks.len())].to_vec());

@@ -308,3 +308,20 @@ fn time_scale_shrinks_latency() {
     let tenth = ttft(0.1).as_secs_f64();
     assert!((full / tenth - 10.0).abs() < 0.01, "{full} vs {tenth}");
 }
+
+#[test]
+fn a_request_submitted_after_an_unadvanced_step_end_never_goes_back_in_time() {
+    let mut e = Engine::new(cfg(256));
+    e.submit(EngineRequest::new(1, prompt(1, 100), 50), Duration::ZERO)
+        .unwrap();
+    e.advance(Duration::ZERO);
+    let end = e.next_event_time().unwrap();
+    // Submit well after the step in flight ended, without advancing first.
+    let late = end + Duration::from_secs(5);
+    e.submit(EngineRequest::new(2, prompt(2, 100), 1), late)
+        .unwrap();
+    let out = run(&mut e);
+    let (t, _) = out.iter().find(|(_, o)| o.request == 2).unwrap();
+    assert!(*t >= late);
+    assert!(e.stats().ttft.sum() >= 0.0);
+}

@@ -93,6 +93,8 @@ async fn run(
             },
         };
         let now = epoch.elapsed();
+        // Finish the steps that ended before these commands arrived, then take the commands.
+        engine.advance_into(now, &mut outputs);
         if let Some(cmd) = cmd {
             handle(&mut engine, &mut sinks, cmd, now);
             // Take everything already queued so one step batches it all.

@@ -199,7 +199,10 @@ mod tests {
             waiting: 1,
             kv_usage: 0.5,
         };
-        let stats = EngineStats { prefix_cache_hits: 32, ..Default::default() };
+        let stats = EngineStats {
+            prefix_cache_hits: 32,
+            ..Default::default()
+        };
         let text = render(&labels, &g, &stats);
         assert!(text.contains("# TYPE vllm:prefix_cache_hits_total counter\n"));
         assert!(

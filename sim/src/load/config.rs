@@ -1,0 +1,104 @@
+//! Command-line configuration of `kvmesh-sim load`.
+
+use std::path::PathBuf;
+
+use super::workload::Api;
+use super::workload::chat::ChatArgs;
+use super::workload::gsp::GspArgs;
+use super::workload::rag::RagArgs;
+use super::workload::trace::TraceArgs;
+
+/// How a request's target is chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Pick {
+    /// Uniformly at random (seeded).
+    Random,
+    /// In turn.
+    RoundRobin,
+}
+
+/// Which workload to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WorkloadKind {
+    /// Generated shared prefix (SGLang's benchmark).
+    Gsp,
+    /// Multi-turn chat sessions.
+    Chat,
+    /// Retrieval-augmented prompts over a Zipf-popular corpus.
+    Rag,
+    /// Trace replay (Mooncake JSONL or Azure CSV).
+    Trace,
+}
+
+/// `kvmesh-sim load`: an open- or closed-loop load generator for OpenAI-compatible servers.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LoadArgs {
+    /// Base URLs to send requests to (comma-separated), e.g. http://127.0.0.1:8000.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub targets: Vec<String>,
+    /// How each request picks its target.
+    #[arg(long, value_enum, default_value_t = Pick::Random)]
+    pub pick: Pick,
+    /// Workload.
+    #[arg(long, value_enum, default_value_t = WorkloadKind::Gsp)]
+    pub workload: WorkloadKind,
+    /// Open loop: Poisson arrivals at this many requests per second.
+    #[arg(long, conflicts_with = "concurrency")]
+    pub rate: Option<f64>,
+    /// Closed loop: this many requests in flight. Default 16, except for the trace workload
+    /// without --rate, which follows the trace's timestamps.
+    #[arg(long)]
+    pub concurrency: Option<usize>,
+    /// Requests to send (default: one pass over gsp/trace, 1000 for chat/rag; unbounded with
+    /// --duration alone).
+    #[arg(long)]
+    pub requests: Option<u64>,
+    /// Stop sending new requests after this many seconds.
+    #[arg(long)]
+    pub duration: Option<f64>,
+    /// Stream responses (SSE) and measure TTFT and inter-token latency from the stream.
+    #[arg(long)]
+    pub stream: bool,
+    /// Endpoint for gsp/rag/trace prompts (chat always uses chat completions).
+    #[arg(long, value_enum, default_value_t = Api::Completions)]
+    pub api: Api,
+    /// `model` field of requests.
+    #[arg(long, default_value = "mock-model")]
+    pub model: String,
+    /// Multiplier on trace timestamps (0.5 replays twice as fast).
+    #[arg(long, default_value_t = 1.0)]
+    pub time_scale: f64,
+    /// Write the JSON report here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Seed of prompts, arrivals and random picks.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Engines whose /metrics to scrape for the hit rate (comma-separated base URLs; default:
+    /// the targets).
+    #[arg(long, value_delimiter = ',')]
+    pub engines: Vec<String>,
+    /// Do not scrape /metrics.
+    #[arg(long)]
+    pub no_scrape: bool,
+    /// Per-request timeout, seconds.
+    #[arg(long, default_value_t = 600.0)]
+    pub timeout: f64,
+    /// Worker threads of the client runtime (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub gsp: GspArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub chat: ChatArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub rag: RagArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub trace: TraceArgs,
+}

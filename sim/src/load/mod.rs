@@ -1,0 +1,15 @@
+//! `kvmesh-sim load`: the load generator.
+//!
+//! [`workload`] builds requests, [`runner`] releases them (Poisson, trace timestamps or a
+//! closed loop) through [`client`], which measures TTFT, inter-token latency and end-to-end
+//! latency from the byte stream ([`sse`]); [`scrape`] reads engine counters before and after;
+//! [`report`] turns it all into a table and a JSON document.
+
+pub mod client;
+pub mod config;
+pub mod report;
+pub mod runner;
+pub mod scrape;
+pub mod sse;
+pub mod stats;
+pub mod workload;

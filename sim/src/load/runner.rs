@@ -1,0 +1,259 @@
+//! Runs a load: dispatches requests (open or closed loop), measures them, scrapes engines.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use http::HeaderValue;
+use tokio::sync::mpsc;
+
+use super::client::{LoadClient, Outcome};
+use super::config::{LoadArgs, Pick, WorkloadKind};
+use super::report::{self, Report};
+use super::scrape::{self, EngineCounters};
+use super::workload::chat::Chat;
+use super::workload::gsp::Gsp;
+use super::workload::rag::Rag;
+use super::workload::trace::{self, Trace};
+use super::workload::{BodySettings, Workload};
+use crate::rng::{SplitMix64, mix64};
+
+/// One finished request.
+#[derive(Debug, Clone)]
+pub struct Record {
+    /// Index of the target it went to.
+    pub target: usize,
+    /// Prompt tokens by construction.
+    pub input_tokens: u64,
+    /// Measurements.
+    pub outcome: Outcome,
+}
+
+/// How requests are released.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Arrivals {
+    /// Poisson at this rate.
+    Poisson(f64),
+    /// The workload's own timeline.
+    Trace,
+    /// This many in flight.
+    Closed(usize),
+}
+
+/// Builds the workload the arguments name.
+pub fn build_workload(args: &LoadArgs) -> anyhow::Result<Arc<dyn Workload>> {
+    let body = BodySettings {
+        model: args.model.clone(),
+        stream: args.stream,
+        api: args.api,
+        seed: args.seed,
+    };
+    Ok(match args.workload {
+        WorkloadKind::Gsp => Arc::new(Gsp::new(args.gsp.clone(), body)),
+        WorkloadKind::Chat => Arc::new(Chat::new(args.chat.clone(), body)),
+        WorkloadKind::Rag => Arc::new(Rag::new(args.rag.clone(), body)),
+        WorkloadKind::Trace => {
+            let entries = trace::load(&args.trace.trace)?;
+            Arc::new(Trace::new(
+                entries,
+                args.trace.clone(),
+                body,
+                args.time_scale,
+            ))
+        }
+    })
+}
+
+/// The arrival process the arguments ask for.
+pub fn arrivals(args: &LoadArgs) -> Arrivals {
+    match (args.rate, args.concurrency, args.workload) {
+        (Some(r), _, _) => Arrivals::Poisson(r.max(1e-9)),
+        (None, Some(c), _) => Arrivals::Closed(c.max(1)),
+        (None, None, WorkloadKind::Trace) => Arrivals::Trace,
+        (None, None, _) => Arrivals::Closed(16),
+    }
+}
+
+/// Runs the load described by `args` and returns the report (also printed by the CLI).
+pub async fn run(args: &LoadArgs) -> anyhow::Result<Report> {
+    anyhow::ensure!(!args.targets.is_empty(), "--targets needs at least one URL");
+    let targets: Vec<String> = args
+        .targets
+        .iter()
+        .map(|t| t.trim_end_matches('/').to_owned())
+        .collect();
+    let engines: Vec<String> = if args.engines.is_empty() {
+        targets.clone()
+    } else {
+        args.engines
+            .iter()
+            .map(|t| t.trim_end_matches('/').to_owned())
+            .collect()
+    };
+    let workload = build_workload(args)?;
+    let total = args
+        .requests
+        .unwrap_or_else(|| match (args.duration, workload.natural_size()) {
+            (Some(_), _) => u64::MAX,
+            (None, Some(n)) => n,
+            (None, None) => 1000,
+        });
+    let client = LoadClient::new();
+    let before = if args.no_scrape {
+        Vec::new()
+    } else {
+        scrape_all(&client, &engines).await
+    };
+    let arrivals = arrivals(args);
+    let started_unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0);
+    let start = Instant::now();
+    let (tx, mut rx) = mpsc::unbounded_channel::<Record>();
+    let ctx = Arc::new(Ctx {
+        client: client.clone(),
+        workload: workload.clone(),
+        targets: targets.clone(),
+        pick: args.pick,
+        seed: args.seed,
+        stream: args.stream,
+        timeout: Duration::from_secs_f64(args.timeout.max(0.001)),
+    });
+    let deadline = args
+        .duration
+        .map(|d| start + Duration::from_secs_f64(d.max(0.0)));
+    tokio::spawn(dispatch(ctx, arrivals, total, start, deadline, tx));
+    let mut records = Vec::new();
+    let mut last_done = start;
+    while let Some(r) = rx.recv().await {
+        records.push(r);
+        last_done = Instant::now();
+    }
+    let elapsed = last_done.duration_since(start);
+    let after = if args.no_scrape {
+        Vec::new()
+    } else {
+        scrape_all(&client, &engines).await
+    };
+    Ok(report::build(
+        args,
+        &targets,
+        &engines,
+        started_unix,
+        elapsed,
+        records,
+        &before,
+        &after,
+    ))
+}
+
+struct Ctx {
+    client: LoadClient,
+    workload: Arc<dyn Workload>,
+    targets: Vec<String>,
+    pick: Pick,
+    seed: u64,
+    stream: bool,
+    timeout: Duration,
+}
+
+impl Ctx {
+    async fn one(&self, index: u64) -> Record {
+        let spec = self.workload.request(index);
+        let target = match self.pick {
+            Pick::RoundRobin => (index % self.targets.len() as u64) as usize,
+            Pick::Random => (mix64(self.seed ^ mix64(index)) % self.targets.len() as u64) as usize,
+        };
+        let url = format!("{}{}", self.targets[target], spec.api.path());
+        let mut headers = Vec::new();
+        if let Some(s) = spec
+            .session
+            .as_deref()
+            .and_then(|s| HeaderValue::from_str(s).ok())
+        {
+            headers.push(("x-session-id", s));
+        }
+        let keep_text = self.workload.wants_text();
+        let outcome = self
+            .client
+            .measure(
+                &url,
+                spec.body,
+                &headers,
+                self.stream,
+                keep_text,
+                self.timeout,
+            )
+            .await;
+        let text = outcome.error.is_none().then_some(outcome.text.as_str());
+        self.workload.complete(index, text);
+        Record {
+            target,
+            input_tokens: outcome.prompt_tokens.unwrap_or(spec.input_tokens),
+            outcome,
+        }
+    }
+}
+
+async fn dispatch(
+    ctx: Arc<Ctx>,
+    arrivals: Arrivals,
+    total: u64,
+    start: Instant,
+    deadline: Option<Instant>,
+    tx: mpsc::UnboundedSender<Record>,
+) {
+    let past_deadline = move |at: Instant| deadline.is_some_and(|d| at >= d);
+    match arrivals {
+        Arrivals::Closed(c) => {
+            let next = Arc::new(AtomicU64::new(0));
+            for _ in 0..c {
+                let (ctx, next, tx) = (ctx.clone(), next.clone(), tx.clone());
+                tokio::spawn(async move {
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i >= total || past_deadline(Instant::now()) {
+                            return;
+                        }
+                        let r = ctx.one(i).await;
+                        if tx.send(r).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        }
+        Arrivals::Poisson(_) | Arrivals::Trace => {
+            let mut rng = SplitMix64::new(mix64(ctx.seed ^ 0x6172_7269_7661_6c73));
+            let mut t = 0.0f64;
+            for i in 0..total {
+                let offset = match arrivals {
+                    Arrivals::Poisson(rate) => {
+                        t += rng.exponential(rate);
+                        Duration::from_secs_f64(t)
+                    }
+                    _ => ctx.workload.arrival(i).unwrap_or(Duration::ZERO),
+                };
+                let at = start + offset;
+                if past_deadline(at) {
+                    break;
+                }
+                tokio::time::sleep_until(at.into()).await;
+                let (ctx, tx) = (ctx.clone(), tx.clone());
+                tokio::spawn(async move {
+                    let r = ctx.one(i).await;
+                    let _ = tx.send(r);
+                });
+            }
+        }
+    }
+}
+
+async fn scrape_all(
+    client: &LoadClient,
+    engines: &[String],
+) -> Vec<Result<EngineCounters, String>> {
+    let futs = engines.iter().map(|e| scrape::scrape(client, e));
+    futures::future::join_all(futs).await
+}

@@ -1,0 +1,93 @@
+//! Reading the counters the report needs from an engine's `/metrics`.
+
+use super::client::LoadClient;
+
+/// Counters of one engine at one instant (summed over `engine` and other labels).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EngineCounters {
+    /// `vllm:prefix_cache_queries_total` (tokens).
+    pub prefix_cache_queries: f64,
+    /// `vllm:prefix_cache_hits_total` (tokens).
+    pub prefix_cache_hits: f64,
+    /// `vllm:request_success_total`, all finish reasons.
+    pub requests: f64,
+}
+
+/// Extracts the counters from a Prometheus text exposition. Falls back to the names vLLM
+/// used before 0.12 (`vllm:gpu_prefix_cache_*`) when the current ones are absent.
+pub fn parse_counters(text: &str) -> EngineCounters {
+    let sum = |names: &[&str]| -> Option<f64> {
+        let mut total = None;
+        for line in text.lines() {
+            if line.starts_with('#') {
+                continue;
+            }
+            let name_end = line.find(['{', ' ']).unwrap_or(line.len());
+            if !names.contains(&&line[..name_end]) {
+                continue;
+            }
+            // The value follows the labels (which may contain spaces inside quotes).
+            let rest = match line[name_end..].strip_prefix('{') {
+                Some(r) => r.rfind('}').map(|i| &r[i + 1..]).unwrap_or(""),
+                None => &line[name_end..],
+            };
+            if let Some(v) = rest
+                .split_whitespace()
+                .next()
+                .and_then(|v| v.parse::<f64>().ok())
+            {
+                *total.get_or_insert(0.0) += v;
+            }
+        }
+        total
+    };
+    EngineCounters {
+        prefix_cache_queries: sum(&["vllm:prefix_cache_queries_total"])
+            .or_else(|| {
+                sum(&[
+                    "vllm:gpu_prefix_cache_queries_total",
+                    "vllm:gpu_prefix_cache_queries",
+                ])
+            })
+            .unwrap_or(0.0),
+        prefix_cache_hits: sum(&["vllm:prefix_cache_hits_total"])
+            .or_else(|| {
+                sum(&[
+                    "vllm:gpu_prefix_cache_hits_total",
+                    "vllm:gpu_prefix_cache_hits",
+                ])
+            })
+            .unwrap_or(0.0),
+        requests: sum(&["vllm:request_success_total"]).unwrap_or(0.0),
+    }
+}
+
+/// Scrapes `base_url/metrics`.
+pub async fn scrape(client: &LoadClient, base_url: &str) -> Result<EngineCounters, String> {
+    let url = format!("{}/metrics", base_url.trim_end_matches('/'));
+    let (status, text) = client.get_text(&url).await?;
+    if !status.is_success() {
+        return Err(format!("GET {url}: HTTP {status}"));
+    }
+    Ok(parse_counters(&text))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sums_series_and_falls_back_to_old_names() {
+        let text = "# TYPE vllm:prefix_cache_hits_total counter\n\
+            vllm:prefix_cache_hits_total{model_name=\"a b\",engine=\"0\"} 10.0\n\
+            vllm:prefix_cache_hits_total{model_name=\"m\",engine=\"1\"} 5\n\
+            vllm:prefix_cache_hits_created{engine=\"0\"} 17.0\n\
+            vllm:gpu_prefix_cache_queries_total{engine=\"0\"} 40.0\n\
+            vllm:request_success_total{finished_reason=\"stop\"} 2.0\n\
+            vllm:request_success_total{finished_reason=\"length\"} 3.0\n";
+        let c = parse_counters(text);
+        assert_eq!(c.prefix_cache_hits, 15.0);
+        assert_eq!(c.prefix_cache_queries, 40.0);
+        assert_eq!(c.requests, 5.0);
+    }
+}

@@ -1,0 +1,113 @@
+//! `rag`: retrieval-augmented prompts over a fixed corpus.
+//!
+//! A corpus of `docs` documents of `doc_len` tokens. Each request takes `k` distinct documents
+//! drawn Zipf-wise (popular documents recur, so their text is shared across requests when they
+//! come first), in draw order, after a shared instruction, then a fresh question.
+
+use super::{BodySettings, RequestSpec, Workload, key};
+use crate::rng::SplitMix64;
+use crate::text;
+
+/// Tokens of the instruction every RAG prompt starts with.
+const INSTRUCTION_LEN: usize = 32;
+
+/// Parameters of the `rag` workload.
+#[derive(Debug, Clone, clap::Args, serde::Serialize)]
+pub struct RagArgs {
+    /// Documents in the corpus.
+    #[arg(long, default_value_t = 1000)]
+    pub rag_docs: u32,
+    /// Document length, tokens.
+    #[arg(long, default_value_t = 512)]
+    pub rag_doc_len: u32,
+    /// Documents per request.
+    #[arg(long, default_value_t = 4)]
+    pub rag_k: u32,
+    /// Zipf exponent of document popularity.
+    #[arg(long, default_value_t = 1.1)]
+    pub rag_zipf: f64,
+    /// Question length, tokens.
+    #[arg(long, default_value_t = 64)]
+    pub rag_question_len: u32,
+    /// Output length, tokens.
+    #[arg(long, default_value_t = 128)]
+    pub rag_output_len: u32,
+}
+
+/// The `rag` workload.
+pub struct Rag {
+    args: RagArgs,
+    body: BodySettings,
+    cdf: Vec<f64>,
+}
+
+impl Rag {
+    /// Builds the workload (precomputes the Zipf CDF).
+    pub fn new(args: RagArgs, body: BodySettings) -> Self {
+        let n = args.rag_docs.max(1) as usize;
+        let mut cdf = Vec::with_capacity(n);
+        let mut acc = 0.0;
+        for rank in 1..=n {
+            acc += 1.0 / (rank as f64).powf(args.rag_zipf);
+            cdf.push(acc);
+        }
+        for c in &mut cdf {
+            *c /= acc;
+        }
+        Self { args, body, cdf }
+    }
+
+    /// The documents of request `index`, in prompt order.
+    pub fn documents(&self, index: u64) -> Vec<u32> {
+        let mut rng = SplitMix64::new(key(self.body.seed, &[3, index]));
+        let k = (self.args.rag_k as usize).min(self.cdf.len());
+        let mut docs = Vec::with_capacity(k);
+        let mut attempts = 0;
+        while docs.len() < k && attempts < 64 * k {
+            attempts += 1;
+            let u = rng.next_f64();
+            let d = self.cdf.partition_point(|&c| c < u).min(self.cdf.len() - 1) as u32;
+            if !docs.contains(&d) {
+                docs.push(d);
+            }
+        }
+        docs
+    }
+}
+
+impl Workload for Rag {
+    fn name(&self) -> &'static str {
+        "rag"
+    }
+
+    fn natural_size(&self) -> Option<u64> {
+        None
+    }
+
+    fn request(&self, index: u64) -> RequestSpec {
+        let seed = self.body.seed;
+        let docs = self.documents(index);
+        let mut prompt = text::text(key(seed, &[4]), INSTRUCTION_LEN);
+        for &d in &docs {
+            text::push_text(
+                &mut prompt,
+                key(seed, &[5, u64::from(d)]),
+                self.args.rag_doc_len as usize,
+            );
+        }
+        text::push_text(
+            &mut prompt,
+            key(seed, &[6, index]),
+            self.args.rag_question_len as usize,
+        );
+        RequestSpec {
+            api: self.body.api,
+            body: self.body.prompt_body(&prompt, self.args.rag_output_len),
+            session: None,
+            input_tokens: (INSTRUCTION_LEN
+                + docs.len() * self.args.rag_doc_len as usize
+                + self.args.rag_question_len as usize) as u64,
+            output_tokens: self.args.rag_output_len,
+        }
+    }
+}
