@@ -1,6 +1,7 @@
 //! `kvmesh`: the sidecar that runs beside every vLLM server.
 
 mod cli_cert;
+mod cli_probe;
 
 use clap::{Parser, Subcommand};
 
@@ -17,6 +18,9 @@ enum Command {
     /// Create the cluster CA and issue node certificates.
     #[command(subcommand)]
     Cert(cli_cert::CertCommand),
+    /// Debugging aid: run only the mesh (QUIC, mutual TLS, gossip) and print the live
+    /// membership as JSON lines whenever it changes.
+    MeshProbe(cli_probe::ProbeArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -30,6 +34,7 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Cert(command) => cli_cert::run(command),
+        Command::MeshProbe(args) => cli_probe::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

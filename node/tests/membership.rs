@@ -10,7 +10,8 @@ use common::{TestCa, start, wait_for_peers};
 use kvmesh_node::mesh::GossipError;
 use kvmesh_node::mesh::gossip::MAX_VALUE_LEN;
 
-const CONVERGE: Duration = Duration::from_secs(15);
+/// Bound on every convergence wait: typically under 2 s, generous for a loaded machine.
+const CONVERGE: Duration = Duration::from_secs(30);
 /// Target is 2 s; the bound is loose so a loaded 2-core machine does not flake.
 const DETECT_BOUND: Duration = Duration::from_secs(6);
 
@@ -194,5 +195,16 @@ async fn eight_nodes_converge() {
             .collect();
         wait_for_peers(node, &others, true, CONVERGE).await;
     }
-    eprintln!("MEASURE converge_8_nodes_ms={}", t0.elapsed().as_millis());
+    let connect_failures: u64 = nodes
+        .iter()
+        .map(|n| n.metrics().connect_failures.get())
+        .sum();
+    let dropped: u64 = nodes
+        .iter()
+        .map(|n| n.metrics().gossip_datagrams_dropped.get())
+        .sum();
+    eprintln!(
+        "MEASURE converge_8_nodes_ms={} (connect failures {connect_failures}, datagrams dropped {dropped})",
+        t0.elapsed().as_millis()
+    );
 }

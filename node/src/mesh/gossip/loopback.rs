@@ -228,8 +228,9 @@ async fn pump_to_quic(
         let len = match socket.recv(&mut buf).await {
             Ok(len) => len,
             Err(err) => {
-                // ECONNREFUSED from an ICMP error while chitchat's socket was busy, etc.
+                // A transient error (an ICMP report); pause so a persistent one cannot spin.
                 tracing::debug!(%peer, error = %err, "gossip relay link recv error");
+                tokio::time::sleep(Duration::from_millis(10)).await;
                 continue;
             }
         };
