@@ -353,3 +353,134 @@ impl Socket for RelayedSocket {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use chitchat::{ChitchatMessage, ProtocolVersion};
+    use tokio::sync::mpsc;
+
+    use super::*;
+    use crate::cert::{DEFAULT_CA_VALIDITY, DEFAULT_NODE_VALIDITY, init_ca, issue_node_cert};
+    use crate::mesh::acceptor::StreamRouter;
+    use crate::mesh::config::QuicConfig;
+    use crate::tls::NodeIdentity;
+
+    fn bad_cluster() -> ChitchatEnvelope {
+        ChitchatEnvelope {
+            version: ProtocolVersion::V0,
+            message: ChitchatMessage::BadCluster,
+        }
+    }
+
+    /// A relay whose pool dials with a short timeout, and its chitchat-side socket.
+    async fn relay(metrics: &MeshMetrics) -> (tempfile::TempDir, Arc<Relay>, Box<dyn Socket>) {
+        let dir = tempfile::tempdir().unwrap();
+        init_ca(dir.path(), "t", DEFAULT_CA_VALIDITY).unwrap();
+        issue_node_cert(dir.path(), "me", dir.path(), &[], DEFAULT_NODE_VALIDITY).unwrap();
+        let identity = NodeIdentity::load(dir.path(), "me").unwrap();
+        let endpoint = crate::mesh::endpoint::bind(
+            &identity,
+            "127.0.0.1:0".parse().unwrap(),
+            &QuicConfig::default(),
+        )
+        .unwrap();
+        let self_addr = endpoint.local_addr().unwrap();
+        let router = StreamRouter {
+            gossip: mpsc::channel(1).0,
+            forwards: mpsc::channel(1).0,
+            metrics: metrics.clone(),
+            header_timeout: Duration::from_secs(1),
+        };
+        let connect_timeout = Duration::from_millis(200);
+        let pool = Arc::new(ConnectionPool::new(
+            endpoint,
+            router,
+            connect_timeout,
+            metrics.clone(),
+        ));
+        // Longer than the connect timeout, as in production, so connect failures count.
+        let send_timeout = Duration::from_secs(1);
+        let (relay, transport) = Relay::bind(pool, self_addr, send_timeout, metrics.clone())
+            .await
+            .unwrap();
+        let socket = transport.open(self_addr).await.unwrap();
+        assert!(transport.open(self_addr).await.is_err(), "opened twice");
+        (dir, relay, socket)
+    }
+
+    /// The bytes chitchat's own encoder produces for `envelope`.
+    async fn encode(envelope: ChitchatEnvelope) -> Vec<u8> {
+        let sink = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let mut encoder = UdpSocket::open("127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+        encoder
+            .send(sink.local_addr().unwrap(), envelope)
+            .await
+            .unwrap();
+        let mut buf = vec![0u8; MAX_GOSSIP_PAYLOAD];
+        let len = sink.recv(&mut buf).await.unwrap();
+        buf.truncate(len);
+        buf
+    }
+
+    #[tokio::test]
+    async fn delivered_datagrams_appear_from_the_peer_and_strangers_are_dropped() {
+        let metrics = MeshMetrics::default();
+        let (_dir, relay, mut socket) = relay(&metrics).await;
+        let chitchat_addr = socket.local_addr().unwrap();
+        assert!(chitchat_addr.ip().is_loopback());
+
+        // A datagram from a process that is not the relay never reaches chitchat.
+        let mut stranger = UdpSocket::open("127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+        stranger.send(chitchat_addr, bad_cluster()).await.unwrap();
+        let recv = tokio::time::timeout(Duration::from_millis(300), socket.recv()).await;
+        assert!(recv.is_err(), "stranger's datagram was accepted: {recv:?}");
+
+        // A datagram delivered by the relay appears to come from the peer's mesh address.
+        let peer: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        relay.deliver(peer, &encode(bad_cluster()).await).await;
+        let outcome = tokio::time::timeout(Duration::from_secs(5), socket.recv())
+            .await
+            .expect("delivered datagram")
+            .unwrap();
+        assert_eq!(outcome.from_addr, peer);
+        assert_eq!(outcome.envelope, bad_cluster());
+    }
+
+    #[tokio::test]
+    async fn links_only_relay_what_chitchat_sends() {
+        let metrics = MeshMetrics::default();
+        let (_dir, relay, mut socket) = relay(&metrics).await;
+        // Nobody listens at the peer address, so every relayed datagram ends in a failed
+        // connect: that is how we observe what a link forwarded.
+        let peer: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        let link = relay.link(peer).unwrap();
+
+        let stranger = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        stranger
+            .send_to(&encode(bad_cluster()).await, link.loopback)
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(
+            metrics.connect_failures.get(),
+            0,
+            "link relayed a stranger's datagram"
+        );
+
+        socket.send(peer, bad_cluster()).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while metrics.connect_failures.get() == 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(
+            metrics.connect_failures.get(),
+            1,
+            "chitchat's datagram was not relayed"
+        );
+        assert_eq!(metrics.gossip_datagrams_dropped.get(), 1);
+    }
+}
