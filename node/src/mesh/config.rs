@@ -51,7 +51,7 @@ pub struct GossipConfig {
     pub interval: Duration,
     /// Mean heartbeat intervals of silence after which a peer is declared dead.
     pub phi_threshold: f64,
-    /// Heartbeat intervals kept to estimate the mean (200 × 200 ms ≈ 40 s of history).
+    /// Heartbeat intervals kept to estimate the mean (200 intervals: 20–40 s of history).
     pub sampling_window_size: usize,
     /// Heartbeat gaps longer than this are not taken into the mean (a pause or partition
     /// must not teach the detector to be lenient afterwards).
