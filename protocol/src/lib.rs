@@ -4,6 +4,7 @@
 //! - [`hashing`]: a request is reduced to a chain of 64-bit block hashes, where each hash names
 //!   the whole prefix up to and including its block.
 //! - [`digest`]: the compact load report each node gossips about its engine.
+//! - [`index`]: the approximate LRU index of a node's own engine cache.
 //! - [`summary`]: a bounded-size, sharded encoding of the set of chain hashes an engine holds.
 //! - [`wire`]: the framed, validated messages sidecars exchange when forwarding a request.
 //! - [`route`]: the routing decision, a pure function of a view of the cluster and `now`.
@@ -14,6 +15,7 @@
 pub mod codec;
 pub mod digest;
 pub mod hashing;
+pub mod index;
 pub mod route;
 pub mod summary;
 pub mod wire;

@@ -9,6 +9,7 @@ mod config;
 mod decide;
 mod pending;
 mod reason;
+mod recent;
 mod rendezvous;
 #[cfg(test)]
 mod tests;
@@ -19,4 +20,5 @@ pub use decide::{
 };
 pub use pending::PendingLedger;
 pub use reason::RouteReason;
+pub use recent::RecentSends;
 pub use rendezvous::{node_key, rendezvous_weight};
