@@ -64,12 +64,17 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// A new CA and one node per spec, started one after another.
-    pub fn start(specs: &[NodeSpec]) -> Self {
-        let mut cluster = Cluster {
+    /// A new CA and no node yet.
+    pub fn empty() -> Self {
+        Cluster {
             nodes: Vec::new(),
             ca: ClusterCa::init("kvmesh-e2e"),
-        };
+        }
+    }
+
+    /// A new CA and one node per spec, started one after another.
+    pub fn start(specs: &[NodeSpec]) -> Self {
+        let mut cluster = Cluster::empty();
         for spec in specs {
             cluster.join(spec);
         }

@@ -93,23 +93,21 @@ impl Request {
     /// Sends the request and returns once the response head arrived; the body is read from the
     /// returned value as it arrives. Dropping it closes the connection.
     pub fn open(&self, addr: SocketAddr) -> io::Result<OpenResponse> {
+        self.start(addr)?.finish()
+    }
+
+    /// Connects and sends the request without reading anything back; dropping the result
+    /// hangs up, which is how tests play a client that goes away.
+    pub fn start(&self, addr: SocketAddr) -> io::Result<SentRequest> {
         let deadline = Instant::now() + self.timeout;
         let stream = TcpStream::connect_timeout(&addr, self.timeout)?;
         stream.set_nodelay(true)?;
         stream.set_write_timeout(Some(self.timeout))?;
         let write_result = self.write_to(&stream, addr);
-        let mut reader = BufReader::new(DeadlineStream { stream, deadline });
-        // A server may answer (e.g. 413) and close before reading the whole body; its answer is
-        // what the test wants to see, so read it even when writing failed.
-        let head = match read_head(&mut reader) {
-            Ok(head) => head,
-            Err(read_error) => return Err(write_result.err().unwrap_or(read_error)),
-        };
-        let framing = Framing::of(&self.method, head.status, &head.headers)?;
-        Ok(OpenResponse {
-            status: head.status,
-            headers: head.headers,
-            body: BodyReader { reader, framing },
+        Ok(SentRequest {
+            method: self.method.clone(),
+            stream: DeadlineStream { stream, deadline },
+            write_result,
         })
     }
 
@@ -141,6 +139,32 @@ impl Request {
             stream.write_all(&framed)?;
         }
         stream.write_all(b"0\r\n\r\n")
+    }
+}
+
+/// A request sent (or partly sent) whose response has not been read yet.
+pub struct SentRequest {
+    method: String,
+    stream: DeadlineStream,
+    write_result: io::Result<()>,
+}
+
+impl SentRequest {
+    /// Reads the response head; the body is read from the result as it arrives.
+    pub fn finish(self) -> io::Result<OpenResponse> {
+        let mut reader = BufReader::new(self.stream);
+        // A server may answer (e.g. 413) and close before reading the whole body; its answer is
+        // what the test wants to see, so read it even when writing failed.
+        let head = match read_head(&mut reader) {
+            Ok(head) => head,
+            Err(read_error) => return Err(self.write_result.err().unwrap_or(read_error)),
+        };
+        let framing = Framing::of(&self.method, head.status, &head.headers)?;
+        Ok(OpenResponse {
+            status: head.status,
+            headers: head.headers,
+            body: BodyReader { reader, framing },
+        })
     }
 }
 

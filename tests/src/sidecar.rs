@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use crate::binaries::KVMESH;
 use crate::certs::ClusterCa;
-use crate::http::{Request, Response};
+use crate::http::{OpenResponse, Request, Response, SentRequest};
 use crate::metrics::metric_sum;
 use crate::process::ManagedProcess;
 
@@ -162,14 +162,28 @@ impl Sidecar {
         self.process.sigterm();
     }
 
+    /// `request` with this sidecar's API key, if it has one.
+    fn authorized(&self, request: Request) -> Request {
+        match &self.api_key {
+            Some(key) => request.bearer(key),
+            None => request,
+        }
+    }
+
     /// Sends `request` to this sidecar, with its API key if it has one; transport errors
     /// (not HTTP error statuses) come back as `Err`.
     pub fn try_send(&self, request: Request) -> std::io::Result<Response> {
-        let request = match &self.api_key {
-            Some(key) => request.bearer(key),
-            None => request,
-        };
-        request.send(self.http_addr)
+        self.authorized(request).send(self.http_addr)
+    }
+
+    /// Opens `request` on this sidecar (with its API key), returning once the head arrived.
+    pub fn try_open(&self, request: Request) -> std::io::Result<OpenResponse> {
+        self.authorized(request).open(self.http_addr)
+    }
+
+    /// Sends `request` (with its API key) without reading the answer; see [`SentRequest`].
+    pub fn try_start(&self, request: Request) -> std::io::Result<SentRequest> {
+        self.authorized(request).start(self.http_addr)
     }
 
     /// Like [`Self::try_send`], but a transport error fails the test.

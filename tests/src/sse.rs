@@ -106,42 +106,42 @@ pub struct SseTranscript {
 impl SseTranscript {
     /// Checks OpenAI's framing: at least one JSON chunk of `object`, every event but the last a
     /// JSON object with no error, the last exactly `data: [DONE]`, and nothing after it.
-    /// Returns the JSON chunks.
-    pub fn assert_openai_stream(&self, object: &str) -> Vec<serde_json::Value> {
-        let (last, chunks) = self
-            .events
-            .split_last()
-            .unwrap_or_else(|| panic!("empty event stream; raw: {:?}", self.raw));
-        assert_eq!(
-            last.data, "[DONE]",
-            "the stream must end with data: [DONE]; raw: {:?}",
-            self.raw
-        );
-        assert!(
-            self.raw.ends_with("data: [DONE]\n\n") || self.raw.ends_with("data: [DONE]\r\n\r\n"),
-            "the stream must end with the [DONE] event and nothing after it; raw: {:?}",
-            self.raw
-        );
-        assert!(
-            !chunks.is_empty(),
-            "no chunk before [DONE]; raw: {:?}",
-            self.raw
-        );
+    /// Returns the JSON chunks, or what is wrong.
+    pub fn check_openai_stream(&self, object: &str) -> Result<Vec<serde_json::Value>, String> {
+        let Some((last, chunks)) = self.events.split_last() else {
+            return Err(format!("empty event stream; raw: {:?}", self.raw));
+        };
+        if last.data != "[DONE]" {
+            return Err(format!(
+                "the stream must end with data: [DONE]; raw: {:?}",
+                self.raw
+            ));
+        }
+        if !(self.raw.ends_with("data: [DONE]\n\n") || self.raw.ends_with("data: [DONE]\r\n\r\n")) {
+            return Err(format!("bytes after the [DONE] event; raw: {:?}", self.raw));
+        }
+        if chunks.is_empty() {
+            return Err(format!("no chunk before [DONE]; raw: {:?}", self.raw));
+        }
         chunks
             .iter()
             .map(|event| {
-                let chunk: serde_json::Value =
-                    serde_json::from_str(&event.data).unwrap_or_else(|error| {
-                        panic!("event is not JSON ({error}): {:?}", event.data)
-                    });
-                assert!(
-                    chunk.get("error").is_none(),
-                    "error event in stream: {}",
-                    event.data
-                );
-                assert_eq!(chunk["object"], object, "unexpected chunk: {}", event.data);
-                chunk
+                let chunk: serde_json::Value = serde_json::from_str(&event.data)
+                    .map_err(|error| format!("event is not JSON ({error}): {:?}", event.data))?;
+                if chunk.get("error").is_some() {
+                    return Err(format!("error event in the stream: {}", event.data));
+                }
+                if chunk["object"] != object {
+                    return Err(format!("expected a chunk of {object}: {}", event.data));
+                }
+                Ok(chunk)
             })
             .collect()
+    }
+
+    /// [`Self::check_openai_stream`], panicking on a broken stream.
+    pub fn assert_openai_stream(&self, object: &str) -> Vec<serde_json::Value> {
+        self.check_openai_stream(object)
+            .unwrap_or_else(|problem| panic!("{problem}"))
     }
 }
