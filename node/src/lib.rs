@@ -4,7 +4,21 @@
 //! - [`cert`]: the cluster CA and node certificates (`kvmesh cert`).
 //! - [`tls`]: mutual-TLS configurations against the cluster CA, peer identification.
 //! - [`mesh`]: the QUIC endpoint shared by gossip and forwarding, and gossip itself.
+//!
+//! Serving layer:
+//! - [`engine`]: the local engine adapter (HTTP client, `/metrics` poller).
+//! - [`view`]: every live peer's decoded digest, rebuilt when gossip changes.
+//! - [`front`]: the client-facing HTTP server and the inference request path.
+//! - [`forward`]: attempts, retries and relays; serving what peers forward.
+//! - [`metrics`]: the sidecar's Prometheus metrics.
+//! - [`serve`]: configuration and assembly of `kvmesh serve`.
 
 pub mod cert;
+pub mod engine;
+pub mod forward;
+pub mod front;
 pub mod mesh;
+pub mod metrics;
+pub mod serve;
 pub mod tls;
+pub mod view;

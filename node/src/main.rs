@@ -21,6 +21,16 @@ enum Command {
     /// Debugging aid: run only the mesh (QUIC, mutual TLS, gossip) and print the live
     /// membership as JSON lines whenever it changes.
     MeshProbe(cli_probe::ProbeArgs),
+    /// Run the sidecar beside a vLLM server: route every request to the best engine of
+    /// the mesh.
+    Serve(Box<kvmesh_node::serve::config::ServeArgs>),
+}
+
+fn serve(args: kvmesh_node::serve::config::ServeArgs) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(kvmesh_node::serve::run(args))
 }
 
 fn main() -> std::process::ExitCode {
@@ -35,6 +45,7 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Cert(command) => cli_cert::run(command),
         Command::MeshProbe(args) => cli_probe::run(args),
+        Command::Serve(args) => serve(*args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -293,7 +293,7 @@ mod tests {
         let explicit: SocketAddr = "10.0.0.5:0".parse().unwrap();
         assert_eq!(
             advertise_addr(Some(explicit), wildcard).unwrap(),
-            "10.0.0.5:7946".parse().unwrap()
+            "10.0.0.5:7946".parse::<SocketAddr>().unwrap()
         );
     }
 }

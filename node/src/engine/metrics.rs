@@ -1,0 +1,176 @@
+//! Reading vLLM's Prometheus text exposition: only the series the router uses, summed over the
+//! `engine` label (data-parallel engines behind one server), with the removed pre-0.12 names
+//! accepted as fallbacks. See `vllm-interfaces.md` §1.
+
+/// The router's view of one `/metrics` scrape.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct EngineMetrics {
+    pub running: f64,
+    pub waiting: f64,
+    /// Mean over engines, 0..=1.
+    pub kv_usage: f64,
+    pub block_size: Option<u32>,
+    pub num_gpu_blocks: Option<u64>,
+    pub prefix_queries: f64,
+    pub prefix_hits: f64,
+    pub prompt_tokens: f64,
+    pub ttft_sum: f64,
+    pub ttft_count: f64,
+    /// `vllm:request_prefill_time_seconds` (real vLLM V1), when exposed.
+    pub prefill_time_sum: Option<f64>,
+    pub preemptions: f64,
+}
+
+/// Parses the text format. Unknown series are ignored; a malformed line is skipped (a scrape
+/// must not fail because an engine added an exotic series).
+pub fn parse(text: &str) -> EngineMetrics {
+    let mut m = EngineMetrics::default();
+    let mut kv_samples = 0u32;
+    let mut legacy_kv = (0.0, 0u32);
+    let mut legacy_prefix = (0.0, 0.0);
+    let mut have_prefix = false;
+    for line in text.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let Some((name, labels, value)) = split_sample(line) else {
+            continue;
+        };
+        match name {
+            "vllm:num_requests_running" => m.running += value,
+            "vllm:num_requests_waiting" => m.waiting += value,
+            "vllm:kv_cache_usage_perc" => {
+                m.kv_usage += value;
+                kv_samples += 1;
+            }
+            "vllm:gpu_cache_usage_perc" => {
+                legacy_kv.0 += value;
+                legacy_kv.1 += 1;
+            }
+            "vllm:prefix_cache_queries_total" => {
+                m.prefix_queries += value;
+                have_prefix = true;
+            }
+            "vllm:prefix_cache_hits_total" => m.prefix_hits += value,
+            "vllm:gpu_prefix_cache_queries_total" | "vllm:gpu_prefix_cache_queries" => {
+                legacy_prefix.0 += value
+            }
+            "vllm:gpu_prefix_cache_hits_total" | "vllm:gpu_prefix_cache_hits" => {
+                legacy_prefix.1 += value
+            }
+            "vllm:prompt_tokens_total" => m.prompt_tokens += value,
+            "vllm:time_to_first_token_seconds_sum" => m.ttft_sum += value,
+            "vllm:time_to_first_token_seconds_count" => m.ttft_count += value,
+            "vllm:request_prefill_time_seconds_sum" => {
+                *m.prefill_time_sum.get_or_insert(0.0) += value
+            }
+            "vllm:num_preemptions_total" => m.preemptions += value,
+            "vllm:cache_config_info" => {
+                if let Some(size) = label(labels, "block_size").and_then(|v| v.parse().ok()) {
+                    m.block_size = Some(size);
+                }
+                if let Some(blocks) =
+                    label(labels, "num_gpu_blocks").and_then(|v| v.parse::<u64>().ok())
+                {
+                    *m.num_gpu_blocks.get_or_insert(0) += blocks;
+                }
+            }
+            _ => {}
+        }
+    }
+    if kv_samples > 0 {
+        m.kv_usage /= f64::from(kv_samples);
+    } else if legacy_kv.1 > 0 {
+        m.kv_usage = legacy_kv.0 / f64::from(legacy_kv.1);
+    }
+    if !have_prefix {
+        m.prefix_queries = legacy_prefix.0;
+        m.prefix_hits = legacy_prefix.1;
+    }
+    m.kv_usage = m.kv_usage.clamp(0.0, 1.0);
+    m
+}
+
+/// `name{labels} value [timestamp]` → (name, labels, value).
+fn split_sample(line: &str) -> Option<(&str, &str, f64)> {
+    let (name, labels, rest) = match line.find('{') {
+        Some(open) => {
+            let close = line[open..].find('}')? + open;
+            (&line[..open], &line[open + 1..close], &line[close + 1..])
+        }
+        None => {
+            let space = line.find(' ')?;
+            (&line[..space], "", &line[space..])
+        }
+    };
+    let value = rest.split_whitespace().next()?;
+    let value = match value {
+        "+Inf" => f64::INFINITY,
+        "-Inf" => f64::NEG_INFINITY,
+        v => v.parse().ok()?,
+    };
+    value.is_finite().then_some((name.trim(), labels, value))
+}
+
+/// The value of `key` in a label set like `a="1",b="x"` (values without escaped quotes).
+fn label<'a>(labels: &'a str, key: &str) -> Option<&'a str> {
+    labels.split(',').find_map(|pair| {
+        let (k, v) = pair.split_once('=')?;
+        (k.trim() == key).then(|| v.trim().trim_matches('"'))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CURRENT: &str = r#"# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+vllm:num_requests_running{engine="1",model_name="m"} 2.0
+vllm:num_requests_waiting{engine="0",model_name="m"} 4.0
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.5
+vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.25
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1000.0
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 640.0
+vllm:prompt_tokens_total{engine="0",model_name="m"} 1000.0
+vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="m"} 10.0
+vllm:time_to_first_token_seconds_sum{engine="0",model_name="m"} 2.5
+vllm:time_to_first_token_seconds_count{engine="0",model_name="m"} 10.0
+vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="0",num_gpu_blocks="8192"} 1.0
+vllm:num_preemptions_total{engine="0",model_name="m"} 2.0
+"#;
+
+    #[test]
+    fn reads_current_names_and_sums_engines() {
+        let m = parse(CURRENT);
+        assert_eq!(m.running, 5.0);
+        assert_eq!(m.waiting, 4.0);
+        assert!((m.kv_usage - 0.375).abs() < 1e-9);
+        assert_eq!((m.prefix_queries, m.prefix_hits), (1000.0, 640.0));
+        assert_eq!((m.ttft_sum, m.ttft_count), (2.5, 10.0));
+        assert_eq!(m.block_size, Some(16));
+        assert_eq!(m.num_gpu_blocks, Some(8192));
+        assert_eq!(m.preemptions, 2.0);
+        assert_eq!(m.prefill_time_sum, None);
+    }
+
+    #[test]
+    fn falls_back_to_removed_names() {
+        let old = "vllm:gpu_cache_usage_perc{model_name=\"m\"} 0.8\n\
+                   vllm:gpu_prefix_cache_queries_total{model_name=\"m\"} 50\n\
+                   vllm:gpu_prefix_cache_hits_total{model_name=\"m\"} 5\n";
+        let m = parse(old);
+        assert!((m.kv_usage - 0.8).abs() < 1e-9);
+        assert_eq!((m.prefix_queries, m.prefix_hits), (50.0, 5.0));
+    }
+
+    #[test]
+    fn garbage_is_skipped_not_fatal() {
+        let m =
+            parse("vllm:num_requests_running{ 3\nnot a metric\nvllm:num_requests_waiting 2 123\n");
+        assert_eq!(m.waiting, 2.0);
+        assert_eq!(m.running, 0.0);
+    }
+}

@@ -1,0 +1,9 @@
+//! The local engine adapter: an HTTP client to the vLLM server beside this sidecar, and the
+//! poller that turns its `/metrics`, `/health` and `/v1/models` into this node's load digest.
+
+pub mod client;
+pub mod metrics;
+pub mod poller;
+
+pub use client::{EngineClient, EngineError};
+pub use poller::{EngineState, LocalEngine};

@@ -1,0 +1,213 @@
+//! Polls the local engine and keeps the latest [`EngineState`]: `/metrics` every tick (the
+//! digest interval, ~100 ms), `/health` every 5th tick, `/v1/models` every 20th. An engine
+//! that fails either call is unhealthy at once: its sidecar stays an entry point but stops
+//! being a target until the engine answers again.
+
+use super::client::EngineClient;
+use super::metrics::{self, EngineMetrics};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// Weight of a new observation in the exponentially weighted averages.
+const EWMA_WEIGHT: f64 = 0.3;
+const HEALTH_EVERY: u64 = 5;
+const MODELS_EVERY: u64 = 20;
+
+/// What the node knows of its engine.
+#[derive(Clone, Debug, Default)]
+pub struct EngineState {
+    pub healthy: bool,
+    /// Served model names (`/v1/models` entries without a parent).
+    pub models: Vec<String>,
+    /// LoRA adapters (`/v1/models` entries whose `parent` is another model).
+    pub loras: Vec<String>,
+    pub metrics: EngineMetrics,
+    pub ttft_ewma_ms: f64,
+    pub prefill_tokens_per_s: f64,
+    /// The last error, for `/debug/cluster` and logs.
+    pub last_error: Option<String>,
+    /// Number of completed polls; 0 until the first answer.
+    pub polls: u64,
+}
+
+/// Handle on the poller's latest state.
+#[derive(Clone, Debug)]
+pub struct LocalEngine {
+    pub client: EngineClient,
+    state: watch::Receiver<Arc<EngineState>>,
+}
+
+impl LocalEngine {
+    /// Starts polling every `interval`; the task stops when the returned handle is aborted.
+    pub fn spawn(client: EngineClient, interval: Duration) -> (LocalEngine, JoinHandle<()>) {
+        let (tx, rx) = watch::channel(Arc::new(EngineState::default()));
+        let task = tokio::spawn(poll_loop(client.clone(), interval, tx));
+        (LocalEngine { client, state: rx }, task)
+    }
+
+    pub fn state(&self) -> Arc<EngineState> {
+        self.state.borrow().clone()
+    }
+
+    /// Notified after every poll.
+    pub fn watch(&self) -> watch::Receiver<Arc<EngineState>> {
+        self.state.clone()
+    }
+}
+
+async fn poll_loop(client: EngineClient, interval: Duration, tx: watch::Sender<Arc<EngineState>>) {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let timeout = interval.max(Duration::from_millis(500)) * 2;
+    let mut state = EngineState::default();
+    let mut previous: Option<(EngineMetrics, Instant)> = None;
+    let mut tick: u64 = 0;
+    loop {
+        ticker.tick().await;
+        let mut failure = None;
+        if tick.is_multiple_of(HEALTH_EVERY)
+            && let Err(e) = client.get_text("/health", timeout).await
+        {
+            failure = Some(format!("/health: {e}"));
+        }
+        if failure.is_none() && (tick.is_multiple_of(MODELS_EVERY) || state.models.is_empty()) {
+            match client
+                .get_text("/v1/models", timeout)
+                .await
+                .map(|t| parse_models(&t))
+            {
+                Ok(Ok((models, loras))) => {
+                    state.models = models;
+                    state.loras = loras;
+                }
+                Ok(Err(e)) => failure = Some(format!("/v1/models: {e}")),
+                Err(e) => failure = Some(format!("/v1/models: {e}")),
+            }
+        }
+        if failure.is_none() {
+            match client.get_text("/metrics", timeout).await {
+                Ok(text) => {
+                    let now = Instant::now();
+                    let current = metrics::parse(&text);
+                    if let Some((before, _)) = &previous {
+                        update_ewmas(&mut state, before, &current);
+                    }
+                    state.metrics = current.clone();
+                    previous = Some((current, now));
+                }
+                Err(e) => failure = Some(format!("/metrics: {e}")),
+            }
+        }
+        let was_healthy = state.healthy;
+        state.healthy = failure.is_none() && !state.models.is_empty();
+        if was_healthy != state.healthy {
+            match &failure {
+                Some(why) => tracing::warn!(engine = client.base_url(), %why, "engine unhealthy"),
+                None => tracing::info!(engine = client.base_url(), "engine healthy"),
+            }
+        }
+        state.last_error = failure;
+        state.polls += 1;
+        tick += 1;
+        if tx.send(Arc::new(state.clone())).is_err() {
+            return;
+        }
+    }
+}
+
+/// TTFT from the histogram's growth since the last scrape; prefill speed from the prompt
+/// tokens the engine actually computed (prompt minus prefix-cache hits) over the prefill time
+/// (or, where vLLM does not expose it, the TTFT, which also counts queueing: a lower bound).
+fn update_ewmas(state: &mut EngineState, before: &EngineMetrics, now: &EngineMetrics) {
+    let count = now.ttft_count - before.ttft_count;
+    if count <= 0.0 {
+        return;
+    }
+    let ttft_ms = (now.ttft_sum - before.ttft_sum) / count * 1000.0;
+    if ttft_ms.is_finite() && ttft_ms >= 0.0 {
+        state.ttft_ewma_ms = ewma(state.ttft_ewma_ms, ttft_ms);
+    }
+    let computed =
+        (now.prompt_tokens - before.prompt_tokens) - (now.prefix_hits - before.prefix_hits);
+    let seconds = match (now.prefill_time_sum, before.prefill_time_sum) {
+        (Some(a), Some(b)) => a - b,
+        _ => now.ttft_sum - before.ttft_sum,
+    };
+    if computed > 0.0 && seconds > 0.0 {
+        state.prefill_tokens_per_s = ewma(state.prefill_tokens_per_s, computed / seconds);
+    }
+}
+
+fn ewma(previous: f64, sample: f64) -> f64 {
+    if previous <= 0.0 {
+        sample
+    } else {
+        previous + EWMA_WEIGHT * (sample - previous)
+    }
+}
+
+/// `/v1/models` → (model ids, adapter ids). vLLM lists LoRA adapters with `parent` set to the
+/// base model.
+fn parse_models(text: &str) -> Result<(Vec<String>, Vec<String>), String> {
+    let value: serde_json::Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    let data = value
+        .get("data")
+        .and_then(|d| d.as_array())
+        .ok_or("no `data` array")?;
+    let (mut models, mut loras) = (Vec::new(), Vec::new());
+    for entry in data {
+        let Some(id) = entry.get("id").and_then(|i| i.as_str()) else {
+            continue;
+        };
+        match entry.get("parent").and_then(|p| p.as_str()) {
+            Some(parent) if parent != id => loras.push(id.to_owned()),
+            _ => models.push(id.to_owned()),
+        }
+    }
+    Ok((models, loras))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn models_and_adapters_are_told_apart() {
+        let text = r#"{"object":"list","data":[
+            {"id":"base","object":"model","parent":null},
+            {"id":"sql-lora","object":"model","parent":"base"}]}"#;
+        assert_eq!(
+            parse_models(text).unwrap(),
+            (vec!["base".into()], vec!["sql-lora".into()])
+        );
+        assert!(parse_models("{}").is_err());
+    }
+
+    #[test]
+    fn ewmas_follow_histogram_deltas() {
+        let mut state = EngineState::default();
+        let before = EngineMetrics {
+            ttft_sum: 1.0,
+            ttft_count: 10.0,
+            prompt_tokens: 1000.0,
+            ..Default::default()
+        };
+        let now = EngineMetrics {
+            ttft_sum: 1.5,
+            ttft_count: 12.0,
+            prompt_tokens: 3000.0,
+            prefix_hits: 1000.0,
+            ..Default::default()
+        };
+        update_ewmas(&mut state, &before, &now);
+        assert!((state.ttft_ewma_ms - 250.0).abs() < 1e-6);
+        assert!((state.prefill_tokens_per_s - 2000.0).abs() < 1e-6);
+        update_ewmas(&mut state, &now, &now);
+        assert!(
+            (state.ttft_ewma_ms - 250.0).abs() < 1e-6,
+            "no new requests: unchanged"
+        );
+    }
+}

@@ -1,0 +1,200 @@
+//! One attempt to get a response head for a request, from the local engine or from a peer.
+
+use super::headers::response_headers_from_engine;
+use crate::engine::client::error_chain;
+use crate::metrics::NodeMetrics;
+use crate::serve::state::AppState;
+use bytes::{Bytes, BytesMut};
+use http::Method;
+use hyper::body::Incoming;
+use kvmesh_protocol::wire::{Frame, FrameDecoder, RequestHead, WireErrorCode};
+use quinn::{RecvStream, SendStream};
+use std::net::SocketAddr;
+use std::time::Instant;
+
+/// Where an attempt goes.
+#[derive(Clone, Debug)]
+pub enum Target {
+    Local,
+    Peer { name: String, addr: SocketAddr },
+}
+
+impl Target {
+    pub fn name<'a>(&'a self, local_name: &'a str) -> &'a str {
+        match self {
+            Target::Local => local_name,
+            Target::Peer { name, .. } => name,
+        }
+    }
+}
+
+/// A response whose head arrived; the body is still streaming.
+pub struct Upstream {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub served_by: String,
+    pub body: UpstreamBody,
+}
+
+pub enum UpstreamBody {
+    Local(Incoming),
+    Remote {
+        recv: RecvStream,
+        decoder: FrameDecoder,
+        send: SendStream,
+    },
+}
+
+/// A failed attempt. `retryable` failures happened before anything was committed to the
+/// client and are worth trying on the next candidate.
+#[derive(Debug)]
+pub struct AttemptError {
+    pub retryable: bool,
+    pub message: String,
+}
+
+impl AttemptError {
+    fn retryable(message: impl Into<String>) -> Self {
+        Self {
+            retryable: true,
+            message: message.into(),
+        }
+    }
+}
+
+/// Sends the request and waits for the response head.
+pub async fn attempt(
+    state: &AppState,
+    target: &Target,
+    head: RequestHead,
+    body: Bytes,
+) -> Result<Upstream, AttemptError> {
+    let started = Instant::now();
+    let result = match target {
+        Target::Local => attempt_local(state, head, body).await,
+        Target::Peer { name, addr } => attempt_peer(state, name, *addr, head, body).await,
+    };
+    if result.is_ok() {
+        let labels = NodeMetrics::target_labels(matches!(target, Target::Local));
+        state
+            .metrics
+            .forward_latency
+            .get_or_create(&labels)
+            .observe(started.elapsed().as_secs_f64());
+    }
+    result
+}
+
+async fn attempt_local(
+    state: &AppState,
+    head: RequestHead,
+    body: Bytes,
+) -> Result<Upstream, AttemptError> {
+    if state.is_draining() {
+        return Err(AttemptError::retryable("this node is draining"));
+    }
+    let method = Method::from_bytes(head.method.as_bytes()).unwrap_or(Method::POST);
+    let response = state
+        .engine
+        .client
+        .send(method, &head.path, &head.headers, body)
+        .await
+        .map_err(|e| AttemptError::retryable(format!("local engine: {e}")))?;
+    state
+        .metrics
+        .served
+        .get_or_create(&NodeMetrics::target_labels(true))
+        .inc();
+    Ok(Upstream {
+        status: response.status().as_u16(),
+        headers: response_headers_from_engine(response.headers()),
+        served_by: state.node_name.clone(),
+        body: UpstreamBody::Local(response.into_body()),
+    })
+}
+
+async fn attempt_peer(
+    state: &AppState,
+    name: &str,
+    addr: SocketAddr,
+    head: RequestHead,
+    body: Bytes,
+) -> Result<Upstream, AttemptError> {
+    let stream = state
+        .mesh
+        .open_forward_stream(addr)
+        .await
+        .map_err(|e| AttemptError::retryable(format!("peer {name}: {e}")))?;
+    if &*stream.peer_name != name {
+        return Err(AttemptError::retryable(format!(
+            "peer at {addr} is {} now, not {name}",
+            stream.peer_name
+        )));
+    }
+    let (mut send, mut recv) = (stream.send, stream.recv);
+    let mut frames = BytesMut::new();
+    Frame::RequestHead(head).encode_into(&mut frames);
+    for frame in Frame::data_frames(body) {
+        frame.encode_into(&mut frames);
+    }
+    send.write_all(&frames)
+        .await
+        .map_err(|e| AttemptError::retryable(format!("peer {name}: {e}")))?;
+    send.finish()
+        .map_err(|e| AttemptError::retryable(format!("peer {name}: {e}")))?;
+
+    let mut decoder = FrameDecoder::new();
+    loop {
+        match decoder.next_frame() {
+            Ok(Some(Frame::ResponseHead(response))) => {
+                return Ok(Upstream {
+                    status: response.status,
+                    headers: response.headers,
+                    served_by: response.served_by,
+                    body: UpstreamBody::Remote {
+                        recv,
+                        decoder,
+                        send,
+                    },
+                });
+            }
+            Ok(Some(Frame::Error(error))) => {
+                let retryable = matches!(
+                    error.code,
+                    WireErrorCode::EngineUnavailable
+                        | WireErrorCode::NotAccepting
+                        | WireErrorCode::Internal
+                );
+                return Err(AttemptError {
+                    retryable,
+                    message: format!("peer {name}: {:?}: {}", error.code, error.message),
+                });
+            }
+            Ok(Some(other)) => {
+                return Err(AttemptError::retryable(format!(
+                    "peer {name} sent {other:?} before a response head"
+                )));
+            }
+            Ok(None) => {}
+            Err(e) => {
+                return Err(AttemptError::retryable(format!(
+                    "peer {name}: invalid frame: {e}"
+                )));
+            }
+        }
+        match recv.read_chunk(64 * 1024, true).await {
+            Ok(Some(chunk)) => decoder.push(&chunk.bytes),
+            Ok(None) => {
+                return Err(AttemptError::retryable(format!(
+                    "peer {name} closed the stream without answering"
+                )));
+            }
+            Err(e) => {
+                return Err(AttemptError::retryable(format!(
+                    "peer {name}: {}",
+                    error_chain(&e)
+                )));
+            }
+        }
+    }
+}

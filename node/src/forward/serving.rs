@@ -1,0 +1,220 @@
+//! The serving side: requests peers forward to this node's engine.
+//!
+//! A forwarded request is accepted only for this node's own engine, only for the inference
+//! paths, and only within the hop limit: a peer can never make this node call another URL or
+//! forward again.
+
+use super::FORWARDABLE_PATHS;
+use super::headers::response_headers_from_engine;
+use crate::engine::client::error_chain;
+use crate::mesh::IncomingForward;
+use crate::metrics::NodeMetrics;
+use crate::serve::state::{InflightGuard, SharedState};
+use bytes::{Bytes, BytesMut};
+use http::Method;
+use http_body_util::BodyExt;
+use kvmesh_protocol::wire::{
+    Frame, FrameDecoder, MAX_HOPS, RequestHead, ResponseHead, WireError, WireErrorCode,
+};
+use quinn::{RecvStream, SendStream};
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// How long a peer may take to send a whole request.
+const REQUEST_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Serves every forwarded request until the channel closes.
+pub async fn serve_forwards(state: SharedState, mut incoming: mpsc::Receiver<IncomingForward>) {
+    while let Some(forward) = incoming.recv().await {
+        let state = state.clone();
+        tokio::spawn(async move {
+            let peer = forward.peer_name.clone();
+            if let Err(why) = handle(&state, forward.send, forward.recv).await {
+                tracing::debug!(%peer, %why, "forwarded request ended early");
+            }
+        });
+    }
+}
+
+async fn handle(
+    state: &SharedState,
+    mut send: SendStream,
+    mut recv: RecvStream,
+) -> Result<(), String> {
+    let read = tokio::time::timeout(
+        REQUEST_READ_TIMEOUT,
+        read_request(&mut recv, state.config.max_body_bytes),
+    );
+    let (head, body) = match read.await {
+        Ok(Ok(request)) => request,
+        Ok(Err(error)) => return reply_error(&mut send, error).await,
+        Err(_) => {
+            return reply_error(
+                &mut send,
+                wire_error(WireErrorCode::BadRequest, "request not received in time"),
+            )
+            .await;
+        }
+    };
+    if let Some(refusal) = refuse(state, &head) {
+        return reply_error(&mut send, refusal).await;
+    }
+    let _inflight = InflightGuard::new(&state.inflight_forwarded);
+    let method = Method::from_bytes(head.method.as_bytes()).unwrap_or(Method::POST);
+    let response = match state
+        .engine
+        .client
+        .send(method, &head.path, &head.headers, body)
+        .await
+    {
+        Ok(response) => response,
+        Err(error) => {
+            return reply_error(
+                &mut send,
+                wire_error(WireErrorCode::EngineUnavailable, &error.to_string()),
+            )
+            .await;
+        }
+    };
+    state
+        .metrics
+        .served
+        .get_or_create(&NodeMetrics::target_labels(false))
+        .inc();
+    let head_frame = Frame::ResponseHead(ResponseHead {
+        status: response.status().as_u16(),
+        headers: response_headers_from_engine(response.headers()),
+        served_by: state.node_name.clone(),
+    });
+    send.write_all(&head_frame.encode())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut body = response.into_body();
+    loop {
+        // Stop at once when the entry node stops reading (its client went away): dropping the
+        // engine's body closes that connection, and vLLM aborts the request.
+        let frame = tokio::select! {
+            frame = body.frame() => frame,
+            _ = send.stopped() => return Err("entry stopped reading".into()),
+        };
+        match frame {
+            None => break,
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    let mut out = BytesMut::with_capacity(data.len() + 5);
+                    for frame in Frame::data_frames(data) {
+                        frame.encode_into(&mut out);
+                    }
+                    send.write_all(&out).await.map_err(|e| e.to_string())?;
+                }
+            }
+            Some(Err(error)) => {
+                let error = wire_error(
+                    WireErrorCode::Interrupted,
+                    &format!("engine: {}", error_chain(&error)),
+                );
+                return reply_error(&mut send, error).await;
+            }
+        }
+    }
+    send.finish().map_err(|e| e.to_string())
+}
+
+/// Reads the head and the whole body (the entry node already holds it whole).
+async fn read_request(
+    recv: &mut RecvStream,
+    max_body: usize,
+) -> Result<(RequestHead, Bytes), WireError> {
+    let mut decoder = FrameDecoder::new();
+    let mut head = None;
+    let mut body = BytesMut::new();
+    loop {
+        while let Some(frame) = decoder
+            .next_frame()
+            .map_err(|e| wire_error(WireErrorCode::BadRequest, &format!("invalid frame: {e}")))?
+        {
+            match (frame, head.is_some()) {
+                (Frame::RequestHead(h), false) => head = Some(h),
+                (Frame::Data(data), true) => {
+                    if body.len() + data.len() > max_body {
+                        return Err(wire_error(
+                            WireErrorCode::BadRequest,
+                            "body over the size limit",
+                        ));
+                    }
+                    body.extend_from_slice(&data);
+                }
+                (frame, _) => {
+                    return Err(wire_error(
+                        WireErrorCode::BadRequest,
+                        &format!("unexpected frame {frame:?}"),
+                    ));
+                }
+            }
+        }
+        match recv.read_chunk(64 * 1024, true).await {
+            Ok(Some(chunk)) => decoder.push(&chunk.bytes),
+            Ok(None) => break,
+            Err(e) => {
+                return Err(wire_error(
+                    WireErrorCode::BadRequest,
+                    &format!("stream: {e}"),
+                ));
+            }
+        }
+    }
+    decoder
+        .finish()
+        .map_err(|e| wire_error(WireErrorCode::BadRequest, &e.to_string()))?;
+    let head = head.ok_or_else(|| wire_error(WireErrorCode::BadRequest, "no request head"))?;
+    Ok((head, body.freeze()))
+}
+
+/// Why this node will not serve `head`, if it will not.
+fn refuse(state: &SharedState, head: &RequestHead) -> Option<WireError> {
+    if head.hop_count > MAX_HOPS {
+        return Some(wire_error(WireErrorCode::BadRequest, "hop limit exceeded"));
+    }
+    if head.method != "POST" || !FORWARDABLE_PATHS.contains(&head.path.as_str()) {
+        return Some(wire_error(
+            WireErrorCode::BadRequest,
+            &format!("{} {} is not forwardable", head.method, head.path),
+        ));
+    }
+    if head.deadline_unix_ms != 0 && head.deadline_unix_ms < unix_ms() {
+        return Some(wire_error(
+            WireErrorCode::DeadlineExceeded,
+            "deadline passed before serving",
+        ));
+    }
+    if state.is_draining() {
+        return Some(wire_error(WireErrorCode::NotAccepting, "node is draining"));
+    }
+    if !state.engine.state().healthy {
+        return Some(wire_error(
+            WireErrorCode::EngineUnavailable,
+            "engine unhealthy",
+        ));
+    }
+    None
+}
+
+async fn reply_error(send: &mut SendStream, error: WireError) -> Result<(), String> {
+    let message = error.message.clone();
+    let _ = send.write_all(&Frame::Error(error).encode()).await;
+    let _ = send.finish();
+    Err(message)
+}
+
+fn wire_error(code: WireErrorCode, message: &str) -> WireError {
+    WireError {
+        code,
+        message: message.to_owned(),
+    }
+}
+
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}

@@ -1,0 +1,203 @@
+//! One function per endpoint.
+
+use super::body::{ResponseBody, full};
+use super::errors::ApiError;
+use super::inference;
+use crate::serve::routing::served_models;
+use crate::serve::state::SharedState;
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
+use kvmesh_protocol::Candidate;
+use kvmesh_protocol::hashing::Endpoint;
+use std::convert::Infallible;
+
+pub async fn handle(
+    state: SharedState,
+    request: Request<Incoming>,
+) -> Result<Response<ResponseBody>, Infallible> {
+    let path = request.uri().path().to_owned();
+    let response = match (request.method(), path.as_str()) {
+        (&Method::GET, "/health") => health(&state),
+        (&Method::GET, "/metrics") => metrics(&state),
+        (method, "/v1/completions" | "/v1/chat/completions" | "/v1/models" | "/debug/cluster") => {
+            match authorize(&state, &request) {
+                Err(error) => error.into_response(),
+                Ok(()) => match (method, path.as_str()) {
+                    (&Method::POST, "/v1/completions") => {
+                        inference::handle(state, request, Endpoint::Completions).await
+                    }
+                    (&Method::POST, "/v1/chat/completions") => {
+                        inference::handle(state, request, Endpoint::ChatCompletions).await
+                    }
+                    (&Method::GET, "/v1/models") => models(&state),
+                    (&Method::GET, "/debug/cluster") => debug_cluster(&state),
+                    _ => ApiError::new(
+                        StatusCode::METHOD_NOT_ALLOWED,
+                        format!("{method} is not allowed on {path}"),
+                    )
+                    .into_response(),
+                },
+            }
+        }
+        _ => ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("no route for {} {path}", request.method()),
+        )
+        .into_response(),
+    };
+    Ok(response)
+}
+
+/// With `--api-key`, the OpenAI endpoints and the debug view need `Authorization: Bearer KEY`.
+/// `/health` and `/metrics` stay open for probes and scrapers.
+fn authorize(state: &SharedState, request: &Request<Incoming>) -> Result<(), ApiError> {
+    let Some(expected) = &state.config.api_key else {
+        return Ok(());
+    };
+    let presented = request
+        .headers()
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    match presented {
+        Some(key) if constant_time_eq(key.as_bytes(), expected.as_bytes()) => Ok(()),
+        Some(_) => Err(ApiError::new(StatusCode::UNAUTHORIZED, "invalid API key")),
+        None => Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "missing API key (Authorization: Bearer ...)",
+        )),
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn json(status: StatusCode, value: serde_json::Value) -> Response<ResponseBody> {
+    let mut response = Response::new(full(value.to_string()));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+/// 200 while this sidecar accepts requests (even if its engine is down: it still routes
+/// elsewhere); 503 while draining.
+fn health(state: &SharedState) -> Response<ResponseBody> {
+    let engine = state.engine.state();
+    let status = if state.is_draining() {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::OK
+    };
+    json(
+        status,
+        serde_json::json!({
+            "status": if state.is_draining() { "draining" } else { "ok" },
+            "node": state.node_name,
+            "engine_healthy": engine.healthy,
+            "peers": state.view.load().peers.len(),
+        }),
+    )
+}
+
+fn metrics(state: &SharedState) -> Response<ResponseBody> {
+    let mut text = String::new();
+    if let Err(error) = prometheus_client::encoding::text::encode(&mut text, &state.registry) {
+        return ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("encoding metrics: {error}"),
+        )
+        .into_response();
+    }
+    let mut response = Response::new(full(text));
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static(
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        ),
+    );
+    response
+}
+
+/// The union of the models served by live nodes, in OpenAI's list shape.
+fn models(state: &SharedState) -> Response<ResponseBody> {
+    let view = state.view.load();
+    let own = state.self_digest();
+    let candidates: Vec<Candidate> = own
+        .iter()
+        .map(|(digest, _)| digest.as_ref())
+        .chain(view.peers.iter().filter_map(|p| p.digest.as_deref()))
+        .map(|digest| Candidate {
+            node_key: 0,
+            digest,
+            summary: None,
+            digest_received_ms: 0,
+            pending: 0,
+            recent_match: 0,
+        })
+        .collect();
+    let data: Vec<serde_json::Value> = served_models(&candidates)
+        .into_iter()
+        .map(|id| serde_json::json!({"id": id, "object": "model", "created": 0, "owned_by": "kvmesh"}))
+        .collect();
+    json(
+        StatusCode::OK,
+        serde_json::json!({"object": "list", "data": data}),
+    )
+}
+
+/// This node and every live peer with its digest and the age of its last update.
+fn debug_cluster(state: &SharedState) -> Response<ResponseBody> {
+    let now = state.now_ms();
+    let view = state.view.load();
+    let engine = state.engine.state();
+    let peers: Vec<serde_json::Value> = view
+        .peers
+        .iter()
+        .map(|peer| {
+            serde_json::json!({
+                "node": peer.name,
+                "mesh_addr": peer.mesh_addr.to_string(),
+                "http_addr": peer.http_addr,
+                "age_ms": now.saturating_sub(peer.digest_received_ms),
+                "digest": peer.digest.as_deref().map(digest_json),
+            })
+        })
+        .collect();
+    json(
+        StatusCode::OK,
+        serde_json::json!({
+            "node": state.node_name,
+            "mesh_addr": state.mesh.advertise_addr().to_string(),
+            "draining": state.is_draining(),
+            "engine": {
+                "url": state.engine.client.base_url(),
+                "healthy": engine.healthy,
+                "last_error": engine.last_error,
+            },
+            "digest": state.self_digest().map(|(d, _)| digest_json(&d)),
+            "peers": peers,
+        }),
+    )
+}
+
+fn digest_json(digest: &kvmesh_protocol::LoadDigest) -> serde_json::Value {
+    serde_json::json!({
+        "version": digest.version,
+        "running": digest.running,
+        "waiting": digest.waiting,
+        "kv_usage": digest.kv_usage,
+        "kv_capacity_blocks": digest.kv_capacity_blocks,
+        "block_size": digest.block_size,
+        "ttft_ewma_ms": digest.ttft_ewma_ms,
+        "prefill_tokens_per_s": digest.prefill_tokens_per_s,
+        "inflight_forwarded": digest.inflight_forwarded,
+        "role": format!("{:?}", digest.role).to_lowercase(),
+        "healthy": digest.healthy,
+        "models": digest.models,
+        "loras": digest.loras,
+    })
+}

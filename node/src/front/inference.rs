@@ -1,0 +1,245 @@
+//! The request path of the OpenAI inference endpoints, as a pipeline of named steps:
+//! read → parse → hash → decide → forward (with retries) → relay.
+
+use super::body::ResponseBody;
+use super::errors::ApiError;
+use crate::forward::entry;
+use crate::forward::headers::request_headers_for_engine;
+use crate::forward::relay::relay;
+use crate::forward::serving::unix_ms;
+use crate::metrics::Outcome;
+use crate::serve::routing::{RouteFailure, Routed, route};
+use crate::serve::state::SharedState;
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue, StatusCode};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use hyper::{Request, Response};
+use kvmesh_protocol::hashing::{Endpoint, hash_request};
+use kvmesh_protocol::route::node_key;
+use kvmesh_protocol::wire::RequestHead;
+use kvmesh_protocol::{RequestHashes, RouteReason};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Header a client may set to keep a conversation on one engine (a soft preference).
+pub const SESSION_HEADER: &str = "x-session-id";
+
+pub async fn handle(
+    state: SharedState,
+    request: Request<Incoming>,
+    endpoint: Endpoint,
+) -> Response<ResponseBody> {
+    let request_id = request_id(&state, &request);
+    let path = request.uri().path().to_owned();
+    let (parts, body) = request.into_parts();
+    let prepared = async {
+        let body = read_body(&parts.headers, body, state.config.max_body_bytes).await?;
+        let json = parse_json(&body)?;
+        let hashes = hash_request(endpoint, &json, &state.config.hashing)
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        Ok::<_, ApiError>((body, hashes))
+    };
+    let (body, hashes) = match prepared.await {
+        Ok(prepared) => prepared,
+        Err(error) => {
+            state.metrics.record_request("none", Outcome::Rejected);
+            return error.into_response();
+        }
+    };
+    let session = session_key(&parts.headers, &hashes);
+    let routed = match route(&state, &hashes, session) {
+        Ok(routed) => routed,
+        Err(RouteFailure::UnknownModel(available)) => {
+            state.metrics.record_request("none", Outcome::Rejected);
+            return ApiError::new(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "The model `{}` does not exist. Available models: {}",
+                    hashes.model,
+                    available.join(", ")
+                ),
+            )
+            .with_param("model")
+            .into_response();
+        }
+        Err(RouteFailure::NoTarget(model)) => {
+            state.metrics.record_request("none", Outcome::NoTarget);
+            return ApiError::unavailable(
+                format!("no engine serving `{model}` can take requests now"),
+                1,
+            )
+            .into_response();
+        }
+    };
+    let head = RequestHead {
+        request_id: request_id.clone(),
+        hop_count: 1,
+        deadline_unix_ms: unix_ms() + state.config.request_timeout.as_millis() as u64,
+        model: hashes.model.clone(),
+        method: "POST".into(),
+        path,
+        headers: request_headers_for_engine(&parts.headers, &request_id),
+        reason: routed.reason,
+        entry_node: state.node_name.clone(),
+    };
+    forward(state, routed, head, body, request_id).await
+}
+
+/// Tries the ranked targets in order until one answers with a response head.
+async fn forward(
+    state: SharedState,
+    routed: Routed,
+    mut head: RequestHead,
+    body: Bytes,
+    request_id: String,
+) -> Response<ResponseBody> {
+    let attempts = routed.targets.len().min(state.config.retries + 1);
+    let mut failures = Vec::new();
+    for (attempt, (target, key)) in routed
+        .targets
+        .iter()
+        .zip(&routed.target_keys)
+        .take(attempts)
+        .enumerate()
+    {
+        let reason = if attempt == 0 {
+            routed.reason
+        } else {
+            RouteReason::Retry
+        };
+        head.reason = reason;
+        state.record_assignment(*key);
+        let sent = tokio::time::timeout(
+            state.config.request_timeout,
+            entry::attempt(&state, target, head.clone(), body.clone()),
+        );
+        let error = match sent.await {
+            Ok(Ok(upstream)) => {
+                tracing::debug!(
+                    request_id,
+                    served_by = upstream.served_by,
+                    reason = reason.as_str(),
+                    matched = routed.matched_blocks,
+                    "forwarded"
+                );
+                let extra = response_headers(&upstream.served_by, reason, &request_id);
+                state.metrics.inflight.inc();
+                state.inflight_entered.fetch_add(1, Ordering::Relaxed);
+                return relay(state.clone(), upstream, extra, reason.as_str());
+            }
+            Ok(Err(error)) => error,
+            Err(_) => entry::AttemptError {
+                retryable: false,
+                message: "deadline exceeded".into(),
+            },
+        };
+        tracing::warn!(
+            request_id,
+            target = target.name(&state.node_name),
+            error = error.message,
+            "attempt failed"
+        );
+        failures.push(format!(
+            "{}: {}",
+            target.name(&state.node_name),
+            error.message
+        ));
+        if !error.retryable {
+            break;
+        }
+        if attempt + 1 < attempts {
+            state.metrics.retries.inc();
+        }
+    }
+    state
+        .metrics
+        .record_request(routed.reason.as_str(), Outcome::Failed);
+    let status = if failures.iter().any(|f| f.ends_with("deadline exceeded")) {
+        StatusCode::GATEWAY_TIMEOUT
+    } else {
+        StatusCode::BAD_GATEWAY
+    };
+    ApiError::new(
+        status,
+        format!("every attempt failed: {}", failures.join("; ")),
+    )
+    .into_response()
+}
+
+fn response_headers(
+    served_by: &str,
+    reason: RouteReason,
+    request_id: &str,
+) -> Vec<(HeaderName, HeaderValue)> {
+    let mut headers = vec![(
+        HeaderName::from_static("x-kvmesh-reason"),
+        HeaderValue::from_static(reason.as_str()),
+    )];
+    if let Ok(value) = HeaderValue::from_str(served_by) {
+        headers.push((HeaderName::from_static("x-kvmesh-node"), value));
+    }
+    if let Ok(value) = HeaderValue::from_str(request_id) {
+        headers.push((HeaderName::from_static("x-request-id"), value));
+    }
+    headers
+}
+
+/// Reads the whole body, refusing more than `limit` bytes (413) before reading it when the
+/// client declares its length.
+async fn read_body(
+    headers: &http::HeaderMap,
+    body: Incoming,
+    limit: usize,
+) -> Result<Bytes, ApiError> {
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("request body exceeds the {limit}-byte limit"),
+        )
+    };
+    let declared = headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > limit as u64) {
+        return Err(too_large());
+    }
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(error) if error.is::<http_body_util::LengthLimitError>() => Err(too_large()),
+        Err(error) => Err(ApiError::bad_request(format!(
+            "reading the request body: {error}"
+        ))),
+    }
+}
+
+fn parse_json(body: &[u8]) -> Result<serde_json::Value, ApiError> {
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("malformed JSON body: {e}")))
+}
+
+/// The session: the `x-session-id` header, else the OpenAI `user` field.
+fn session_key(headers: &http::HeaderMap, hashes: &RequestHashes) -> Option<u64> {
+    headers
+        .get(SESSION_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty())
+        .or(hashes.user.as_deref())
+        .map(node_key)
+}
+
+/// The client's `X-Request-Id`, or a fresh one unique to this node.
+fn request_id(state: &SharedState, request: &Request<Incoming>) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    if let Some(id) = request
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        && !id.is_empty()
+        && id.len() <= 128
+    {
+        return id.to_owned();
+    }
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("kvmesh-{}-{:x}-{n}", state.node_name, unix_ms())
+}

@@ -1,0 +1,13 @@
+//! The HTTP front: what clients and operators see.
+//!
+//! - [`server`]: the listener (TCP_NODELAY, keep-alive, graceful drain).
+//! - [`handlers`]: one function per endpoint.
+//! - [`inference`]: the request path of `/v1/completions` and `/v1/chat/completions`:
+//!   parse → hash → decide → forward → relay.
+//! - [`errors`], [`body`]: the OpenAI error shape and response bodies.
+
+pub mod body;
+pub mod errors;
+pub mod handlers;
+pub mod inference;
+pub mod server;

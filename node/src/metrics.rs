@@ -1,0 +1,135 @@
+//! The sidecar's own Prometheus metrics (`GET /metrics`): what an operator asks of a router.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// Outcome of a request that entered at this node.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum Outcome {
+    /// The engine answered (any status it chose; see `engine_status`).
+    Answered,
+    /// Refused by this node before routing (bad input, auth, size, unknown model).
+    Rejected,
+    /// No engine could take it (503).
+    NoTarget,
+    /// Every attempt failed before a response started (502).
+    Failed,
+    /// The response started, then broke.
+    Interrupted,
+}
+
+impl Outcome {
+    fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Answered => "answered",
+            Outcome::Rejected => "rejected",
+            Outcome::NoTarget => "no_target",
+            Outcome::Failed => "failed",
+            Outcome::Interrupted => "interrupted",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub reason: String,
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TargetLabels {
+    /// `local` (this node's engine) or `peer` (over QUIC).
+    pub target: String,
+}
+
+/// Cheap to clone: every field is a shared handle.
+#[derive(Clone, Debug)]
+pub struct NodeMetrics {
+    pub requests: Family<RequestLabels, Counter>,
+    pub forward_latency: Family<TargetLabels, Histogram>,
+    pub retries: Counter,
+    pub inflight: Gauge,
+    /// Requests this node's engine served, by where they entered.
+    pub served: Family<TargetLabels, Counter>,
+    pub digest_decode_errors: Counter,
+    pub summary_decode_errors: Counter,
+}
+
+impl Default for NodeMetrics {
+    fn default() -> Self {
+        fn latency_histogram() -> Histogram {
+            // 100 µs .. ~100 s: the router's own overhead up to a long generation.
+            Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+                0.0001, 2.5, 16,
+            ))
+        }
+        Self {
+            requests: Family::default(),
+            forward_latency: Family::new_with_constructor(latency_histogram),
+            retries: Counter::default(),
+            inflight: Gauge::default(),
+            served: Family::default(),
+            digest_decode_errors: Counter::default(),
+            summary_decode_errors: Counter::default(),
+        }
+    }
+}
+
+impl NodeMetrics {
+    pub fn record_request(&self, reason: &str, outcome: Outcome) {
+        let labels = RequestLabels {
+            reason: reason.to_owned(),
+            outcome: outcome.as_str().to_owned(),
+        };
+        self.requests.get_or_create(&labels).inc();
+    }
+
+    pub fn target_labels(local: bool) -> TargetLabels {
+        TargetLabels {
+            target: if local { "local" } else { "peer" }.to_owned(),
+        }
+    }
+
+    pub fn register(&self, registry: &mut Registry) {
+        let registry = registry.sub_registry_with_prefix("kvmesh");
+        registry.register(
+            "requests",
+            "Requests that entered at this node, by routing reason and outcome",
+            self.requests.clone(),
+        );
+        registry.register(
+            "forward_latency_seconds",
+            "Time from routing decision to the response head, by target",
+            self.forward_latency.clone(),
+        );
+        registry.register(
+            "retries",
+            "Attempts retried on the next candidate after a failure before the response started",
+            self.retries.clone(),
+        );
+        registry.register(
+            "inflight_requests",
+            "Requests in flight that entered here",
+            self.inflight.clone(),
+        );
+        registry.register(
+            "served",
+            "Requests this node's engine served, by where they entered (local or peer)",
+            self.served.clone(),
+        );
+        registry.register(
+            "digest_decode_errors",
+            "Peer load digests rejected by validation",
+            self.digest_decode_errors.clone(),
+        );
+        registry.register(
+            "summary_decode_errors",
+            "Peer prefix-summary shards rejected by validation",
+            self.summary_decode_errors.clone(),
+        );
+    }
+}

@@ -1,0 +1,254 @@
+//! `kvmesh serve` configuration: flags, `KVMESH_*` environment variables and an optional TOML
+//! file, in that order of precedence, resolved into one typed [`ServeConfig`]. Defaults are
+//! documented on each flag.
+
+use anyhow::{Context, bail};
+use kvmesh_protocol::route::Policy;
+use kvmesh_protocol::{HashConfig, RouteConfig};
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Flags of `kvmesh serve`. Each may also come from the environment or the `--config` file
+/// (keys in kebab-case, e.g. `backend = "http://127.0.0.1:8001"`; routing weights under a
+/// `[route]` table with the field names of `RouteConfig`).
+#[derive(clap::Args, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ServeArgs {
+    /// TOML configuration file.
+    #[arg(long, env = "KVMESH_CONFIG")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+    /// Base URL of the local vLLM server, e.g. http://127.0.0.1:8001 (required).
+    #[arg(long, env = "KVMESH_BACKEND")]
+    pub backend: Option<String>,
+    /// Client-facing HTTP address [default: 0.0.0.0:8000].
+    #[arg(long, env = "KVMESH_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// UDP address of the QUIC mesh endpoint [default: 0.0.0.0:7946].
+    #[arg(long, env = "KVMESH_MESH")]
+    pub mesh: Option<SocketAddr>,
+    /// Address peers reach this node's mesh at [default: the --mesh address; required when
+    /// that is 0.0.0.0].
+    #[arg(long, env = "KVMESH_ADVERTISE")]
+    pub advertise: Option<SocketAddr>,
+    /// Seed nodes' mesh addresses, HOST:PORT, comma-separated; DNS names are re-resolved.
+    #[arg(long, env = "KVMESH_SEEDS", value_delimiter = ',')]
+    pub seeds: Option<Vec<String>>,
+    /// This node's id: its certificate NAME.pem/NAME.key in --tls-dir [default: $HOSTNAME].
+    #[arg(long, env = "KVMESH_NODE_ID")]
+    pub node_id: Option<String>,
+    /// Nodes of other clusters are ignored [default: kvmesh].
+    #[arg(long, env = "KVMESH_CLUSTER_ID")]
+    pub cluster_id: Option<String>,
+    /// Directory with ca.pem and this node's certificate and key (see `kvmesh cert`).
+    #[arg(long, env = "KVMESH_TLS_DIR")]
+    pub tls_dir: Option<PathBuf>,
+    /// Require `Authorization: Bearer KEY` on the OpenAI endpoints.
+    #[arg(long, env = "KVMESH_API_KEY")]
+    pub api_key: Option<String>,
+    /// Bearer token for the local engine, when vLLM runs with --api-key.
+    #[arg(long, env = "KVMESH_BACKEND_API_KEY")]
+    pub backend_api_key: Option<String>,
+    /// Largest request body accepted [default: 33554432, 32 MiB].
+    #[arg(long, env = "KVMESH_MAX_BODY_BYTES")]
+    pub max_body_bytes: Option<usize>,
+    /// Retries on the next candidate when an attempt fails before the response starts
+    /// [default: 2].
+    #[arg(long, env = "KVMESH_RETRIES")]
+    pub retries: Option<usize>,
+    /// Deadline of a request until its response head [default: 600 s].
+    #[arg(long, env = "KVMESH_REQUEST_TIMEOUT_SECS")]
+    pub request_timeout_secs: Option<u64>,
+    /// On SIGTERM, how long in-flight requests may take to finish [default: 30 s].
+    #[arg(long, env = "KVMESH_DRAIN_TIMEOUT_SECS")]
+    pub drain_timeout_secs: Option<u64>,
+    /// Routing policy: `score` (classic weighted score) or `cost` (estimated TTFT)
+    /// [default: score].
+    #[arg(long, env = "KVMESH_POLICY")]
+    pub policy: Option<String>,
+    /// How often the engine is polled and the load digest refreshed [default: 100 ms].
+    #[arg(long, env = "KVMESH_DIGEST_INTERVAL_MS")]
+    pub digest_interval_ms: Option<u64>,
+    /// Gossip round period [default: 200 ms].
+    #[arg(long, env = "KVMESH_GOSSIP_INTERVAL_MS")]
+    pub gossip_interval_ms: Option<u64>,
+    /// Routing weights (TOML file only).
+    #[arg(skip)]
+    pub route: Option<RouteConfig>,
+}
+
+/// The resolved configuration.
+#[derive(Clone, Debug)]
+pub struct ServeConfig {
+    pub backend: String,
+    pub backend_api_key: Option<String>,
+    pub listen: SocketAddr,
+    pub mesh: SocketAddr,
+    pub advertise: Option<SocketAddr>,
+    pub seeds: Vec<String>,
+    pub node_id: String,
+    pub cluster_id: String,
+    pub tls_dir: PathBuf,
+    pub api_key: Option<String>,
+    pub max_body_bytes: usize,
+    pub retries: usize,
+    pub request_timeout: Duration,
+    pub drain_timeout: Duration,
+    pub digest_interval: Duration,
+    pub gossip_interval: Duration,
+    pub route: RouteConfig,
+    pub hashing: HashConfig,
+}
+
+impl ServeConfig {
+    /// Flags and environment first, then the file, then defaults.
+    pub fn resolve(cli: ServeArgs) -> anyhow::Result<Self> {
+        let file = match &cli.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("reading config file {}", path.display()))?;
+                toml::from_str::<ServeArgs>(&text)
+                    .with_context(|| format!("parsing config file {}", path.display()))?
+            }
+            None => ServeArgs::default(),
+        };
+        let Some(backend) = cli.backend.or(file.backend) else {
+            bail!("--backend is required (the local vLLM server, e.g. http://127.0.0.1:8001)");
+        };
+        let Some(tls_dir) = cli.tls_dir.or(file.tls_dir) else {
+            bail!(
+                "--tls-dir is required (create one with `kvmesh cert init` and `kvmesh cert issue`)"
+            );
+        };
+        let node_id = cli
+            .node_id
+            .or(file.node_id)
+            .or_else(|| std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()));
+        let Some(node_id) = node_id else {
+            bail!("--node-id is required (no $HOSTNAME to default to)");
+        };
+        let mut route = cli.route.or(file.route).unwrap_or_default();
+        match cli.policy.or(file.policy).as_deref() {
+            None => {}
+            Some("score") => route.policy = Policy::Score,
+            Some("cost") => route.policy = Policy::Cost,
+            Some(other) => bail!("--policy must be `score` or `cost`, not `{other}`"),
+        }
+        let millis =
+            |v: Option<u64>, default: u64| Duration::from_millis(v.unwrap_or(default).max(1));
+        let config = Self {
+            backend,
+            backend_api_key: cli.backend_api_key.or(file.backend_api_key),
+            listen: cli
+                .listen
+                .or(file.listen)
+                .unwrap_or(([0, 0, 0, 0], 8000).into()),
+            mesh: cli
+                .mesh
+                .or(file.mesh)
+                .unwrap_or(([0, 0, 0, 0], 7946).into()),
+            advertise: cli.advertise.or(file.advertise),
+            seeds: cli.seeds.or(file.seeds).unwrap_or_default(),
+            node_id,
+            cluster_id: cli
+                .cluster_id
+                .or(file.cluster_id)
+                .unwrap_or_else(|| "kvmesh".into()),
+            tls_dir,
+            api_key: cli.api_key.or(file.api_key).filter(|k| !k.is_empty()),
+            max_body_bytes: cli
+                .max_body_bytes
+                .or(file.max_body_bytes)
+                .unwrap_or(32 * 1024 * 1024),
+            retries: cli.retries.or(file.retries).unwrap_or(2),
+            request_timeout: Duration::from_secs(
+                cli.request_timeout_secs
+                    .or(file.request_timeout_secs)
+                    .unwrap_or(600),
+            ),
+            drain_timeout: Duration::from_secs(
+                cli.drain_timeout_secs
+                    .or(file.drain_timeout_secs)
+                    .unwrap_or(30),
+            ),
+            digest_interval: millis(cli.digest_interval_ms.or(file.digest_interval_ms), 100),
+            gossip_interval: millis(cli.gossip_interval_ms.or(file.gossip_interval_ms), 200),
+            route,
+            hashing: HashConfig::default(),
+        };
+        if config.max_body_bytes == 0 {
+            bail!("--max-body-bytes must be positive");
+        }
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args() -> ServeArgs {
+        ServeArgs {
+            backend: Some("http://127.0.0.1:8001".into()),
+            tls_dir: Some("/tmp/tls".into()),
+            node_id: Some("a".into()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn defaults_fill_what_is_not_given() {
+        let config = ServeConfig::resolve(args()).unwrap();
+        assert_eq!(config.listen, "0.0.0.0:8000".parse::<SocketAddr>().unwrap());
+        assert_eq!(config.retries, 2);
+        assert_eq!(config.max_body_bytes, 32 * 1024 * 1024);
+        assert_eq!(config.route, RouteConfig::default());
+    }
+
+    #[test]
+    fn flags_win_over_the_file_and_the_file_over_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kvmesh.toml");
+        std::fs::write(
+            &path,
+            "retries = 5\npolicy = \"cost\"\ncluster-id = \"prod\"\n[route]\nalpha = 2.0\n",
+        )
+        .unwrap();
+        let mut cli = args();
+        cli.config = Some(path);
+        cli.retries = Some(1);
+        let config = ServeConfig::resolve(cli).unwrap();
+        assert_eq!(config.retries, 1);
+        assert_eq!(config.cluster_id, "prod");
+        assert_eq!(config.route.policy, Policy::Cost);
+        assert_eq!(config.route.alpha, 2.0);
+    }
+
+    #[test]
+    fn clear_errors_for_missing_or_bad_values() {
+        let mut cli = args();
+        cli.backend = None;
+        assert!(
+            ServeConfig::resolve(cli)
+                .unwrap_err()
+                .to_string()
+                .contains("--backend")
+        );
+        let mut cli = args();
+        cli.policy = Some("fastest".into());
+        assert!(
+            ServeConfig::resolve(cli)
+                .unwrap_err()
+                .to_string()
+                .contains("--policy")
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bad.toml");
+        std::fs::write(&path, "no-such-key = 1\n").unwrap();
+        let mut cli = args();
+        cli.config = Some(path);
+        assert!(ServeConfig::resolve(cli).is_err());
+    }
+}

@@ -1,0 +1,171 @@
+//! `kvmesh serve`: the sidecar, assembled.
+//!
+//! Start-up: load the identity, bind the HTTP listener, start the mesh, poll the engine,
+//! publish the digest, keep the view of peers, serve forwarded requests, serve clients.
+//! SIGTERM or Ctrl-C drains: the node stops being a target at once (its digest says
+//! unhealthy), stops accepting clients once peers had time to see that, lets in-flight
+//! requests finish up to the drain timeout, and leaves the mesh.
+
+pub mod config;
+pub mod publish;
+pub mod routing;
+pub mod state;
+
+use crate::engine::{EngineClient, LocalEngine};
+use crate::front;
+use crate::mesh::{Mesh, MeshConfig};
+use crate::metrics::NodeMetrics;
+use crate::tls::NodeIdentity;
+use crate::view::{HTTP_KEY, SharedView};
+use anyhow::Context;
+use config::{ServeArgs, ServeConfig};
+use kvmesh_protocol::route::{PendingLedger, node_key};
+use prometheus_client::registry::Registry;
+use state::{AppState, SharedState};
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+/// Optimistic assignments are forgotten after this even without a newer digest.
+const PENDING_TTL_MS: u64 = 2_000;
+
+pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let config = ServeConfig::resolve(args)?;
+    let identity = NodeIdentity::load(&config.tls_dir, &config.node_id)
+        .with_context(|| format!("loading the TLS identity of node `{}`", config.node_id))?;
+    let client = EngineClient::new(&config.backend, config.backend_api_key.clone())?;
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("binding the HTTP listener on {}", config.listen))?;
+    let http_addr = listener.local_addr()?;
+
+    let mut mesh_config =
+        MeshConfig::new(config.mesh, config.cluster_id.clone(), config.seeds.clone());
+    mesh_config.advertise = config.advertise;
+    mesh_config.gossip.interval = config.gossip_interval;
+    let mesh = Arc::new(
+        Mesh::start(mesh_config, identity)
+            .await
+            .context("starting the mesh")?,
+    );
+    let (engine, poller) = LocalEngine::spawn(client, config.digest_interval);
+
+    let metrics = NodeMetrics::default();
+    let mut registry = Registry::default();
+    metrics.register(&mut registry);
+    mesh.metrics().register(&mut registry);
+
+    let state: SharedState = Arc::new(AppState {
+        node_name: config.node_id.clone(),
+        node_key: node_key(&config.node_id),
+        mesh: mesh.clone(),
+        engine,
+        view: SharedView::default(),
+        self_digest: RwLock::new(None),
+        ledger: Mutex::new(PendingLedger::new(PENDING_TTL_MS)),
+        metrics,
+        registry,
+        start: Instant::now(),
+        draining: AtomicBool::new(false),
+        inflight_forwarded: AtomicU32::new(0),
+        inflight_entered: AtomicU32::new(0),
+        config,
+    });
+    mesh.gossip().set(HTTP_KEY, &http_addr.to_string()).await?;
+
+    let mut tasks = vec![
+        poller,
+        tokio::spawn(view_loop(state.clone())),
+        tokio::spawn(publish::publish_loop(state.clone())),
+    ];
+    let incoming = mesh
+        .take_incoming_forwards()
+        .context("forward streams already taken")?;
+    tasks.push(tokio::spawn(crate::forward::serving::serve_forwards(
+        state.clone(),
+        incoming,
+    )));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let front = tokio::spawn(front::server::serve(
+        state.clone(),
+        listener,
+        stop_rx,
+        state.config.drain_timeout,
+    ));
+
+    {
+        let mut out = std::io::stdout().lock();
+        writeln!(
+            out,
+            "kvmesh listening on http://{http_addr} mesh {} node {}",
+            mesh.advertise_addr(),
+            state.node_name
+        )?;
+        out.flush()?;
+    }
+
+    shutdown_signal().await;
+    drain(&state, stop_tx, front).await;
+    for task in tasks {
+        task.abort();
+    }
+    state.mesh.gossip().stop();
+    Ok(())
+}
+
+/// Keeps the shared view in step with gossip.
+async fn view_loop(state: SharedState) {
+    let mut membership = state.mesh.gossip().watch();
+    loop {
+        let snapshot = membership.borrow_and_update().clone();
+        state.mesh.metrics().peers_alive.set(snapshot.len() as i64);
+        state.view.update(&snapshot, state.now_ms(), &state.metrics);
+        if membership.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn drain(state: &SharedState, stop: watch::Sender<bool>, front: tokio::task::JoinHandle<()>) {
+    tracing::info!(node = state.node_name, "draining");
+    state.draining.store(true, Ordering::Relaxed);
+    // The next digest says unhealthy; give peers a few gossip rounds to stop routing here
+    // while this node still accepts what they already sent.
+    tokio::time::sleep(state.config.gossip_interval * 3 + state.config.digest_interval).await;
+    let _ = stop.send(true);
+    let deadline = Instant::now() + state.config.drain_timeout;
+    let _ = tokio::time::timeout(state.config.drain_timeout, front).await;
+    while state.inflight_forwarded.load(Ordering::Relaxed)
+        + state.inflight_entered.load(Ordering::Relaxed)
+        > 0
+        && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tracing::info!(node = state.node_name, "drained; leaving the mesh");
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

@@ -1,0 +1,89 @@
+//! Publishing this node's load digest: built from the engine poller's state every digest
+//! interval, used locally at once, and gossiped when it changed (or once a second, so peers
+//! can tell a quiet node from a stuck one).
+
+use crate::serve::state::SharedState;
+use crate::view::{DIGEST_KEY, encode_digest};
+use kvmesh_protocol::hashing::HASH_VERSION;
+use kvmesh_protocol::{LoadDigest, Role};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// A quiet node re-publishes this often; peers treat a digest older than the routing
+/// config's `max_digest_age_ms` (3 s) as stale.
+const REPUBLISH_EVERY: Duration = Duration::from_secs(1);
+
+pub async fn publish_loop(state: SharedState) {
+    let mut ticker = tokio::time::interval(state.config.digest_interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut version = 0u64;
+    let mut last: Option<(LoadDigest, Instant)> = None;
+    loop {
+        ticker.tick().await;
+        version += 1;
+        let digest = build_digest(&state, version);
+        let now = state.now_ms();
+        *state.self_digest.write().unwrap_or_else(|e| e.into_inner()) =
+            Some((Arc::new(digest.clone()), now));
+        let changed = match &last {
+            None => true,
+            Some((previous, at)) => {
+                !same_load(previous, &digest) || at.elapsed() >= REPUBLISH_EVERY
+            }
+        };
+        if changed {
+            if let Err(error) = state
+                .mesh
+                .gossip()
+                .set(DIGEST_KEY, &encode_digest(&digest))
+                .await
+            {
+                tracing::error!(%error, "publishing the load digest");
+            }
+            last = Some((digest, Instant::now()));
+        }
+        let view = state.view.load();
+        state
+            .ledger
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .prune(now, |key| {
+                view.peers
+                    .iter()
+                    .find(|p| p.key == key)
+                    .map_or(0, |p| p.digest_received_ms)
+            });
+    }
+}
+
+/// Everything but the version and timestamp.
+fn same_load(a: &LoadDigest, b: &LoadDigest) -> bool {
+    LoadDigest {
+        version: b.version,
+        timestamp_ms: b.timestamp_ms,
+        ..a.clone()
+    } == *b
+}
+
+fn build_digest(state: &SharedState, version: u64) -> LoadDigest {
+    let engine = state.engine.state();
+    let metrics = &engine.metrics;
+    LoadDigest {
+        version,
+        timestamp_ms: crate::forward::serving::unix_ms(),
+        running: metrics.running.max(0.0) as u32,
+        waiting: metrics.waiting.max(0.0) as u32,
+        kv_usage: metrics.kv_usage as f32,
+        kv_capacity_blocks: metrics.num_gpu_blocks.unwrap_or(0).min(u64::from(u32::MAX)) as u32,
+        block_size: metrics.block_size.unwrap_or(16).min(u32::from(u16::MAX)) as u16,
+        ttft_ewma_ms: engine.ttft_ewma_ms as f32,
+        prefill_tokens_per_s: engine.prefill_tokens_per_s as f32,
+        inflight_forwarded: state.inflight_forwarded.load(Ordering::Relaxed),
+        role: Role::Mixed,
+        healthy: engine.healthy && !state.is_draining(),
+        hash_version: HASH_VERSION,
+        models: engine.models.clone(),
+        loras: engine.loras.clone(),
+    }
+}

@@ -1,0 +1,106 @@
+//! From this node's view of the cluster to `protocol::decide`'s candidates, and back to
+//! forwarding targets. All judgement is in `decide`; this only gathers its inputs.
+
+use crate::forward::entry::Target;
+use crate::serve::state::AppState;
+use kvmesh_protocol::route::{RouteError, decide};
+use kvmesh_protocol::{Candidate, RequestHashes, Role, RouteReason, RouteRequest};
+
+/// A routed request: targets in rank order.
+pub struct Routed {
+    pub targets: Vec<Target>,
+    pub target_keys: Vec<u64>,
+    pub reason: RouteReason,
+    pub matched_blocks: u32,
+}
+
+pub enum RouteFailure {
+    /// No live node serves the model at all; the models that are served.
+    UnknownModel(Vec<String>),
+    /// Some node serves it, none can take it now.
+    NoTarget(String),
+}
+
+pub fn route(
+    state: &AppState,
+    hashes: &RequestHashes,
+    session: Option<u64>,
+) -> Result<Routed, RouteFailure> {
+    let now = state.now_ms();
+    let view = state.view.load();
+    let own = state.self_digest();
+    let ledger = state.ledger.lock().unwrap_or_else(|e| e.into_inner());
+
+    let mut candidates = Vec::with_capacity(view.peers.len() + 1);
+    let mut targets = Vec::with_capacity(view.peers.len() + 1);
+    if let Some((digest, received)) = &own {
+        candidates.push(Candidate {
+            node_key: state.node_key,
+            digest,
+            summary: None,
+            digest_received_ms: *received,
+            pending: ledger.pending(state.node_key, *received, now),
+            recent_match: 0,
+        });
+        targets.push(Target::Local);
+    }
+    for peer in &view.peers {
+        let Some(digest) = &peer.digest else { continue };
+        candidates.push(Candidate {
+            node_key: peer.key,
+            digest,
+            summary: None,
+            digest_received_ms: peer.digest_received_ms,
+            pending: ledger.pending(peer.key, peer.digest_received_ms, now),
+            recent_match: 0,
+        });
+        targets.push(Target::Peer {
+            name: peer.name.clone(),
+            addr: peer.mesh_addr,
+        });
+    }
+    drop(ledger);
+
+    let request = RouteRequest {
+        model: &hashes.model,
+        chain: &hashes.chain,
+        prompt_tokens: hashes.prompt_tokens,
+        tokens_per_block: hashes.tokens_per_block,
+        session,
+        role: Role::Mixed,
+    };
+    match decide(&candidates, &request, &state.config.route, now) {
+        Ok(decision) => Ok(Routed {
+            target_keys: decision
+                .ranked
+                .iter()
+                .map(|&i| candidates[i].node_key)
+                .collect(),
+            targets: decision
+                .ranked
+                .iter()
+                .map(|&i| targets[i].clone())
+                .collect(),
+            reason: decision.reason,
+            matched_blocks: decision.matched_blocks,
+        }),
+        Err(RouteError::NoCandidate(model)) => {
+            if candidates.iter().any(|c| c.digest.serves(&model)) {
+                Err(RouteFailure::NoTarget(model))
+            } else {
+                Err(RouteFailure::UnknownModel(served_models(&candidates)))
+            }
+        }
+    }
+}
+
+/// Every model and adapter any live node serves, sorted and deduplicated.
+pub fn served_models(candidates: &[Candidate<'_>]) -> Vec<String> {
+    let mut models: Vec<String> = candidates
+        .iter()
+        .flat_map(|c| c.digest.models.iter().chain(&c.digest.loras).cloned())
+        .collect();
+    models.sort();
+    models.dedup();
+    models
+}

@@ -1,0 +1,77 @@
+//! Everything the request path shares.
+
+use crate::engine::LocalEngine;
+use crate::mesh::Mesh;
+use crate::metrics::NodeMetrics;
+use crate::serve::config::ServeConfig;
+use crate::view::{SharedView, monotonic_ms};
+use kvmesh_protocol::LoadDigest;
+use kvmesh_protocol::route::PendingLedger;
+use prometheus_client::registry::Registry;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
+
+pub struct AppState {
+    pub node_name: String,
+    pub node_key: u64,
+    pub config: ServeConfig,
+    pub mesh: Arc<Mesh>,
+    pub engine: LocalEngine,
+    pub view: SharedView,
+    /// This node's own latest digest and when it was built (monotonic ms).
+    pub self_digest: RwLock<Option<(Arc<LoadDigest>, u64)>>,
+    pub ledger: Mutex<PendingLedger>,
+    pub metrics: NodeMetrics,
+    pub registry: Registry,
+    pub start: Instant,
+    /// Set by SIGTERM: the node stops being a target and finishes what it has.
+    pub draining: AtomicBool,
+    /// Requests peers forwarded here that have not finished.
+    pub inflight_forwarded: AtomicU32,
+    /// Requests that entered here and have not finished.
+    pub inflight_entered: AtomicU32,
+}
+
+impl AppState {
+    pub fn now_ms(&self) -> u64 {
+        monotonic_ms(self.start)
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+
+    pub fn self_digest(&self) -> Option<(Arc<LoadDigest>, u64)> {
+        self.self_digest
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub fn record_assignment(&self, node_key: u64) {
+        let now = self.now_ms();
+        self.ledger
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .record(node_key, now);
+    }
+}
+
+/// Counts something in flight for as long as it lives.
+pub struct InflightGuard<'a>(&'a AtomicU32);
+
+impl<'a> InflightGuard<'a> {
+    pub fn new(counter: &'a AtomicU32) -> Self {
+        counter.fetch_add(1, Ordering::Relaxed);
+        Self(counter)
+    }
+}
+
+impl Drop for InflightGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+pub type SharedState = Arc<AppState>;

@@ -1,0 +1,112 @@
+//! The cluster as this node sees it: every live peer's decoded digest, rebuilt when gossip
+//! changes and read lock-free-ish (an `Arc` swap) on every request.
+
+use crate::mesh::Membership;
+use crate::metrics::NodeMetrics;
+use base64::Engine as _;
+use kvmesh_protocol::LoadDigest;
+use kvmesh_protocol::route::node_key;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, RwLock};
+use std::time::Instant;
+
+/// Gossip key of the load digest (base64 of the rkyv envelope).
+pub const DIGEST_KEY: &str = "digest";
+/// Gossip key of the node's client-facing HTTP address, for operators.
+pub const HTTP_KEY: &str = "http";
+
+/// One live peer.
+#[derive(Clone, Debug)]
+pub struct PeerView {
+    pub name: String,
+    pub key: u64,
+    pub mesh_addr: SocketAddr,
+    pub http_addr: Option<String>,
+    /// `None` until a valid digest arrives: such a peer is not a target.
+    pub digest: Option<Arc<LoadDigest>>,
+    /// When the current digest value arrived, in this node's monotonic milliseconds.
+    pub digest_received_ms: u64,
+    digest_raw: String,
+}
+
+/// Every live peer, this node excluded.
+#[derive(Clone, Debug, Default)]
+pub struct ClusterView {
+    pub peers: Vec<PeerView>,
+}
+
+/// The shared, swappable view.
+#[derive(Debug, Default)]
+pub struct SharedView(RwLock<Arc<ClusterView>>);
+
+impl SharedView {
+    pub fn load(&self) -> Arc<ClusterView> {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn store(&self, view: ClusterView) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(view);
+    }
+
+    /// Rebuilds the view from a membership snapshot, decoding only digests that changed.
+    pub fn update(&self, membership: &Membership, now_ms: u64, metrics: &NodeMetrics) {
+        let previous = self.load();
+        let known: HashMap<&str, &PeerView> = previous
+            .peers
+            .iter()
+            .map(|p| (p.name.as_str(), p))
+            .collect();
+        let peers = membership
+            .peers
+            .iter()
+            .map(|peer| {
+                let raw = peer.key_values.get(DIGEST_KEY).cloned().unwrap_or_default();
+                let (digest, received) = match known.get(peer.name.as_str()) {
+                    Some(old) if old.digest_raw == raw => {
+                        (old.digest.clone(), old.digest_received_ms)
+                    }
+                    _ => (decode_digest(&peer.name, &raw, metrics), now_ms),
+                };
+                PeerView {
+                    name: peer.name.clone(),
+                    key: node_key(&peer.name),
+                    mesh_addr: peer.mesh_addr,
+                    http_addr: peer.key_values.get(HTTP_KEY).cloned(),
+                    digest,
+                    digest_received_ms: received,
+                    digest_raw: raw,
+                }
+            })
+            .collect();
+        self.store(ClusterView { peers });
+    }
+}
+
+fn decode_digest(peer: &str, raw: &str, metrics: &NodeMetrics) -> Option<Arc<LoadDigest>> {
+    if raw.is_empty() {
+        return None;
+    }
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(raw)
+        .map_err(|e| e.to_string())
+        .and_then(|bytes| LoadDigest::decode(&bytes).map_err(|e| e.to_string()));
+    match decoded {
+        Ok(digest) => Some(Arc::new(digest)),
+        Err(error) => {
+            metrics.digest_decode_errors.inc();
+            tracing::warn!(peer, %error, "rejected a peer's load digest");
+            None
+        }
+    }
+}
+
+/// Encodes a digest as a gossip value.
+pub fn encode_digest(digest: &LoadDigest) -> String {
+    base64::engine::general_purpose::STANDARD.encode(digest.encode())
+}
+
+/// Milliseconds since `start`: the node's monotonic clock for everything `protocol` decides.
+pub fn monotonic_ms(start: Instant) -> u64 {
+    start.elapsed().as_millis() as u64
+}
