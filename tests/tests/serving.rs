@@ -5,7 +5,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use kvmesh_tests::{CONVERGENCE_TIMEOUT, Call, Cluster, Node, NodeSpec, Request, call, wait_for};
+use kvmesh_tests::{
+    CONVERGENCE_TIMEOUT, Call, Cluster, Node, NodeSpec, Request, SseReader, Timing, call, wait_for,
+};
 
 const NODES: [&str; 3] = ["a", "b", "c"];
 
@@ -182,4 +184,58 @@ fn operator_endpoints_describe_the_cluster() {
             },
         );
     }
+}
+
+#[test]
+fn concurrent_requests_from_one_entry_spread_over_the_engines() {
+    // Real-time engines: each answer takes ~0.6 s, so the requests overlap and an entry that
+    // counts its own recent assignments sends them to different engines.
+    let cluster = Cluster::start(&[
+        NodeSpec::new("a", &["shared"]).timing(Timing::Scaled(1.0)),
+        NodeSpec::new("b", &["shared"]).timing(Timing::Scaled(1.0)),
+        NodeSpec::new("c", &["shared"]).timing(Timing::Scaled(1.0)),
+    ]);
+    cluster.wait_membership(&NODES, CONVERGENCE_TIMEOUT);
+    const REQUESTS: usize = 12;
+    let entry = cluster.sidecar("a");
+    let served: Vec<String> = std::thread::scope(|scope| {
+        let calls: Vec<_> = (0..REQUESTS)
+            .map(|index| {
+                scope.spawn(move || {
+                    let request = Call::StreamedCompletion.request(
+                        "shared",
+                        &format!("concurrent {index}"),
+                        50,
+                    );
+                    let open = entry.try_open(request).expect("stream opens");
+                    assert_eq!(open.status, 200);
+                    let node = open
+                        .header("x-kvmesh-node")
+                        .expect("x-kvmesh-node")
+                        .to_string();
+                    let transcript = SseReader::new(open).read_to_end().expect("whole stream");
+                    transcript.assert_openai_stream("text_completion");
+                    node
+                })
+            })
+            .collect();
+        calls
+            .into_iter()
+            .map(|call| call.join().expect("call thread"))
+            .collect()
+    });
+    let mut served_by: BTreeMap<String, usize> = BTreeMap::new();
+    for node in served {
+        *served_by.entry(node).or_default() += 1;
+    }
+    println!("{REQUESTS} concurrent streams entering at a were served by {served_by:?}");
+    assert!(
+        served_by.len() > 1,
+        "one engine got every concurrent request: {served_by:?}"
+    );
+    let busiest = served_by.values().copied().max().unwrap_or(0);
+    assert!(
+        busiest <= REQUESTS * 2 / 3,
+        "routing piles onto one engine: {served_by:?}"
+    );
 }
