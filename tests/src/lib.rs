@@ -1,2 +1,31 @@
 //! Helpers for the end-to-end tests: starting `kvmesh` and `kvmesh-sim` processes on ephemeral
 //! loopback ports, bounded waits, and cleanup that leaves no process behind.
+//!
+//! - [`binaries`]: where the executables are.
+//! - [`process`]: a child process killed on drop, with its output drained and kept.
+//! - [`certs`]: a cluster CA and node certificates from `kvmesh cert`.
+//! - [`engine`], [`sidecar`], [`cluster`]: the mock engine, `kvmesh serve`, and both together.
+//! - [`http`], [`sse`], [`openai`], [`metrics`]: talking to them and checking the answers.
+//! - [`traffic`]: inference calls through a sidecar, checked, with who served them.
+//! - [`wait`]: polling with a bound instead of sleeping.
+
+pub mod binaries;
+pub mod certs;
+pub mod cluster;
+pub mod engine;
+pub mod http;
+pub mod metrics;
+pub mod openai;
+pub mod process;
+pub mod sidecar;
+pub mod sse;
+pub mod traffic;
+pub mod wait;
+
+pub use cluster::{CONVERGENCE_TIMEOUT, Cluster, Node, NodeSpec};
+pub use engine::{Engine, EngineConfig, Timing};
+pub use http::{Request, Response};
+pub use sidecar::{Sidecar, SidecarConfig};
+pub use sse::{SseEvent, SseReader, SseTranscript};
+pub use traffic::{Call, Served, call, try_call};
+pub use wait::{holds_during, wait_for, wait_until};

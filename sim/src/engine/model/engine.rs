@@ -20,7 +20,9 @@ use std::time::Duration;
 
 use super::block_hash::{BlockHash, BlockHasher, CacheKey};
 use super::block_pool::{BlockId, BlockPool, KvCacheEvent};
-use super::request::{EngineRequest, Finished, KvTransfer, Output, RequestId, SubmitError};
+use super::request::{
+    EngineRequest, Finished, KvTransfer, Output, RequestId, SubmitError, validate,
+};
 use super::stats::{EngineStats, FinishReason};
 use super::timing::{StepShape, TimingModel};
 use super::tokenizer::token_id;
@@ -547,30 +549,6 @@ impl Engine {
             });
         }
     }
-}
-
-/// Checks a request's lengths against `cfg` as [`Engine::submit`] does, so a server can
-/// refuse a request before handing it over.
-pub fn validate(cfg: &EngineConfig, prompt_len: usize, max_tokens: u32) -> Result<(), SubmitError> {
-    if prompt_len == 0 {
-        return Err(SubmitError::EmptyPrompt);
-    }
-    if max_tokens == 0 {
-        return Err(SubmitError::ZeroMaxTokens);
-    }
-    let max_model_len = cfg
-        .max_model_len
-        .min(cfg.num_gpu_blocks.saturating_mul(cfg.block_size));
-    let total = prompt_len + max_tokens as usize;
-    if total > max_model_len as usize {
-        return Err(SubmitError::TooLong {
-            prompt: prompt_len,
-            max_tokens,
-            total,
-            max_model_len,
-        });
-    }
-    Ok(())
 }
 
 enum Admission {

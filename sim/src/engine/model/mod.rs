@@ -14,8 +14,10 @@ pub mod tokenizer;
 
 pub use block_hash::{BlockHash, BlockHasher, CacheKey};
 pub use block_pool::{BlockId, BlockPool, KvCacheEvent};
-pub use engine::{Engine, EngineConfig, EngineGauges, validate};
-pub use request::{EngineRequest, Finished, KvTransfer, LoraRef, Output, RequestId, SubmitError};
+pub use engine::{Engine, EngineConfig, EngineGauges};
+pub use request::{
+    EngineRequest, Finished, KvTransfer, LoraRef, Output, RequestId, SubmitError, validate,
+};
 pub use stats::{EngineStats, FinishReason, Histogram};
 pub use timing::{StepShape, TimingModel};
 

@@ -1,6 +1,7 @@
 //! What goes into the engine model and what comes out of it.
 
 use super::block_pool::BlockId;
+use super::engine::EngineConfig;
 use super::stats::FinishReason;
 
 /// Caller-chosen identifier of a request, unique among the requests the engine holds.
@@ -124,4 +125,28 @@ pub struct Output {
     pub text: &'static str,
     /// Present on the request's last token.
     pub finished: Option<Finished>,
+}
+
+/// Checks a request's lengths against `cfg` as [`Engine::submit`](super::Engine::submit) does, so a server can
+/// refuse a request before handing it over.
+pub fn validate(cfg: &EngineConfig, prompt_len: usize, max_tokens: u32) -> Result<(), SubmitError> {
+    if prompt_len == 0 {
+        return Err(SubmitError::EmptyPrompt);
+    }
+    if max_tokens == 0 {
+        return Err(SubmitError::ZeroMaxTokens);
+    }
+    let max_model_len = cfg
+        .max_model_len
+        .min(cfg.num_gpu_blocks.saturating_mul(cfg.block_size));
+    let total = prompt_len + max_tokens as usize;
+    if total > max_model_len as usize {
+        return Err(SubmitError::TooLong {
+            prompt: prompt_len,
+            max_tokens,
+            total,
+            max_model_len,
+        });
+    }
+    Ok(())
 }

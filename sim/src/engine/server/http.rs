@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Limited, StreamBody};
@@ -320,6 +320,48 @@ fn prefill_transfer_params(
     })
 }
 
+/// State of one SSE response.
+struct StreamState {
+    rx: mpsc::UnboundedReceiver<TokenEvent>,
+    meta: ResponseMeta,
+    pending: std::collections::VecDeque<Bytes>,
+    open: usize,
+    usage: Usage,
+    cached: u32,
+    include_usage: bool,
+    details: bool,
+    done: bool,
+}
+
+impl StreamState {
+    fn push_token(&mut self, (index, out): TokenEvent) {
+        let finish = out.finished.as_ref().map(|f| f.reason.as_str());
+        self.pending
+            .push_back(responses::token_chunk(&self.meta, index, out.text, finish));
+        if let Some(f) = out.finished {
+            self.open -= 1;
+            self.usage.prompt_tokens += f.prompt_tokens;
+            self.usage.completion_tokens += f.completion_tokens;
+            self.cached += f.cached_tokens;
+        }
+    }
+
+    fn finish(&mut self) {
+        if self.include_usage {
+            self.usage.total_tokens = self.usage.prompt_tokens + self.usage.completion_tokens;
+            if self.details {
+                self.usage.prompt_tokens_details = Some(PromptTokensDetails {
+                    cached_tokens: self.cached,
+                });
+            }
+            self.pending
+                .push_back(responses::usage_chunk(&self.meta, self.usage));
+        }
+        self.pending.push_back(responses::sse_done());
+        self.done = true;
+    }
+}
+
 fn stream_response(
     state: &AppState,
     meta: ResponseMeta,
@@ -327,17 +369,6 @@ fn stream_response(
     choices: usize,
     rx: mpsc::UnboundedReceiver<TokenEvent>,
 ) -> Response<Body> {
-    struct StreamState {
-        rx: mpsc::UnboundedReceiver<TokenEvent>,
-        meta: ResponseMeta,
-        pending: std::collections::VecDeque<Bytes>,
-        open: usize,
-        usage: Usage,
-        cached: u32,
-        include_usage: bool,
-        details: bool,
-        done: bool,
-    }
     let mut pending = std::collections::VecDeque::new();
     if meta.endpoint == Endpoint::Chat {
         for i in 0..choices {
@@ -355,41 +386,31 @@ fn stream_response(
         details: state.prompt_tokens_details,
         done: false,
     };
+    // Each body frame carries every chunk available at that moment: one write per engine
+    // step instead of one per token when several tokens arrive together.
     let stream = futures::stream::unfold(st, |mut st| async move {
         loop {
-            if let Some(b) = st.pending.pop_front() {
-                return Some((b, st));
+            while st.open > 0 {
+                match st.rx.try_recv() {
+                    Ok(ev) => st.push_token(ev),
+                    Err(_) => break,
+                }
+            }
+            if st.open == 0 && !st.done {
+                st.finish();
+            }
+            if !st.pending.is_empty() {
+                let mut frame = BytesMut::new();
+                for b in st.pending.drain(..) {
+                    frame.extend_from_slice(&b);
+                }
+                return Some((frame.freeze(), st));
             }
             if st.done {
                 return None;
             }
-            if st.open == 0 {
-                if st.include_usage {
-                    st.usage.total_tokens = st.usage.prompt_tokens + st.usage.completion_tokens;
-                    if st.details {
-                        st.usage.prompt_tokens_details = Some(PromptTokensDetails {
-                            cached_tokens: st.cached,
-                        });
-                    }
-                    st.pending
-                        .push_back(responses::usage_chunk(&st.meta, st.usage));
-                }
-                st.pending.push_back(responses::sse_done());
-                st.done = true;
-                continue;
-            }
             match st.rx.recv().await {
-                Some((index, out)) => {
-                    let finish = out.finished.as_ref().map(|f| f.reason.as_str());
-                    st.pending
-                        .push_back(responses::token_chunk(&st.meta, index, out.text, finish));
-                    if let Some(f) = out.finished {
-                        st.open -= 1;
-                        st.usage.prompt_tokens += f.prompt_tokens;
-                        st.usage.completion_tokens += f.completion_tokens;
-                        st.cached += f.cached_tokens;
-                    }
-                }
+                Some(ev) => st.push_token(ev),
                 // The engine dropped the request: end the stream without [DONE].
                 None => return None,
             }

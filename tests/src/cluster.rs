@@ -1,0 +1,180 @@
+//! A cluster on loopback: one mock engine and one sidecar per node, all sharing one CA, each
+//! sidecar seeded with the mesh addresses of the nodes started before it.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use crate::certs::ClusterCa;
+use crate::engine::{Engine, EngineConfig, Timing};
+use crate::sidecar::{Sidecar, SidecarConfig};
+use crate::wait::wait_for;
+
+/// Bound on membership and model lists converging after nodes start or stop. Generous: the
+/// target is about 2 s, but CI machines are small and shared.
+pub const CONVERGENCE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What one node runs.
+#[derive(Debug, Clone)]
+pub struct NodeSpec {
+    pub name: String,
+    pub models: Vec<String>,
+    pub timing: Timing,
+}
+
+impl NodeSpec {
+    /// Node `name` whose instant engine serves `models`.
+    pub fn new(name: &str, models: &[&str]) -> Self {
+        NodeSpec {
+            name: name.to_string(),
+            models: models.iter().map(|model| model.to_string()).collect(),
+            timing: Timing::Instant,
+        }
+    }
+
+    pub fn timing(mut self, timing: Timing) -> Self {
+        self.timing = timing;
+        self
+    }
+
+    fn start_engine(&self) -> Engine {
+        let models: Vec<&str> = self.models.iter().map(String::as_str).collect();
+        EngineConfig::new(&format!("engine {}", self.name), &models)
+            .timing(self.timing)
+            .start()
+    }
+}
+
+/// An engine and the sidecar in front of it.
+pub struct Node {
+    pub engine: Engine,
+    pub sidecar: Sidecar,
+}
+
+impl Node {
+    pub fn name(&self) -> &str {
+        self.sidecar.node_id()
+    }
+}
+
+/// Nodes started in order; all processes are killed when the cluster is dropped.
+pub struct Cluster {
+    // Dropped after the nodes: the certificate files outlive the processes using them.
+    nodes: Vec<Node>,
+    ca: ClusterCa,
+}
+
+impl Cluster {
+    /// A new CA and no node yet.
+    pub fn empty() -> Self {
+        Cluster {
+            nodes: Vec::new(),
+            ca: ClusterCa::init("kvmesh-e2e"),
+        }
+    }
+
+    /// A new CA and one node per spec, started one after another.
+    pub fn start(specs: &[NodeSpec]) -> Self {
+        let mut cluster = Cluster::empty();
+        for spec in specs {
+            cluster.join(spec);
+        }
+        cluster
+    }
+
+    /// Starts a node seeded with every sidecar started so far that is still running.
+    pub fn join(&mut self, spec: &NodeSpec) -> &mut Node {
+        self.join_with(spec, |config| config)
+    }
+
+    /// Like [`Self::join`], with a chance to adjust the sidecar's configuration.
+    pub fn join_with(
+        &mut self,
+        spec: &NodeSpec,
+        adjust: impl FnOnce(SidecarConfig) -> SidecarConfig,
+    ) -> &mut Node {
+        let seeds = self.live_mesh_addrs();
+        let engine = spec.start_engine();
+        let config = SidecarConfig::new(&spec.name, &engine.url(), &self.ca).seeds(&seeds);
+        let sidecar = adjust(config).start();
+        self.nodes.push(Node { engine, sidecar });
+        self.nodes.last_mut().expect("just pushed")
+    }
+
+    pub fn ca(&self) -> &ClusterCa {
+        &self.ca
+    }
+
+    pub fn nodes(&self) -> &[Node] {
+        &self.nodes
+    }
+
+    pub fn node(&self, name: &str) -> &Node {
+        self.nodes
+            .iter()
+            .find(|node| node.name() == name)
+            .unwrap_or_else(|| panic!("no node {name} in the cluster"))
+    }
+
+    pub fn node_mut(&mut self, name: &str) -> &mut Node {
+        self.nodes
+            .iter_mut()
+            .find(|node| node.name() == name)
+            .unwrap_or_else(|| panic!("no node {name} in the cluster"))
+    }
+
+    pub fn sidecar(&self, name: &str) -> &Sidecar {
+        &self.node(name).sidecar
+    }
+
+    /// The mesh addresses of the sidecars still running.
+    pub fn live_mesh_addrs(&mut self) -> Vec<SocketAddr> {
+        self.nodes
+            .iter_mut()
+            .filter_map(|node| {
+                node.sidecar
+                    .process()
+                    .is_running()
+                    .then(|| node.sidecar.mesh_addr())
+            })
+            .collect()
+    }
+
+    /// Waits until each of `members` lists exactly the other members as live peers in
+    /// `/debug/cluster`; returns how long that took.
+    pub fn wait_membership(&self, members: &[&str], timeout: Duration) -> Duration {
+        let what = format!("the membership converges to {members:?}");
+        wait_for(timeout, &what, || {
+            for member in members {
+                let mut expected: Vec<String> = members
+                    .iter()
+                    .filter(|other| *other != member)
+                    .map(|other| other.to_string())
+                    .collect();
+                expected.sort();
+                let peers = self.sidecar(member).peer_ids()?;
+                if peers != expected {
+                    return Err(format!("{member} lists {peers:?}, expected {expected:?}"));
+                }
+            }
+            Ok(())
+        })
+        .1
+    }
+
+    /// Waits until `/v1/models` of each of `entries` lists exactly `models`.
+    pub fn wait_models(&self, entries: &[&str], models: &[&str], timeout: Duration) -> Duration {
+        let mut expected: Vec<String> = models.iter().map(|model| model.to_string()).collect();
+        expected.sort();
+        let what = format!("/v1/models of {entries:?} lists {expected:?}");
+        wait_for(timeout, &what, || {
+            for entry in entries {
+                let listed = self.sidecar(entry).model_ids()?;
+                if listed != expected {
+                    return Err(format!("{entry} lists {listed:?}"));
+                }
+            }
+            Ok(())
+        })
+        .1
+    }
+}

@@ -1,0 +1,287 @@
+//! A `kvmesh serve` process: the sidecar under test.
+//!
+//! The command line and the readiness line are the contract of issue 4:
+//! `kvmesh serve --backend URL --listen 127.0.0.1:0 --mesh 127.0.0.1:0 --node-id NAME
+//! --cluster-id ID --tls-dir DIR [--seeds A,B] [--api-key KEY] [--max-body-bytes N]` prints
+//! `kvmesh listening on http://HTTP_ADDR mesh MESH_ADDR node NAME` once it serves.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::binaries::KVMESH;
+use crate::certs::ClusterCa;
+use crate::http::{OpenResponse, Request, Response, SentRequest};
+use crate::metrics::metric_sum;
+use crate::process::ManagedProcess;
+
+/// Bound on the sidecar's start-up (readiness line on stdout).
+pub const SIDECAR_READY_TIMEOUT: Duration = Duration::from_secs(20);
+const READY_PREFIX: &str = "kvmesh listening on ";
+
+/// How to start a sidecar.
+#[derive(Debug, Clone)]
+pub struct SidecarConfig {
+    node_id: String,
+    cluster_id: String,
+    backend: String,
+    tls_dir: PathBuf,
+    seeds: Vec<SocketAddr>,
+    api_key: Option<String>,
+    max_body_bytes: Option<u64>,
+    extra_args: Vec<String>,
+}
+
+impl SidecarConfig {
+    /// A sidecar `node_id` in front of the engine at `backend`, with a certificate from `ca`.
+    pub fn new(node_id: &str, backend: &str, ca: &ClusterCa) -> Self {
+        SidecarConfig {
+            node_id: node_id.to_string(),
+            cluster_id: ca.cluster_id().to_string(),
+            backend: backend.to_string(),
+            tls_dir: ca.issue(node_id),
+            seeds: Vec::new(),
+            api_key: None,
+            max_body_bytes: None,
+            extra_args: Vec::new(),
+        }
+    }
+
+    /// Mesh addresses of nodes already running.
+    pub fn seeds(mut self, seeds: &[SocketAddr]) -> Self {
+        self.seeds = seeds.to_vec();
+        self
+    }
+
+    pub fn api_key(mut self, key: &str) -> Self {
+        self.api_key = Some(key.to_string());
+        self
+    }
+
+    pub fn max_body_bytes(mut self, bytes: u64) -> Self {
+        self.max_body_bytes = Some(bytes);
+        self
+    }
+
+    /// Any other `kvmesh serve` flag.
+    pub fn arg(mut self, arg: &str) -> Self {
+        self.extra_args.push(arg.to_string());
+        self
+    }
+
+    pub fn start(self) -> Sidecar {
+        let mut command = Command::new(KVMESH.path());
+        command.args(["serve", "--backend", &self.backend]);
+        command.args(["--listen", "127.0.0.1:0", "--mesh", "127.0.0.1:0"]);
+        command.args(["--node-id", &self.node_id, "--cluster-id", &self.cluster_id]);
+        command.arg("--tls-dir").arg(&self.tls_dir);
+        if !self.seeds.is_empty() {
+            let seeds: Vec<String> = self.seeds.iter().map(SocketAddr::to_string).collect();
+            command.args(["--seeds", &seeds.join(",")]);
+        }
+        if let Some(key) = &self.api_key {
+            command.args(["--api-key", key]);
+        }
+        if let Some(bytes) = self.max_body_bytes {
+            command.args(["--max-body-bytes", &bytes.to_string()]);
+        }
+        command.args(&self.extra_args);
+        let name = format!("sidecar {}", self.node_id);
+        let (mut process, line) =
+            ManagedProcess::start(&name, command, READY_PREFIX, SIDECAR_READY_TIMEOUT);
+        let Some((http_addr, mesh_addr, node)) = parse_ready_line(&line) else {
+            process.fail(&format!("unexpected readiness line {line:?}"));
+        };
+        if node != self.node_id {
+            process.fail(&format!(
+                "readiness line names node {node:?}, not {:?}",
+                self.node_id
+            ));
+        }
+        Sidecar {
+            process,
+            http_addr,
+            mesh_addr,
+            node_id: self.node_id,
+            api_key: self.api_key,
+        }
+    }
+}
+
+/// `kvmesh listening on http://HTTP_ADDR mesh MESH_ADDR node NAME` → its three values.
+fn parse_ready_line(line: &str) -> Option<(SocketAddr, SocketAddr, String)> {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let after = |marker: &str| {
+        let at = words.iter().position(|word| *word == marker)?;
+        words.get(at + 1).copied()
+    };
+    let http_addr = after("on")?
+        .strip_prefix("http://")?
+        .trim_end_matches('/')
+        .parse()
+        .ok()?;
+    let mesh_addr = after("mesh")?.parse().ok()?;
+    let node = after("node")?.to_string();
+    Some((http_addr, mesh_addr, node))
+}
+
+/// A running sidecar, killed when dropped.
+pub struct Sidecar {
+    process: ManagedProcess,
+    http_addr: SocketAddr,
+    mesh_addr: SocketAddr,
+    node_id: String,
+    api_key: Option<String>,
+}
+
+impl Sidecar {
+    pub fn node_id(&self) -> &str {
+        &self.node_id
+    }
+
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http_addr
+    }
+
+    pub fn mesh_addr(&self) -> SocketAddr {
+        self.mesh_addr
+    }
+
+    pub fn process(&mut self) -> &mut ManagedProcess {
+        &mut self.process
+    }
+
+    pub fn kill9(&mut self) {
+        self.process.kill9();
+    }
+
+    pub fn sigterm(&mut self) {
+        self.process.sigterm();
+    }
+
+    /// `request` with this sidecar's API key, if it has one.
+    fn authorized(&self, request: Request) -> Request {
+        match &self.api_key {
+            Some(key) => request.bearer(key),
+            None => request,
+        }
+    }
+
+    /// Sends `request` to this sidecar, with its API key if it has one; transport errors
+    /// (not HTTP error statuses) come back as `Err`.
+    pub fn try_send(&self, request: Request) -> std::io::Result<Response> {
+        self.authorized(request).send(self.http_addr)
+    }
+
+    /// Opens `request` on this sidecar (with its API key), returning once the head arrived.
+    pub fn try_open(&self, request: Request) -> std::io::Result<OpenResponse> {
+        self.authorized(request).open(self.http_addr)
+    }
+
+    /// Sends `request` (with its API key) without reading the answer; see [`SentRequest`].
+    pub fn try_start(&self, request: Request) -> std::io::Result<SentRequest> {
+        self.authorized(request).start(self.http_addr)
+    }
+
+    /// Like [`Self::try_send`], but a transport error fails the test.
+    pub fn send(&self, request: Request) -> Response {
+        let description = format!("{request:?}");
+        self.try_send(request).unwrap_or_else(|error| {
+            panic!("sidecar {}: {description} failed: {error}", self.node_id)
+        })
+    }
+
+    pub fn get(&self, path: &str) -> Response {
+        self.send(Request::get(path))
+    }
+
+    pub fn post_json(&self, path: &str, body: &Value) -> Response {
+        self.send(Request::post_json(path, body))
+    }
+
+    /// `GET /debug/cluster` as JSON; `Err` describes what came back instead.
+    pub fn debug_cluster(&self) -> Result<Value, String> {
+        let response = self
+            .try_send(Request::get("/debug/cluster"))
+            .map_err(|e| e.to_string())?;
+        if response.status != 200 {
+            return Err(response.describe());
+        }
+        serde_json::from_slice(&response.body)
+            .map_err(|error| format!("{error}: {}", response.describe()))
+    }
+
+    /// The node ids of the live peers listed by `/debug/cluster`, sorted.
+    pub fn peer_ids(&self) -> Result<Vec<String>, String> {
+        let cluster = self.debug_cluster()?;
+        let peers = cluster["peers"]
+            .as_array()
+            .ok_or_else(|| format!("no peers array in {cluster}"))?;
+        let mut ids = peers
+            .iter()
+            .map(|peer| {
+                peer["node"]
+                    .as_str()
+                    .map(str::to_string)
+                    .ok_or_else(|| format!("peer without node: {peer}"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        ids.sort();
+        Ok(ids)
+    }
+
+    /// The ids of `GET /v1/models`, sorted.
+    pub fn model_ids(&self) -> Result<Vec<String>, String> {
+        let response = self
+            .try_send(Request::get("/v1/models"))
+            .map_err(|e| e.to_string())?;
+        if response.status != 200 {
+            return Err(response.describe());
+        }
+        let list: Value = serde_json::from_slice(&response.body)
+            .map_err(|error| format!("{error}: {}", response.describe()))?;
+        let data = list["data"]
+            .as_array()
+            .ok_or_else(|| format!("no data array in {list}"))?;
+        let mut ids = data
+            .iter()
+            .map(|model| {
+                model["id"]
+                    .as_str()
+                    .map(str::to_string)
+                    .ok_or_else(|| format!("model without id: {model}"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        ids.sort();
+        Ok(ids)
+    }
+
+    /// The sum of this sidecar's metric `name` over samples with `labels`.
+    pub fn metric(&self, name: &str, labels: &[(&str, &str)]) -> Result<Option<f64>, String> {
+        let response = self
+            .try_send(Request::get("/metrics"))
+            .map_err(|e| e.to_string())?;
+        if response.status != 200 {
+            return Err(response.describe());
+        }
+        Ok(metric_sum(&response.text(), name, labels))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_ready_line;
+
+    #[test]
+    fn parses_the_readiness_line() {
+        let line = "kvmesh listening on http://127.0.0.1:4100 mesh 127.0.0.1:4200 node a-1";
+        let (http, mesh, node) = parse_ready_line(line).expect("a valid line");
+        assert_eq!(http.to_string(), "127.0.0.1:4100");
+        assert_eq!(mesh.to_string(), "127.0.0.1:4200");
+        assert_eq!(node, "a-1");
+        assert!(parse_ready_line("kvmesh listening on 127.0.0.1:4100").is_none());
+    }
+}
