@@ -10,6 +10,7 @@
 //! - [`view`]: every live peer's decoded digest, rebuilt when gossip changes.
 //! - [`front`]: the client-facing HTTP server and the inference request path.
 //! - [`forward`]: attempts, retries and relays; serving what peers forward.
+//! - [`prefix`]: this node's own engine cache index and the summary it gossips.
 //! - [`metrics`]: the sidecar's Prometheus metrics.
 //! - [`serve`]: configuration and assembly of `kvmesh serve`.
 
@@ -19,6 +20,7 @@ pub mod forward;
 pub mod front;
 pub mod mesh;
 pub mod metrics;
+pub mod prefix;
 pub mod serve;
 pub mod tls;
 pub mod view;

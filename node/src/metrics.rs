@@ -6,6 +6,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
 
 /// Outcome of a request that entered at this node.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
@@ -57,6 +58,15 @@ pub struct NodeMetrics {
     pub served: Family<TargetLabels, Counter>,
     pub digest_decode_errors: Counter,
     pub summary_decode_errors: Counter,
+    /// Bytes of this node's prefix summary as last published.
+    pub summary_bytes: Gauge,
+    /// Summary shards re-published (churn).
+    pub summary_shards_published: Counter,
+    /// Estimated false-match rate of this node's summary, from its fill.
+    pub summary_false_match_rate: Gauge<f64, AtomicU64>,
+    /// Blocks in this node's approximate index of its engine's cache, and its capacity.
+    pub index_blocks: Gauge,
+    pub index_capacity_blocks: Gauge,
 }
 
 impl Default for NodeMetrics {
@@ -75,6 +85,11 @@ impl Default for NodeMetrics {
             served: Family::default(),
             digest_decode_errors: Counter::default(),
             summary_decode_errors: Counter::default(),
+            summary_bytes: Gauge::default(),
+            summary_shards_published: Counter::default(),
+            summary_false_match_rate: Gauge::default(),
+            index_blocks: Gauge::default(),
+            index_capacity_blocks: Gauge::default(),
         }
     }
 }
@@ -130,6 +145,31 @@ impl NodeMetrics {
             "summary_decode_errors",
             "Peer prefix-summary shards rejected by validation",
             self.summary_decode_errors.clone(),
+        );
+        registry.register(
+            "summary_bytes",
+            "Bytes of this node's prefix summary as last published",
+            self.summary_bytes.clone(),
+        );
+        registry.register(
+            "summary_shards_published",
+            "Prefix-summary shards re-published because they changed",
+            self.summary_shards_published.clone(),
+        );
+        registry.register(
+            "summary_false_match_rate",
+            "Estimated false-match rate of this node's prefix summary",
+            self.summary_false_match_rate.clone(),
+        );
+        registry.register(
+            "index_blocks",
+            "Blocks in the approximate index of this node's engine cache",
+            self.index_blocks.clone(),
+        );
+        registry.register(
+            "index_capacity_blocks",
+            "Capacity of that index: the engine's KV capacity in hash blocks",
+            self.index_capacity_blocks.clone(),
         );
     }
 }

@@ -1,12 +1,14 @@
 //! The cluster as this node sees it: every live peer's decoded digest, rebuilt when gossip
 //! changes and read lock-free-ish (an `Arc` swap) on every request.
 
-use crate::mesh::Membership;
+use crate::mesh::{Membership, Peer};
 use crate::metrics::NodeMetrics;
+use crate::prefix::{SHARD_KEY_PREFIX, decode_shard_value};
 use base64::Engine as _;
 use kvmesh_protocol::LoadDigest;
 use kvmesh_protocol::route::node_key;
-use std::collections::HashMap;
+use kvmesh_protocol::summary::PeerSummary;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
@@ -27,7 +29,11 @@ pub struct PeerView {
     pub digest: Option<Arc<LoadDigest>>,
     /// When the current digest value arrived, in this node's monotonic milliseconds.
     pub digest_received_ms: u64,
+    /// The peer's prefix summary, assembled from its gossiped shards.
+    pub summary: Arc<PeerSummary>,
+    generation: u64,
     digest_raw: String,
+    shards_raw: BTreeMap<String, String>,
 }
 
 /// Every live peer, this node excluded.
@@ -61,13 +67,23 @@ impl SharedView {
             .peers
             .iter()
             .map(|peer| {
+                let old = known
+                    .get(peer.name.as_str())
+                    .filter(|old| old.generation == peer.generation);
                 let raw = peer.key_values.get(DIGEST_KEY).cloned().unwrap_or_default();
-                let (digest, received) = match known.get(peer.name.as_str()) {
+                let (digest, received) = match old {
                     Some(old) if old.digest_raw == raw => {
                         (old.digest.clone(), old.digest_received_ms)
                     }
                     _ => (decode_digest(&peer.name, &raw, metrics), now_ms),
                 };
+                let shards_raw: BTreeMap<String, String> = peer
+                    .key_values
+                    .range(SHARD_KEY_PREFIX.to_owned()..)
+                    .take_while(|(key, _)| key.starts_with(SHARD_KEY_PREFIX))
+                    .map(|(key, value)| (key.clone(), value.clone()))
+                    .collect();
+                let summary = updated_summary(peer, old.copied(), &shards_raw, metrics);
                 PeerView {
                     name: peer.name.clone(),
                     key: node_key(&peer.name),
@@ -75,12 +91,54 @@ impl SharedView {
                     http_addr: peer.key_values.get(HTTP_KEY).cloned(),
                     digest,
                     digest_received_ms: received,
+                    summary,
+                    generation: peer.generation,
                     digest_raw: raw,
+                    shards_raw,
                 }
             })
             .collect();
         self.store(ClusterView { peers });
     }
+}
+
+/// The peer's summary after applying the shards whose gossip value changed. The summary is
+/// shared with older views, so it is copied only when one of its shards changed.
+fn updated_summary(
+    peer: &Peer,
+    old: Option<&PeerView>,
+    shards_raw: &BTreeMap<String, String>,
+    metrics: &NodeMetrics,
+) -> Arc<PeerSummary> {
+    let (mut summary, old_raw) = match old {
+        Some(old) if old.shards_raw == *shards_raw => return old.summary.clone(),
+        Some(old) => (old.summary.clone(), Some(&old.shards_raw)),
+        None => (Arc::new(PeerSummary::new()), None),
+    };
+    let target = Arc::make_mut(&mut summary);
+    for (key, value) in shards_raw {
+        if old_raw.and_then(|raw| raw.get(key)) == Some(value) {
+            continue;
+        }
+        let applied = decode_shard_value(value)
+            .ok_or_else(|| "not base64".to_owned())
+            .and_then(|bytes| target.apply_bytes(&bytes).map_err(|e| e.to_string()));
+        if let Err(error) = applied {
+            metrics.summary_decode_errors.inc();
+            tracing::warn!(peer = peer.name, key, %error, "rejected a summary shard");
+        }
+    }
+    if let Some(old_raw) = old_raw {
+        for key in old_raw.keys().filter(|key| !shards_raw.contains_key(*key)) {
+            if let Some(index) = key
+                .strip_prefix(SHARD_KEY_PREFIX)
+                .and_then(|i| i.parse().ok())
+            {
+                target.remove_shard(index);
+            }
+        }
+    }
+    summary
 }
 
 fn decode_digest(peer: &str, raw: &str, metrics: &NodeMetrics) -> Option<Arc<LoadDigest>> {

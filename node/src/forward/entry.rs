@@ -68,10 +68,11 @@ pub async fn attempt(
     target: &Target,
     head: RequestHead,
     body: Bytes,
+    chain: &[u64],
 ) -> Result<Upstream, AttemptError> {
     let started = Instant::now();
     let result = match target {
-        Target::Local => attempt_local(state, head, body).await,
+        Target::Local => attempt_local(state, head, body, chain).await,
         Target::Peer { name, addr } => attempt_peer(state, name, *addr, head, body).await,
     };
     if result.is_ok() {
@@ -89,6 +90,7 @@ async fn attempt_local(
     state: &AppState,
     head: RequestHead,
     body: Bytes,
+    chain: &[u64],
 ) -> Result<Upstream, AttemptError> {
     if state.is_draining() {
         return Err(AttemptError::retryable("this node is draining"));
@@ -105,6 +107,9 @@ async fn attempt_local(
         .served
         .get_or_create(&NodeMetrics::target_labels(true))
         .inc();
+    if response.status().is_success() {
+        state.observe_served(chain);
+    }
     Ok(Upstream {
         status: response.status().as_u16(),
         headers: response_headers_from_engine(response.headers()),

@@ -13,6 +13,7 @@ use crate::serve::state::{InflightGuard, SharedState};
 use bytes::{Bytes, BytesMut};
 use http::Method;
 use http_body_util::BodyExt;
+use kvmesh_protocol::hashing::{Endpoint, hash_request};
 use kvmesh_protocol::wire::{
     Frame, FrameDecoder, MAX_HOPS, RequestHead, ResponseHead, WireError, WireErrorCode,
 };
@@ -61,6 +62,7 @@ async fn handle(
     }
     let _inflight = InflightGuard::new(&state.inflight_forwarded);
     let method = Method::from_bytes(head.method.as_bytes()).unwrap_or(Method::POST);
+    let body_for_index = body.clone();
     let response = match state
         .engine
         .client
@@ -81,6 +83,9 @@ async fn handle(
         .served
         .get_or_create(&NodeMetrics::target_labels(false))
         .inc();
+    if response.status().is_success() {
+        state.observe_served(&chain_of(state, &head.path, &body_for_index));
+    }
     let head_frame = Frame::ResponseHead(ResponseHead {
         status: response.status().as_u16(),
         headers: response_headers_from_engine(response.headers()),
@@ -197,6 +202,19 @@ fn refuse(state: &SharedState, head: &RequestHead) -> Option<WireError> {
         ));
     }
     None
+}
+
+/// The chain of a forwarded body, hashed here as the entry hashed it (same cluster config).
+fn chain_of(state: &SharedState, path: &str, body: &[u8]) -> Vec<u64> {
+    let endpoint = match path {
+        "/v1/chat/completions" => Endpoint::ChatCompletions,
+        _ => Endpoint::Completions,
+    };
+    serde_json::from_slice(body)
+        .ok()
+        .and_then(|json| hash_request(endpoint, &json, &state.config.hashing).ok())
+        .map(|hashes| hashes.chain)
+        .unwrap_or_default()
 }
 
 async fn reply_error(send: &mut SendStream, error: WireError) -> Result<(), String> {

@@ -82,7 +82,7 @@ pub async fn handle(
         reason: routed.reason,
         entry_node: state.node_name.clone(),
     };
-    forward(state, routed, head, body, request_id).await
+    forward(state, routed, head, body, hashes.chain, request_id).await
 }
 
 /// Tries the ranked targets in order until one answers with a response head.
@@ -91,6 +91,7 @@ async fn forward(
     routed: Routed,
     mut head: RequestHead,
     body: Bytes,
+    chain: Vec<u64>,
     request_id: String,
 ) -> Response<ResponseBody> {
     let attempts = routed.targets.len().min(state.config.retries + 1);
@@ -108,10 +109,10 @@ async fn forward(
             RouteReason::Retry
         };
         head.reason = reason;
-        state.record_assignment(*key);
+        state.record_assignment(*key, &chain);
         let sent = tokio::time::timeout(
             state.config.request_timeout,
-            entry::attempt(&state, target, head.clone(), body.clone()),
+            entry::attempt(&state, target, head.clone(), body.clone(), &chain),
         );
         let error = match sent.await {
             Ok(Ok(upstream)) => {

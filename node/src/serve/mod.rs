@@ -15,11 +15,13 @@ use crate::engine::{EngineClient, LocalEngine};
 use crate::front;
 use crate::mesh::{Mesh, MeshConfig};
 use crate::metrics::NodeMetrics;
+use crate::prefix::LocalPrefixes;
 use crate::tls::NodeIdentity;
 use crate::view::{HTTP_KEY, SharedView};
 use anyhow::Context;
 use config::{ServeArgs, ServeConfig};
-use kvmesh_protocol::route::{PendingLedger, node_key};
+use kvmesh_protocol::route::{PendingLedger, RecentSends, node_key};
+use kvmesh_protocol::summary::SummaryConfig;
 use prometheus_client::registry::Registry;
 use state::{AppState, SharedState};
 use std::io::Write;
@@ -31,6 +33,10 @@ use tokio::sync::watch;
 
 /// Optimistic assignments are forgotten after this even without a newer digest.
 const PENDING_TTL_MS: u64 = 2_000;
+/// Optimistic prefix matches last until a peer's own summary had time to show them.
+const RECENT_TTL_MS: u64 = 3_000;
+/// Bound on block hashes remembered for optimistic matches (~40 MB at most).
+const RECENT_MAX_ENTRIES: usize = 1_000_000;
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let config = ServeConfig::resolve(args)?;
@@ -66,6 +72,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         view: SharedView::default(),
         self_digest: RwLock::new(None),
         ledger: Mutex::new(PendingLedger::new(PENDING_TTL_MS)),
+        recent: Mutex::new(RecentSends::new(RECENT_TTL_MS, RECENT_MAX_ENTRIES)),
+        prefixes: Mutex::new(
+            LocalPrefixes::new(
+                SummaryConfig::default(),
+                mesh.gossip().self_node().generation,
+            )
+            .map_err(anyhow::Error::msg)?,
+        ),
         metrics,
         registry,
         start: Instant::now(),

@@ -2,7 +2,8 @@
 //! interval, used locally at once, and gossiped when it changed (or once a second, so peers
 //! can tell a quiet node from a stuck one).
 
-use crate::serve::state::SharedState;
+use crate::prefix::{encode_shard_value, shard_key};
+use crate::serve::state::{SharedState, lock};
 use crate::view::{DIGEST_KEY, encode_digest};
 use kvmesh_protocol::hashing::HASH_VERSION;
 use kvmesh_protocol::{LoadDigest, Role};
@@ -43,6 +44,7 @@ pub async fn publish_loop(state: SharedState) {
             }
             last = Some((digest, Instant::now()));
         }
+        publish_summary(&state).await;
         let view = state.view.load();
         state
             .ledger
@@ -54,6 +56,46 @@ pub async fn publish_loop(state: SharedState) {
                     .find(|p| p.key == key)
                     .map_or(0, |p| p.digest_received_ms)
             });
+    }
+}
+
+/// Sizes the index by the engine's real capacity and gossips the summary shards that changed.
+async fn publish_summary(state: &SharedState) {
+    let engine = state.engine.state();
+    let capacity = engine.metrics.num_gpu_blocks.map(|blocks| {
+        let tokens = blocks * u64::from(engine.metrics.block_size.unwrap_or(16));
+        (tokens as f32 / state.config.hashing.tokens_per_block()).floor() as usize
+    });
+    let (shards, bytes, blocks, capacity, false_match) = {
+        let mut prefixes = lock(&state.prefixes);
+        if let Some(capacity) = capacity {
+            prefixes.set_capacity(capacity);
+        }
+        let shards = prefixes.publish();
+        (
+            shards,
+            prefixes.summary_bytes(),
+            prefixes.blocks(),
+            prefixes.capacity(),
+            prefixes.estimated_false_match_rate(),
+        )
+    };
+    let metrics = &state.metrics;
+    metrics.summary_bytes.set(bytes as i64);
+    metrics.index_blocks.set(blocks as i64);
+    metrics.index_capacity_blocks.set(capacity as i64);
+    metrics.summary_false_match_rate.set(false_match);
+    for shard in shards {
+        metrics.summary_shards_published.inc();
+        let value = encode_shard_value(&shard.bytes);
+        if let Err(error) = state
+            .mesh
+            .gossip()
+            .set(&shard_key(shard.index), &value)
+            .await
+        {
+            tracing::error!(%error, shard = shard.index, "publishing a summary shard");
+        }
     }
 }
 

@@ -2,7 +2,7 @@
 //! forwarding targets. All judgement is in `decide`; this only gathers its inputs.
 
 use crate::forward::entry::Target;
-use crate::serve::state::AppState;
+use crate::serve::state::{AppState, lock};
 use kvmesh_protocol::route::{RouteError, decide};
 use kvmesh_protocol::{Candidate, RequestHashes, Role, RouteReason, RouteRequest};
 
@@ -29,7 +29,18 @@ pub fn route(
     let now = state.now_ms();
     let view = state.view.load();
     let own = state.self_digest();
-    let ledger = state.ledger.lock().unwrap_or_else(|e| e.into_inner());
+    let own_summary = lock(&state.prefixes).own_summary();
+    let ledger = lock(&state.ledger);
+    let recent = lock(&state.recent);
+    // Only nodes recently sent this chain's first block can have an optimistic match.
+    let recently_sent: Vec<u64> = recent.nodes_with_first(&hashes.chain, now).collect();
+    let recent_match = |key: u64| {
+        if recently_sent.contains(&key) {
+            recent.matched(key, &hashes.chain, now)
+        } else {
+            0
+        }
+    };
 
     let mut candidates = Vec::with_capacity(view.peers.len() + 1);
     let mut targets = Vec::with_capacity(view.peers.len() + 1);
@@ -37,10 +48,10 @@ pub fn route(
         candidates.push(Candidate {
             node_key: state.node_key,
             digest,
-            summary: None,
+            summary: Some(&own_summary),
             digest_received_ms: *received,
             pending: ledger.pending(state.node_key, *received, now),
-            recent_match: 0,
+            recent_match: recent_match(state.node_key),
         });
         targets.push(Target::Local);
     }
@@ -49,16 +60,17 @@ pub fn route(
         candidates.push(Candidate {
             node_key: peer.key,
             digest,
-            summary: None,
+            summary: Some(&peer.summary),
             digest_received_ms: peer.digest_received_ms,
             pending: ledger.pending(peer.key, peer.digest_received_ms, now),
-            recent_match: 0,
+            recent_match: recent_match(peer.key),
         });
         targets.push(Target::Peer {
             name: peer.name.clone(),
             addr: peer.mesh_addr,
         });
     }
+    drop(recent);
     drop(ledger);
 
     let request = RouteRequest {

@@ -3,10 +3,11 @@
 use crate::engine::LocalEngine;
 use crate::mesh::Mesh;
 use crate::metrics::NodeMetrics;
+use crate::prefix::LocalPrefixes;
 use crate::serve::config::ServeConfig;
 use crate::view::{SharedView, monotonic_ms};
 use kvmesh_protocol::LoadDigest;
-use kvmesh_protocol::route::PendingLedger;
+use kvmesh_protocol::route::{PendingLedger, RecentSends};
 use prometheus_client::registry::Registry;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -22,6 +23,10 @@ pub struct AppState {
     /// This node's own latest digest and when it was built (monotonic ms).
     pub self_digest: RwLock<Option<(Arc<LoadDigest>, u64)>>,
     pub ledger: Mutex<PendingLedger>,
+    /// Chains this node just sent where (optimistic prefix matches).
+    pub recent: Mutex<RecentSends>,
+    /// This node's own engine cache index and its summary.
+    pub prefixes: Mutex<LocalPrefixes>,
     pub metrics: NodeMetrics,
     pub registry: Registry,
     pub start: Instant,
@@ -49,13 +54,25 @@ impl AppState {
             .clone()
     }
 
-    pub fn record_assignment(&self, node_key: u64) {
+    /// This node sent a request with `chain` to `node_key`.
+    pub fn record_assignment(&self, node_key: u64, chain: &[u64]) {
         let now = self.now_ms();
-        self.ledger
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .record(node_key, now);
+        lock(&self.ledger).record(node_key, now);
+        lock(&self.recent).record(node_key, chain, now);
     }
+
+    /// This node's engine accepted a request with `chain`: its blocks are now cached there.
+    pub fn observe_served(&self, chain: &[u64]) {
+        if !chain.is_empty() {
+            lock(&self.prefixes).observe_chain(chain);
+        }
+    }
+}
+
+/// Locks a mutex, ignoring poisoning: every value behind these locks stays consistent
+/// between statements, so a panic elsewhere leaves nothing half-updated.
+pub fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Counts something in flight for as long as it lives.
