@@ -443,10 +443,10 @@ mod random_interleavings {
                         ids.push(id);
                     }
                     Op::Abort { pick, .. } => {
-                        if let Some(&id) = ids.get(pick % ids.len().max(1)) {
-                            if e.abort(id, now) {
-                                t.aborted.insert(id);
-                            }
+                        if let Some(&id) = ids.get(pick % ids.len().max(1))
+                            && e.abort(id, now)
+                        {
+                            t.aborted.insert(id);
                         }
                     }
                 }
