@@ -79,7 +79,8 @@ pub struct EngineArgs {
     #[arg(long, value_enum, default_value_t = Role::Mixed)]
     pub role: Role,
     /// Publish KV cache events on a ZMQ PUB socket bound here, e.g. tcp://127.0.0.1:5557
-    /// (port 0 picks a free one; the endpoint is printed on stdout).
+    /// (port 0 picks a free one; the endpoint is printed on stdout; vLLM's tcp://*:PORT
+    /// means all interfaces).
     #[arg(long)]
     pub kv_events: Option<String>,
     /// ZMQ ROUTER endpoint answering replay requests (e.g. tcp://127.0.0.1:5558).
