@@ -288,7 +288,10 @@ mod tests {
     #[test]
     fn vllm_wildcard_endpoints_are_accepted() {
         assert_eq!(normalize_endpoint("tcp://*:5557"), "tcp://0.0.0.0:5557");
-        assert_eq!(normalize_endpoint("tcp://127.0.0.1:5557"), "tcp://127.0.0.1:5557");
+        assert_eq!(
+            normalize_endpoint("tcp://127.0.0.1:5557"),
+            "tcp://127.0.0.1:5557"
+        );
     }
 
     #[test]
