@@ -45,6 +45,14 @@ fn a_repeated_prompt_hits_the_cache_and_has_a_smaller_ttft() {
         first.last().unwrap().1.finished.as_ref().unwrap().reason,
         FinishReason::Length
     );
+    assert_eq!(
+        e.cached_prefix_tokens(&prompt(1, 4000), &CacheKey::default()),
+        249 * 16
+    );
+    assert_eq!(
+        e.cached_prefix_tokens(&prompt(2, 4000), &CacheKey::default()),
+        0
+    );
     let start = ttft1 + Duration::from_secs(1);
     e.submit(EngineRequest::new(2, prompt(1, 4000), 4), start)
         .unwrap();
