@@ -1,7 +1,8 @@
 //! `chat`: multi-turn sessions whose history grows turn by turn.
 //!
 //! Every session starts with the same system prompt; each turn adds a user message and sends
-//! the whole history to `/v1/chat/completions`, with the session id in `x-session-id`; the
+//! the whole history to `/v1/chat/completions`, with the session id in the `x-session-id`
+//! header and the `user` field; the
 //! answer the engine really gave is appended to the history before the next turn. A request
 //! slot takes the next turn of a session whose previous turn has finished, or opens a new
 //! session, so arrivals stay open-loop while turns of a session stay ordered. A session ends
@@ -110,11 +111,12 @@ impl Workload for Chat {
             api: Api::Chat,
             ..self.body.clone()
         };
-        let body = chat.chat_body(&messages, self.args.chat_output_len);
+        let session_id = format!("session-{}", session.id);
+        let body = chat.chat_body(&messages, self.args.chat_output_len, Some(&session_id));
         let spec = RequestSpec {
             api: Api::Chat,
             body,
-            session: Some(format!("session-{}", session.id)),
+            session: Some(session_id),
             input_tokens,
             output_tokens: self.args.chat_output_len,
         };
