@@ -137,3 +137,56 @@ impl Workload for Chat {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chat(turns: u32) -> Chat {
+        let args = ChatArgs {
+            chat_turns: turns,
+            chat_system_len: 8,
+            chat_user_len: 4,
+            chat_output_len: 2,
+        };
+        Chat::new(
+            args,
+            BodySettings {
+                model: "m".into(),
+                stream: false,
+                api: Api::Completions,
+                seed: 5,
+            },
+        )
+    }
+
+    fn body(spec: &RequestSpec) -> serde_json::Value {
+        serde_json::from_slice(&spec.body).unwrap()
+    }
+
+    #[test]
+    fn turns_of_a_session_follow_its_answers() {
+        let c = chat(2);
+        let a = c.request(0);
+        let b = c.request(1);
+        assert_eq!(a.session.as_deref(), Some("session-0"));
+        assert_eq!(b.session.as_deref(), Some("session-1"), "session 0 is busy");
+        assert_eq!(a.api, Api::Chat);
+        c.complete(0, Some(" the end"));
+        let next = c.request(2);
+        assert_eq!(next.session.as_deref(), Some("session-0"));
+        let msgs = body(&next)["messages"].as_array().unwrap().clone();
+        assert_eq!(msgs.len(), 4, "system, user, assistant, user");
+        assert_eq!(msgs[2]["content"], " the end");
+        assert_eq!(
+            msgs[1],
+            body(&a)["messages"][1],
+            "history is resent unchanged"
+        );
+        assert_eq!(body(&next)["user"], "session-0");
+        // Two turns done: session 0 ends; a failed turn ends session 1.
+        c.complete(2, Some(" ok"));
+        c.complete(1, None);
+        assert_eq!(c.request(3).session.as_deref(), Some("session-2"));
+    }
+}
