@@ -7,6 +7,7 @@ use kvmesh_sim::engine;
 use kvmesh_sim::engine::config::EngineArgs;
 use kvmesh_sim::load::config::LoadArgs;
 use kvmesh_sim::load::{report, runner};
+use kvmesh_sim::report::ReportArgs;
 use kvmesh_sim::simulate::{self, SimulateArgs};
 
 /// Mock vLLM engine, load generator and cluster simulator for kvmesh.
@@ -25,6 +26,8 @@ enum Command {
     Load(LoadArgs),
     /// Simulate a cluster (engines, gossip, routing policies) in virtual time.
     Simulate(SimulateArgs),
+    /// Sample engines during a run; render the demo's table, report.html and results.json.
+    Report(ReportArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -40,6 +43,7 @@ fn main() -> anyhow::Result<()> {
         Command::Engine(args) => run_engine(args),
         Command::Load(args) => run_load(args),
         Command::Simulate(args) => run_simulate(&args),
+        Command::Report(args) => kvmesh_sim::report::main(args),
     }
 }
 
