@@ -355,7 +355,9 @@ impl Engine {
         };
         for &(id, n) in &plan {
             let seq = &self.seqs[&id];
-            if !(n == 1 && seq.num_computed + 1 == seq.tokens.len() && seq.num_output > 0) {
+            if n == 1 && seq.num_computed + 1 == seq.tokens.len() && seq.num_output > 0 {
+                shape.decode_context_tokens += seq.num_computed as u64;
+            } else {
                 shape.prefill_tokens += n as u64;
                 shape.attention_work += n as f64 * (seq.num_computed as f64 + n as f64 / 2.0);
             }
