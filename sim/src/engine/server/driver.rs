@@ -107,6 +107,14 @@ async fn run(
             }
         }
         engine.advance_into(epoch.elapsed(), &mut outputs);
+        // Publish the cache changes of these steps before their tokens go out, so a consumer
+        // of KV events is not behind a client that reacts to the answer.
+        let evs = engine.take_kv_events();
+        if let Some(tx) = &events
+            && !evs.is_empty()
+        {
+            let _ = tx.send(evs);
+        }
         for out in outputs.drain(..) {
             let id = out.request;
             let done = out.finished.is_some();
@@ -134,12 +142,6 @@ async fn run(
                 sinks.remove(&id);
                 engine.abort(id, epoch.elapsed());
             }
-        }
-        let evs = engine.take_kv_events();
-        if let Some(tx) = &events
-            && !evs.is_empty()
-        {
-            let _ = tx.send(evs);
         }
         if sinks.is_empty() && engine.is_idle() && rx.is_closed() {
             return;
