@@ -4,8 +4,12 @@
 //!   timing), reusable with virtual time.
 //! - [`engine`] also holds the HTTP server and the KV-event publisher around it.
 //! - [`load`] is the load generator.
+//! - [`simulate`] is the discrete-event cluster simulator (`kvmesh-sim simulate`).
+//! - [`report`] samples engines during a run and renders the demo's report.
 
 pub mod engine;
 pub mod load;
+pub mod report;
 pub mod rng;
+pub mod simulate;
 pub mod text;

@@ -7,6 +7,8 @@ use kvmesh_sim::engine;
 use kvmesh_sim::engine::config::EngineArgs;
 use kvmesh_sim::load::config::LoadArgs;
 use kvmesh_sim::load::{report, runner};
+use kvmesh_sim::report::ReportArgs;
+use kvmesh_sim::simulate::{self, SimulateArgs};
 
 /// Mock vLLM engine, load generator and cluster simulator for kvmesh.
 #[derive(Parser, Debug)]
@@ -22,6 +24,10 @@ enum Command {
     Engine(EngineArgs),
     /// Generate load against OpenAI-compatible targets and report latency and cache hits.
     Load(LoadArgs),
+    /// Simulate a cluster (engines, gossip, routing policies) in virtual time.
+    Simulate(SimulateArgs),
+    /// Sample engines during a run; render the demo's table, report.html and results.json.
+    Report(ReportArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -36,6 +42,8 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Engine(args) => run_engine(args),
         Command::Load(args) => run_load(args),
+        Command::Simulate(args) => run_simulate(&args),
+        Command::Report(args) => kvmesh_sim::report::main(args),
     }
 }
 
@@ -51,6 +59,33 @@ fn run_load(args: LoadArgs) -> anyhow::Result<()> {
         let json = serde_json::to_string_pretty(&report)?;
         std::fs::write(path, json + "\n")
             .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn run_simulate(args: &SimulateArgs) -> anyhow::Result<()> {
+    let report = simulate::simulate(args)?;
+    print!("{}", simulate::report::markdown(&report));
+    if let Some(path) = &args.json {
+        let json = serde_json::to_string_pretty(&report)?;
+        std::fs::write(path, json + "\n")
+            .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+    }
+    if let Some(dir) = &args.svg_dir {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", dir.display()))?;
+        let plots = [
+            ("ttft-cdf.svg", simulate::svg::ttft_cdf(&report)),
+            ("hit-rate-vs-nodes.svg", simulate::svg::hit_rate_vs_nodes(&report)),
+            ("gossip-vs-nodes.svg", simulate::svg::gossip_vs_nodes(&report)),
+        ];
+        for (name, svg) in plots {
+            if let Some(svg) = svg {
+                let path = dir.join(name);
+                std::fs::write(&path, svg)
+                    .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+            }
+        }
     }
     Ok(())
 }

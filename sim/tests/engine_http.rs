@@ -360,8 +360,9 @@ async fn eviction_happens_at_capacity() {
 
 #[tokio::test]
 async fn prefill_and_decode_legs_follow_the_nixl_protocol() {
-    let prefill = EngineProc::start(&["--time-scale", "0.2", "--role", "prefill"]);
-    let decode = EngineProc::start(&["--time-scale", "0.2", "--role", "decode"]);
+    // Real time: pulling 250 blocks is modelled at ~60 ms, computing 4000 tokens at ~350 ms.
+    let prefill = EngineProc::start(&["--role", "prefill"]);
+    let decode = EngineProc::start(&["--role", "decode"]);
     let client = LoadClient::new();
     let prompt = text_of_tokens(4000, 9);
     let leg1 = json!({"prompt": prompt, "max_tokens": 1, "stream": false, "kv_transfer_params": {
@@ -427,4 +428,52 @@ async fn prefill_and_decode_legs_follow_the_nixl_protocol() {
     )
     .await;
     assert_eq!(s, 400);
+}
+
+#[tokio::test]
+async fn a_client_that_goes_away_gets_its_request_aborted() {
+    let engine = EngineProc::start(&["--max-num-seqs", "1"]);
+    let client = LoadClient::new();
+    let url = format!("{}/v1/completions", engine.url);
+    let long = json!({"prompt": "tell me a long story", "max_tokens": 5000, "ignore_eos": true, "stream": true});
+    // One request streams (and holds the only slot), a second one waits in the queue; both
+    // clients give up after 300 ms.
+    let a = client.measure(
+        &url,
+        long.to_string().into(),
+        &[],
+        true,
+        false,
+        Duration::from_millis(300),
+    );
+    let b = client.measure(
+        &url,
+        long.to_string().into(),
+        &[],
+        true,
+        false,
+        Duration::from_millis(300),
+    );
+    let (a, b) = tokio::join!(a, b);
+    assert_eq!(a.error, Some(kvmesh_sim::load::client::ErrorKind::Timeout));
+    assert_eq!(b.error, Some(kvmesh_sim::load::client::ErrorKind::Timeout));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, text) = within(10, client.get_text(&format!("{}/metrics", engine.url)))
+            .await
+            .unwrap();
+        let aborted = text.contains("finished_reason=\"abort\"} 2.0");
+        let idle = text
+            .contains("vllm:num_requests_running{model_name=\"mock-model\",engine=\"0\"} 0.0")
+            && text
+                .contains("vllm:num_requests_waiting{model_name=\"mock-model\",engine=\"0\"} 0.0");
+        if aborted && idle {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "requests not aborted:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

@@ -59,6 +59,7 @@ impl EngineConfig {
 
     pub fn start(self) -> Engine {
         let mut command = Command::new(KVMESH_SIM.path());
+        command.env("NO_COLOR", "1"); // plain logs in failure reports
         command.args(["engine", "--host", "127.0.0.1", "--port", "0"]);
         for model in &self.models {
             command.args(["--model", model]);

@@ -74,6 +74,14 @@ impl SidecarConfig {
 
     pub fn start(self) -> Sidecar {
         let mut command = Command::new(KVMESH.path());
+        // `kvmesh serve` reads every flag from KVMESH_* variables too; the test's command line
+        // alone must decide (KVMESH_BIN and the like are the harness's own).
+        for (name, _) in std::env::vars_os() {
+            if name.to_string_lossy().starts_with("KVMESH_") {
+                command.env_remove(name);
+            }
+        }
+        command.env("NO_COLOR", "1"); // plain logs in failure reports
         command.args(["serve", "--backend", &self.backend]);
         command.args(["--listen", "127.0.0.1:0", "--mesh", "127.0.0.1:0"]);
         command.args(["--node-id", &self.node_id, "--cluster-id", &self.cluster_id]);

@@ -51,15 +51,19 @@ impl Call {
         }
     }
 
+    /// The request body. It asks for exactly `max_tokens` tokens (`ignore_eos`, a vLLM
+    /// extension the mock engine honours), so an answer's length and duration are known.
     pub fn body(self, model: &str, prompt: &str, max_tokens: u32) -> Value {
-        match self {
+        let mut body = match self {
             Call::Completion | Call::StreamedCompletion => {
                 completion_body(model, prompt, max_tokens, self.streamed())
             }
             Call::Chat | Call::StreamedChat => {
                 chat_body(model, prompt, max_tokens, self.streamed())
             }
-        }
+        };
+        body["ignore_eos"] = Value::Bool(true);
+        body
     }
 
     pub fn request(self, model: &str, prompt: &str, max_tokens: u32) -> Request {

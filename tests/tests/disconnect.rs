@@ -133,7 +133,23 @@ fn a_client_that_hangs_up_before_the_answer_cancels_upstream_too() {
         if observed == [(0.0, 1.0), (0.0, 2.0)] {
             Ok(())
         } else {
-            Err(format!("(running, aborted) per engine: {observed:?}"))
+            let finished: Vec<(f64, f64)> = cluster
+                .nodes()
+                .iter()
+                .map(|n| {
+                    (
+                        n.engine
+                            .metric("vllm:request_success_total", &[("finished_reason", "stop")]),
+                        n.engine.metric(
+                            "vllm:request_success_total",
+                            &[("finished_reason", "length")],
+                        ),
+                    )
+                })
+                .collect();
+            Err(format!(
+                "(running, aborted) per engine: {observed:?}, finished by any reason: {finished:?}"
+            ))
         }
     });
     assert_everything_works(&cluster);

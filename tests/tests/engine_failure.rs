@@ -1,5 +1,6 @@
 //! When an engine stops, its sidecar stays in the mesh as an entry point but stops being a
-//! target; when no engine is left, clients get 503 with `Retry-After`.
+//! target; when no engine is left, clients get 503 with `Retry-After`; a node that says it is
+//! ready serves its own engine's model.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -83,6 +84,8 @@ fn a_sidecar_whose_engine_stopped_still_forwards_elsewhere() {
 #[test]
 fn no_live_target_gets_503_with_retry_after() {
     let mut cluster = Cluster::start(&[NodeSpec::new("solo", &["shared"])]);
+    // Ready means listening; the engine's models arrive with its first poll.
+    cluster.wait_models(&["solo"], &["shared"], CONVERGENCE_TIMEOUT);
     call(
         cluster.sidecar("solo"),
         Call::Completion,
@@ -114,4 +117,20 @@ fn no_live_target_gets_503_with_retry_after() {
             response.describe()
         );
     }
+}
+
+#[test]
+fn a_node_serves_its_own_engine_as_soon_as_it_is_ready() {
+    // The readiness line is what an orchestrator waits for; a request sent right after it,
+    // for the model of the node's own healthy engine, must not be turned away.
+    let cluster = Cluster::start(&[NodeSpec::new("solo", &["shared"])]);
+    let response = cluster
+        .sidecar("solo")
+        .send(Call::Completion.request("shared", "first", 4));
+    assert_eq!(
+        response.status,
+        200,
+        "the first request after the readiness line: {}",
+        response.describe()
+    );
 }

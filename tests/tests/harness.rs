@@ -118,7 +118,9 @@ fn engine_notices_a_client_that_hangs_up_mid_stream() {
     let engine = EngineConfig::new("engine", &["m"])
         .timing(Timing::Scaled(1.0))
         .start();
-    let open = Request::post_json(COMPLETIONS, &completion_body("m", "tell me", 2000, true))
+    let mut body = completion_body("m", "tell me", 2000, true);
+    body["ignore_eos"] = true.into(); // no natural stop before the client leaves
+    let open = Request::post_json(COMPLETIONS, &body)
         .open(engine.addr())
         .expect("stream opens");
     let mut events = SseReader::new(open);

@@ -79,6 +79,14 @@ fn a_fourth_node_joins_through_the_seeds_and_serves_within_seconds() {
     }
 }
 
+/// What sequential traffic saw while a death was being detected.
+#[derive(Default)]
+struct DetectionWindow {
+    succeeded: usize,
+    failures: Vec<String>,
+    slowest: Duration,
+}
+
 #[test]
 fn a_killed_sidecar_is_dropped_and_then_no_request_fails() {
     let mut cluster = Cluster::start(&[
@@ -99,35 +107,42 @@ fn a_killed_sidecar_is_dropped_and_then_no_request_fails() {
     let stop = AtomicBool::new(false);
     let (detection, window) = std::thread::scope(|scope| {
         let traffic = scope.spawn(|| {
-            let (mut succeeded, mut failures) = (0, Vec::new());
+            let mut window = DetectionWindow::default();
             for round in 0.. {
                 if stop.load(Ordering::Relaxed) {
                     break;
                 }
                 let entry = if round % 2 == 0 { "a" } else { "b" };
                 let kind = Call::ALL[round % 4];
-                match try_call(cluster.sidecar(entry), kind, "shared", "during detection") {
-                    Ok(served) if served.node != "c" => succeeded += 1,
-                    Ok(served) => failures.push(format!("served by the dead node: {served:?}")),
-                    Err(problem) => failures.push(problem),
+                let started = Instant::now();
+                let outcome = try_call(cluster.sidecar(entry), kind, "shared", "during detection");
+                window.slowest = window.slowest.max(started.elapsed());
+                match outcome {
+                    Ok(served) if served.node != "c" => window.succeeded += 1,
+                    Ok(served) => window
+                        .failures
+                        .push(format!("served by the dead node: {served:?}")),
+                    Err(problem) => window.failures.push(problem),
                 }
             }
-            (succeeded, failures)
+            window
         });
         cluster.wait_membership(&["a", "b"], CONVERGENCE_TIMEOUT);
         let detection = killed_at.elapsed();
         stop.store(true, Ordering::Relaxed);
         (detection, traffic.join().expect("traffic thread"))
     });
-    let (succeeded, failures) = window;
     println!(
-        "kill -9 of c detected by a and b after {detection:?}; meanwhile {succeeded} requests \
-         succeeded and {} failed{}",
-        failures.len(),
-        failures
+        "kill -9 of c detected by a and b after {detection:?}; meanwhile {} requests \
+         succeeded and {} failed{}; the slowest took {:?}",
+        window.succeeded,
+        window.failures.len(),
+        window
+            .failures
             .first()
             .map(|first| format!(", first: {first}"))
-            .unwrap_or_default()
+            .unwrap_or_default(),
+        window.slowest,
     );
     assert!(
         detection <= CI_BOUND,

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use kvmesh_tests::openai::assert_completion;
 use kvmesh_tests::{
     CONVERGENCE_TIMEOUT, Call, Cluster, Node, NodeSpec, Request, SseReader, Timing, call, wait_for,
 };
@@ -237,5 +238,60 @@ fn concurrent_requests_from_one_entry_spread_over_the_engines() {
     assert!(
         busiest <= REQUESTS * 2 / 3,
         "routing piles onto one engine: {served_by:?}"
+    );
+}
+
+#[test]
+fn request_ids_travel_to_the_engine_and_back() {
+    // The mock engine, like vLLM, names its answer after the X-Request-Id it received
+    // (`cmpl-ID`, `chatcmpl-ID`), so the body shows what reached the engine.
+    let cluster = three_nodes();
+    let entry = cluster.sidecar("a");
+    let mut generated = Vec::new();
+    for (model, owner) in [("only-a", "a"), ("only-b", "b")] {
+        for kind in [Call::Completion, Call::Chat] {
+            let given = format!("e2e-{model}-{kind:?}");
+            let request = kind.request(model, "ids", 4).header("x-request-id", &given);
+            let response = entry.send(request);
+            let body = assert_completion(&response, kind.object(), model);
+            assert_eq!(response.header("x-kvmesh-node"), Some(owner));
+            assert_eq!(
+                response.header("x-request-id"),
+                Some(given.as_str()),
+                "{}",
+                response.describe()
+            );
+            let answer_id = body["id"].as_str().unwrap_or_default();
+            assert!(
+                answer_id.ends_with(&given),
+                "the engine got another id: {answer_id}"
+            );
+
+            // Without one, the entry makes one up, and the engine gets that.
+            let response = entry.send(kind.request(model, "ids", 4));
+            let body = assert_completion(&response, kind.object(), model);
+            let made_up = response
+                .header("x-request-id")
+                .unwrap_or_default()
+                .to_string();
+            assert!(
+                !made_up.is_empty(),
+                "no x-request-id generated: {}",
+                response.describe()
+            );
+            let answer_id = body["id"].as_str().unwrap_or_default();
+            assert!(
+                answer_id.ends_with(&made_up),
+                "engine used {answer_id}, entry said {made_up}"
+            );
+            generated.push(made_up);
+        }
+    }
+    generated.sort();
+    generated.dedup();
+    assert_eq!(
+        generated.len(),
+        4,
+        "generated request ids repeat: {generated:?}"
     );
 }

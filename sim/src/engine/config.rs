@@ -63,6 +63,9 @@ pub struct EngineArgs {
     /// Extra step time per sequence in the batch, milliseconds.
     #[arg(long, default_value_t = 0.15)]
     pub decode_step_ms_per_seq: f64,
+    /// Decode cost of reading the KV: nanoseconds per context token of each decoding sequence.
+    #[arg(long, default_value_t = 10.0)]
+    pub decode_ns_per_ctx_token: f64,
     /// Attention cost of prefill, nanoseconds per (token × context token).
     #[arg(long, default_value_t = 1.0)]
     pub attention_ns_per_token_ctx: f64,
@@ -79,7 +82,8 @@ pub struct EngineArgs {
     #[arg(long, value_enum, default_value_t = Role::Mixed)]
     pub role: Role,
     /// Publish KV cache events on a ZMQ PUB socket bound here, e.g. tcp://127.0.0.1:5557
-    /// (port 0 picks a free one; the endpoint is printed on stdout).
+    /// (port 0 picks a free one; the endpoint is printed on stdout; vLLM's tcp://*:PORT
+    /// means all interfaces).
     #[arg(long)]
     pub kv_events: Option<String>,
     /// ZMQ ROUTER endpoint answering replay requests (e.g. tcp://127.0.0.1:5558).
@@ -124,6 +128,7 @@ impl EngineArgs {
             timing: TimingModel {
                 step_overhead_s: self.decode_step_ms / 1e3,
                 per_seq_s: self.decode_step_ms_per_seq / 1e3,
+                decode_s_per_ctx_token: self.decode_ns_per_ctx_token / 1e9,
                 prefill_tokens_per_s: self.prefill_tokens_per_s.max(1e-9),
                 attention_s_per_token_ctx: self.attention_ns_per_token_ctx / 1e9,
                 kv_transfer_s_per_block: self.kv_transfer_ms_per_block / 1e3,

@@ -74,11 +74,19 @@ pub struct KvEventsPublisher {
 
 type Buffer = Arc<Mutex<VecDeque<(u64, Bytes)>>>;
 
+/// vLLM's configs say `tcp://*:PORT` (all interfaces); the zeromq crate wants an address.
+pub fn normalize_endpoint(endpoint: &str) -> String {
+    match endpoint.strip_prefix("tcp://*:") {
+        Some(port) => format!("tcp://0.0.0.0:{port}"),
+        None => endpoint.to_owned(),
+    }
+}
+
 /// Binds the sockets and starts the publishing and replay tasks on the current runtime.
 pub async fn start(cfg: KvEventsConfig) -> Result<KvEventsPublisher, KvEventsError> {
     let mut pub_socket = PubSocket::new();
     let endpoint = pub_socket
-        .bind(&cfg.endpoint)
+        .bind(&normalize_endpoint(&cfg.endpoint))
         .await
         .map_err(|source| KvEventsError::Bind {
             endpoint: cfg.endpoint.clone(),
@@ -91,7 +99,7 @@ pub async fn start(cfg: KvEventsConfig) -> Result<KvEventsPublisher, KvEventsErr
         Some(ep) => {
             let mut router = RouterSocket::new();
             let bound = router
-                .bind(ep)
+                .bind(&normalize_endpoint(ep))
                 .await
                 .map_err(|source| KvEventsError::Bind {
                     endpoint: ep.clone(),
@@ -276,6 +284,15 @@ fn encode_event(e: &KvCacheEvent, format: KvEventsFormat) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn vllm_wildcard_endpoints_are_accepted() {
+        assert_eq!(normalize_endpoint("tcp://*:5557"), "tcp://0.0.0.0:5557");
+        assert_eq!(
+            normalize_endpoint("tcp://127.0.0.1:5557"),
+            "tcp://127.0.0.1:5557"
+        );
+    }
 
     #[test]
     fn both_shapes_decode_with_a_msgpack_decoder() {

@@ -20,58 +20,15 @@ use std::time::Duration;
 
 use super::block_hash::{BlockHash, BlockHasher, CacheKey};
 use super::block_pool::{BlockId, BlockPool, KvCacheEvent};
+use super::config::{EngineConfig, EngineGauges};
 use super::request::{
     EngineRequest, Finished, KvTransfer, Output, RequestId, SubmitError, validate,
 };
 use super::stats::{EngineStats, FinishReason};
-use super::timing::{StepShape, TimingModel};
+use super::timing::StepShape;
 use super::tokenizer::token_id;
 use crate::rng::mix64;
 use crate::text;
-
-/// Static configuration of an engine.
-#[derive(Debug, Clone, PartialEq)]
-pub struct EngineConfig {
-    /// KV capacity in blocks (vLLM's `num_gpu_blocks`).
-    pub num_gpu_blocks: u32,
-    /// Tokens per block.
-    pub block_size: u32,
-    /// Most sequences in one batch.
-    pub max_num_seqs: u32,
-    /// Most tokens computed in one step (chunked prefill budget).
-    pub max_num_batched_tokens: u32,
-    /// Context window: prompt plus output tokens.
-    pub max_model_len: u32,
-    /// Step timing.
-    pub timing: TimingModel,
-    /// Seed of the output text and of the block-hash root.
-    pub seed: u64,
-}
-
-impl Default for EngineConfig {
-    fn default() -> Self {
-        Self {
-            num_gpu_blocks: 8192,
-            block_size: 16,
-            max_num_seqs: 256,
-            max_num_batched_tokens: 8192,
-            max_model_len: 131_072,
-            timing: TimingModel::default(),
-            seed: 0,
-        }
-    }
-}
-
-/// Gauges of the engine at one instant.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct EngineGauges {
-    /// Sequences in the running batch.
-    pub running: usize,
-    /// Requests waiting (including those waiting for a KV transfer).
-    pub waiting: usize,
-    /// Fraction of KV blocks referenced by requests.
-    pub kv_usage: f64,
-}
 
 #[derive(Debug)]
 struct Seq {
@@ -166,6 +123,20 @@ impl Engine {
         let mut v = Vec::new();
         self.hasher.extend_chain(&mut v, tokens, key);
         v
+    }
+
+    /// Prompt tokens of `tokens` a request would find cached right now (the longest cached
+    /// chain of full blocks, at most `(len - 1) / block_size` blocks, as admission counts it).
+    /// An oracle for the cluster simulator; it changes nothing.
+    pub fn cached_prefix_tokens(&self, tokens: &[u32], key: &CacheKey) -> usize {
+        let bs = self.cfg.block_size as usize;
+        let max_hit = tokens.len().saturating_sub(1) / bs;
+        let hashes = self.block_hashes(&tokens[..max_hit * bs], key);
+        hashes
+            .iter()
+            .take_while(|&&h| self.pool.contains(h))
+            .count()
+            * bs
     }
 
     /// Takes the KV cache events recorded since the last call, in order.
@@ -384,7 +355,9 @@ impl Engine {
         };
         for &(id, n) in &plan {
             let seq = &self.seqs[&id];
-            if !(n == 1 && seq.num_computed + 1 == seq.tokens.len() && seq.num_output > 0) {
+            if n == 1 && seq.num_computed + 1 == seq.tokens.len() && seq.num_output > 0 {
+                shape.decode_context_tokens += seq.num_computed as u64;
+            } else {
                 shape.prefill_tokens += n as u64;
                 shape.attention_work += n as f64 * (seq.num_computed as f64 + n as f64 / 2.0);
             }

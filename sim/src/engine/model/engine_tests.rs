@@ -45,6 +45,14 @@ fn a_repeated_prompt_hits_the_cache_and_has_a_smaller_ttft() {
         first.last().unwrap().1.finished.as_ref().unwrap().reason,
         FinishReason::Length
     );
+    assert_eq!(
+        e.cached_prefix_tokens(&prompt(1, 4000), &CacheKey::default()),
+        249 * 16
+    );
+    assert_eq!(
+        e.cached_prefix_tokens(&prompt(2, 4000), &CacheKey::default()),
+        0
+    );
     let start = ttft1 + Duration::from_secs(1);
     e.submit(EngineRequest::new(2, prompt(1, 4000), 4), start)
         .unwrap();
@@ -324,4 +332,150 @@ fn a_request_submitted_after_an_unadvanced_step_end_never_goes_back_in_time() {
     let (t, _) = out.iter().find(|(_, o)| o.request == 2).unwrap();
     assert!(*t >= late);
     assert!(e.stats().ttft.sum() >= 0.0);
+}
+
+mod random_interleavings {
+    //! Random submits, aborts and clock jumps against a tiny engine (preemption, eviction and
+    //! chunked prefill all happen); invariants checked throughout.
+
+    use std::collections::{HashMap, HashSet};
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Submit {
+            family: u32,
+            len: usize,
+            max_tokens: u32,
+            wait_ms: u64,
+        },
+        Abort {
+            pick: usize,
+            wait_ms: u64,
+        },
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (0u32..4, 1usize..60, 1u32..30, 0u64..40).prop_map(|(family, len, max_tokens, wait_ms)| {
+                Op::Submit { family, len, max_tokens, wait_ms }
+            }),
+            1 => (0usize..64, 0u64..40).prop_map(|(pick, wait_ms)| Op::Abort { pick, wait_ms }),
+        ]
+    }
+
+    fn apply(ev: KvCacheEvent, mirror: &mut HashSet<u64>) {
+        match ev {
+            KvCacheEvent::BlockStored { block_hashes, .. } => {
+                for h in block_hashes {
+                    assert!(mirror.insert(h), "stored twice");
+                }
+            }
+            KvCacheEvent::BlockRemoved { block_hashes } => {
+                for h in block_hashes {
+                    assert!(mirror.remove(&h), "removed unknown");
+                }
+            }
+            KvCacheEvent::AllBlocksCleared => mirror.clear(),
+        }
+    }
+
+    #[derive(Default)]
+    struct Tracker {
+        expected: HashMap<u64, u32>,
+        got: HashMap<u64, u32>,
+        finished: HashSet<u64>,
+        aborted: HashSet<u64>,
+        mirror: HashSet<u64>,
+    }
+
+    impl Tracker {
+        fn check(&mut self, outs: Vec<Output>, e: &mut Engine) -> Result<(), TestCaseError> {
+            for o in outs {
+                prop_assert!(!self.aborted.contains(&o.request), "output after abort");
+                prop_assert!(!self.finished.contains(&o.request), "output after finish");
+                let n = self.got.entry(o.request).or_insert(0);
+                *n += 1;
+                if let Some(f) = o.finished {
+                    prop_assert_eq!(*n, self.expected[&o.request]);
+                    prop_assert_eq!(f.completion_tokens, *n);
+                    self.finished.insert(o.request);
+                }
+            }
+            for ev in e.take_kv_events() {
+                apply(ev, &mut self.mirror);
+            }
+            let actual: HashSet<u64> = e.pool().cached_hashes().collect();
+            prop_assert_eq!(&self.mirror, &actual);
+            prop_assert!(e.stats().prefix_cache_hits <= e.stats().prefix_cache_queries);
+            Ok(())
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+        #[test]
+        fn every_request_completes_exactly_once_and_events_mirror_the_cache(
+            ops in proptest::collection::vec(op(), 1..60),
+            instant in any::<bool>(),
+        ) {
+            let timing = TimingModel { instant, ..TimingModel::default() };
+            let mut e = Engine::new(EngineConfig {
+                num_gpu_blocks: 24,
+                block_size: 4,
+                max_num_seqs: 4,
+                max_num_batched_tokens: 32,
+                max_model_len: 96,
+                timing,
+                seed: 3,
+            });
+            let mut now = Duration::ZERO;
+            let mut t = Tracker::default();
+            let mut ids = Vec::new();
+            for (i, op) in ops.into_iter().enumerate() {
+                let wait = match &op { Op::Submit { wait_ms, .. } | Op::Abort { wait_ms, .. } => *wait_ms };
+                now += Duration::from_millis(wait);
+                let outs = e.advance(now);
+                t.check(outs, &mut e)?;
+                match op {
+                    Op::Submit { family, len, max_tokens, .. } => {
+                        let id = i as u64;
+                        let prompt: Vec<u32> = (0..len as u32).map(|t| family * 1000 + t).collect();
+                        let mut req = EngineRequest::new(id, prompt, max_tokens);
+                        req.ignore_eos = true;
+                        e.submit(req, now).unwrap();
+                        t.expected.insert(id, max_tokens);
+                        ids.push(id);
+                    }
+                    Op::Abort { pick, .. } => {
+                        if let Some(&id) = ids.get(pick % ids.len().max(1))
+                            && e.abort(id, now)
+                        {
+                            t.aborted.insert(id);
+                        }
+                    }
+                }
+            }
+            let mut guard = 0;
+            while let Some(at) = e.next_event_time() {
+                let outs = e.advance(at);
+                t.check(outs, &mut e)?;
+                guard += 1;
+                prop_assert!(guard < 100_000, "engine does not converge");
+            }
+            prop_assert!(e.is_idle());
+            for (id, n) in &t.expected {
+                if !t.aborted.contains(id) {
+                    prop_assert!(t.finished.contains(id), "request {} never finished", id);
+                    prop_assert_eq!(t.got[id], *n);
+                }
+            }
+            prop_assert_eq!(e.pool().num_free(), e.pool().num_blocks());
+            let g = e.gauges();
+            prop_assert_eq!((g.running, g.waiting), (0, 0));
+        }
+    }
 }

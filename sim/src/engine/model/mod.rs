@@ -6,6 +6,7 @@
 
 pub mod block_hash;
 pub mod block_pool;
+pub mod config;
 pub mod engine;
 pub mod request;
 pub mod stats;
@@ -14,7 +15,8 @@ pub mod tokenizer;
 
 pub use block_hash::{BlockHash, BlockHasher, CacheKey};
 pub use block_pool::{BlockId, BlockPool, KvCacheEvent};
-pub use engine::{Engine, EngineConfig, EngineGauges};
+pub use config::{EngineConfig, EngineGauges};
+pub use engine::Engine;
 pub use request::{
     EngineRequest, Finished, KvTransfer, LoraRef, Output, RequestId, SubmitError, validate,
 };

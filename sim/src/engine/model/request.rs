@@ -1,7 +1,7 @@
 //! What goes into the engine model and what comes out of it.
 
 use super::block_pool::BlockId;
-use super::engine::EngineConfig;
+use super::config::EngineConfig;
 use super::stats::FinishReason;
 
 /// Caller-chosen identifier of a request, unique among the requests the engine holds.

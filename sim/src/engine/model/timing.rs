@@ -5,13 +5,15 @@
 //!
 //! ```text
 //! step = step_overhead + per_seq · seqs_in_batch
+//!      + decode_kv · Σ_decoding_seqs context_tokens
 //!      + prefill_tokens / prefill_tokens_per_s
 //!      + attention · Σ_chunks chunk_tokens · (context_before_chunk + chunk_tokens / 2)
 //! ```
 //!
-//! all multiplied by `time_scale` (1.0 = real time; 0.1 = ten times faster). The first two
-//! terms are the decode step time and its growth with batch size; the last term grows with
-//! context length, so long prompts cost more than linearly. `instant` makes every step take
+//! all multiplied by `time_scale` (1.0 = real time; 0.1 = ten times faster). The first three
+//! terms are the decode step time, its growth with batch size and with the KV each decode
+//! reads (long contexts decode slower); the last term grows with context length, so long
+//! prompts cost more than linearly. `instant` makes every step take
 //! zero time (the bookkeeping still runs). A KV transfer for a disaggregated decode costs
 //! `kv_transfer_s_per_block` per block pulled.
 
@@ -24,6 +26,8 @@ pub struct TimingModel {
     pub step_overhead_s: f64,
     /// Extra step time per sequence in the batch, seconds.
     pub per_seq_s: f64,
+    /// Extra step time per context token of each decoding sequence (KV reads), seconds.
+    pub decode_s_per_ctx_token: f64,
     /// Prefill speed for uncached prompt tokens, tokens per second.
     pub prefill_tokens_per_s: f64,
     /// Attention cost, seconds per (token × context token).
@@ -42,6 +46,7 @@ impl Default for TimingModel {
         Self {
             step_overhead_s: 0.012,
             per_seq_s: 0.000_15,
+            decode_s_per_ctx_token: 10.0e-9,
             prefill_tokens_per_s: 12_000.0,
             attention_s_per_token_ctx: 1.0e-9,
             kv_transfer_s_per_block: 0.000_2,
@@ -60,6 +65,8 @@ pub struct StepShape {
     pub prefill_tokens: u64,
     /// Σ chunk_tokens · (context_before_chunk + chunk_tokens / 2) over prefill chunks.
     pub attention_work: f64,
+    /// Σ context tokens over decoding sequences.
+    pub decode_context_tokens: u64,
 }
 
 impl TimingModel {
@@ -70,6 +77,7 @@ impl TimingModel {
         }
         let s = self.step_overhead_s
             + self.per_seq_s * f64::from(shape.seqs)
+            + self.decode_s_per_ctx_token * shape.decode_context_tokens as f64
             + shape.prefill_tokens as f64 / self.prefill_tokens_per_s
             + self.attention_s_per_token_ctx * shape.attention_work;
         scaled(s * self.time_scale)
@@ -99,11 +107,13 @@ mod tests {
             seqs: 1,
             prefill_tokens: 16,
             attention_work: 16.0 * 8.0,
+            ..Default::default()
         };
         let big = StepShape {
             seqs: 1,
             prefill_tokens: 4096,
             attention_work: 4096.0 * 2048.0,
+            ..Default::default()
         };
         assert!(t.step_duration(&big) > t.step_duration(&small) * 10);
         let fast = TimingModel {

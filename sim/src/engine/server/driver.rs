@@ -15,6 +15,9 @@ use crate::engine::model::{
     Engine, EngineGauges, EngineRequest, EngineStats, KvCacheEvent, Output, RequestId,
 };
 
+/// How often the driver looks for requests whose client went away.
+const SWEEP_EVERY: Duration = Duration::from_millis(100);
+
 /// A generated token routed to a request: the choice index and the engine output.
 pub type TokenEvent = (u32, Output);
 
@@ -78,6 +81,7 @@ async fn run(
     let epoch = Instant::now();
     let mut sinks: HashMap<RequestId, (u32, mpsc::UnboundedSender<TokenEvent>)> = HashMap::new();
     let mut outputs = Vec::new();
+    let mut last_sweep = Instant::now();
     loop {
         let deadline = engine.next_event_time().map(|t| epoch + t);
         let cmd = match deadline {
@@ -103,6 +107,14 @@ async fn run(
             }
         }
         engine.advance_into(epoch.elapsed(), &mut outputs);
+        // Publish the cache changes of these steps before their tokens go out, so a consumer
+        // of KV events is not behind a client that reacts to the answer.
+        let evs = engine.take_kv_events();
+        if let Some(tx) = &events
+            && !evs.is_empty()
+        {
+            let _ = tx.send(evs);
+        }
         for out in outputs.drain(..) {
             let id = out.request;
             let done = out.finished.is_some();
@@ -117,11 +129,19 @@ async fn run(
                 engine.abort(id, epoch.elapsed());
             }
         }
-        let evs = engine.take_kv_events();
-        if let Some(tx) = &events
-            && !evs.is_empty()
-        {
-            let _ = tx.send(evs);
+        // Clients that went away while their request waits produce no token to fail on:
+        // look for closed channels now and then and abort those requests, as vLLM does.
+        if last_sweep.elapsed() >= SWEEP_EVERY {
+            last_sweep = Instant::now();
+            let gone: Vec<RequestId> = sinks
+                .iter()
+                .filter(|(_, (_, s))| s.is_closed())
+                .map(|(id, _)| *id)
+                .collect();
+            for id in gone {
+                sinks.remove(&id);
+                engine.abort(id, epoch.elapsed());
+            }
         }
         if sinks.is_empty() && engine.is_idle() && rx.is_closed() {
             return;

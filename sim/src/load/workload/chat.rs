@@ -1,7 +1,8 @@
 //! `chat`: multi-turn sessions whose history grows turn by turn.
 //!
 //! Every session starts with the same system prompt; each turn adds a user message and sends
-//! the whole history to `/v1/chat/completions`, with the session id in `x-session-id`; the
+//! the whole history to `/v1/chat/completions`, with the session id in the `x-session-id`
+//! header and the `user` field; the
 //! answer the engine really gave is appended to the history before the next turn. A request
 //! slot takes the next turn of a session whose previous turn has finished, or opens a new
 //! session, so arrivals stay open-loop while turns of a session stay ordered. A session ends
@@ -110,11 +111,12 @@ impl Workload for Chat {
             api: Api::Chat,
             ..self.body.clone()
         };
-        let body = chat.chat_body(&messages, self.args.chat_output_len);
+        let session_id = format!("session-{}", session.id);
+        let body = chat.chat_body(&messages, self.args.chat_output_len, Some(&session_id));
         let spec = RequestSpec {
             api: Api::Chat,
             body,
-            session: Some(format!("session-{}", session.id)),
+            session: Some(session_id),
             input_tokens,
             output_tokens: self.args.chat_output_len,
         };
@@ -133,5 +135,58 @@ impl Workload for Chat {
         if session.turn < self.args.chat_turns {
             st.ready.push_back(session);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chat(turns: u32) -> Chat {
+        let args = ChatArgs {
+            chat_turns: turns,
+            chat_system_len: 8,
+            chat_user_len: 4,
+            chat_output_len: 2,
+        };
+        Chat::new(
+            args,
+            BodySettings {
+                model: "m".into(),
+                stream: false,
+                api: Api::Completions,
+                seed: 5,
+            },
+        )
+    }
+
+    fn body(spec: &RequestSpec) -> serde_json::Value {
+        serde_json::from_slice(&spec.body).unwrap()
+    }
+
+    #[test]
+    fn turns_of_a_session_follow_its_answers() {
+        let c = chat(2);
+        let a = c.request(0);
+        let b = c.request(1);
+        assert_eq!(a.session.as_deref(), Some("session-0"));
+        assert_eq!(b.session.as_deref(), Some("session-1"), "session 0 is busy");
+        assert_eq!(a.api, Api::Chat);
+        c.complete(0, Some(" the end"));
+        let next = c.request(2);
+        assert_eq!(next.session.as_deref(), Some("session-0"));
+        let msgs = body(&next)["messages"].as_array().unwrap().clone();
+        assert_eq!(msgs.len(), 4, "system, user, assistant, user");
+        assert_eq!(msgs[2]["content"], " the end");
+        assert_eq!(
+            msgs[1],
+            body(&a)["messages"][1],
+            "history is resent unchanged"
+        );
+        assert_eq!(body(&next)["user"], "session-0");
+        // Two turns done: session 0 ends; a failed turn ends session 1.
+        c.complete(2, Some(" ok"));
+        c.complete(1, None);
+        assert_eq!(c.request(3).session.as_deref(), Some("session-2"));
     }
 }

@@ -72,3 +72,45 @@ impl Workload for Gsp {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::load::workload::Api;
+
+    #[test]
+    fn one_pass_covers_every_pair_and_groups_share_their_system_prompt() {
+        let args = GspArgs {
+            gsp_groups: 3,
+            gsp_prompts_per_group: 4,
+            gsp_system_len: 16,
+            gsp_question_len: 4,
+            gsp_output_len: 2,
+        };
+        let g = Gsp::new(
+            args,
+            BodySettings {
+                model: "m".into(),
+                stream: false,
+                api: Api::Completions,
+                seed: 2,
+            },
+        );
+        assert_eq!(g.natural_size(), Some(12));
+        let prompts: Vec<String> = (0..12)
+            .map(|i| {
+                let v: serde_json::Value = serde_json::from_slice(&g.request(i).body).unwrap();
+                v["prompt"].as_str().unwrap().to_owned()
+            })
+            .collect();
+        let mut unique = prompts.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(unique.len(), 12, "every (group, question) once");
+        let mut systems: Vec<&str> = prompts.iter().map(|p| &p[..64]).collect();
+        systems.sort();
+        systems.dedup();
+        assert_eq!(systems.len(), 3, "three shared 16-token system prompts");
+        assert!(prompts.iter().all(|p| p.len() == 20 * 4));
+    }
+}

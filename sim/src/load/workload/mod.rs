@@ -96,13 +96,23 @@ impl BodySettings {
         }
     }
 
-    /// A chat body for `messages` (`(role, content)` pairs).
-    pub fn chat_body(&self, messages: &[(&str, &str)], max_tokens: u32) -> Bytes {
+    /// A chat body for `messages` (`(role, content)` pairs), with `user` set when given
+    /// (the OpenAI field a router may use for session affinity).
+    pub fn chat_body(
+        &self,
+        messages: &[(&str, &str)],
+        max_tokens: u32,
+        user: Option<&str>,
+    ) -> Bytes {
         let msgs: Vec<_> = messages
             .iter()
             .map(|(r, c)| json!({"role": r, "content": c}))
             .collect();
-        self.body(json!({"messages": msgs}), max_tokens)
+        let mut v = json!({"messages": msgs});
+        if let Some(u) = user {
+            v["user"] = json!(u);
+        }
+        self.body(v, max_tokens)
     }
 
     fn body(&self, mut v: serde_json::Value, max_tokens: u32) -> Bytes {

@@ -111,3 +111,50 @@ impl Workload for Rag {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::load::workload::Api;
+
+    #[test]
+    fn documents_are_distinct_and_popular_ones_recur() {
+        let args = RagArgs {
+            rag_docs: 100,
+            rag_doc_len: 8,
+            rag_k: 4,
+            rag_zipf: 1.1,
+            rag_question_len: 4,
+            rag_output_len: 2,
+        };
+        let rag = Rag::new(
+            args,
+            BodySettings {
+                model: "m".into(),
+                stream: false,
+                api: Api::Completions,
+                seed: 1,
+            },
+        );
+        let mut counts = vec![0u32; 100];
+        for i in 0..2000 {
+            let d = rag.documents(i);
+            assert_eq!(d.len(), 4);
+            let mut s = d.clone();
+            s.sort();
+            s.dedup();
+            assert_eq!(s.len(), 4, "distinct");
+            for x in d {
+                counts[x as usize] += 1;
+            }
+        }
+        assert!(
+            counts[0] > 5 * counts[50].max(1),
+            "doc 0 {} vs doc 50 {}",
+            counts[0],
+            counts[50]
+        );
+        assert_eq!(rag.request(7).input_tokens, 32 + 4 * 8 + 4);
+        assert_eq!(rag.request(7).body, rag.request(7).body, "deterministic");
+    }
+}

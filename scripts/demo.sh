@@ -1,0 +1,475 @@
+#!/usr/bin/env bash
+# kvmesh demo on one machine, no GPU: 4 mock vLLM engines, 4 kvmesh sidecars on loopback,
+# the same workloads through kvmesh (random entry nodes), round-robin straight to the engines
+# and, when available, vllm-router's cache_aware policy. Prints a side-by-side table and
+# writes demo-report/report.html and demo-report/results.json.
+#
+# Every run starts with cold caches: each run gets FRESH engine processes (and, for kvmesh,
+# fresh sidecars, so no routing knowledge carries over from an earlier run).
+#
+# Needs only the Rust toolchain (plus python3 for --with-vllm-router). Every process started
+# here runs in its own process group and is killed on exit, error or Ctrl-C.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+
+usage() {
+    cat <<'EOF'
+Usage: scripts/demo.sh [options]
+
+  --nodes N             engines and sidecars (default 4)
+  --workload W          gsp | trace | chat | rag, or a comma-separated list (default gsp,trace)
+  --duration S          seconds of load per run (default 40)
+  --keep                after the runs, leave a kvmesh cluster running and print curl and
+                        openai client commands to try it by hand (Ctrl-C stops it)
+  --with-vllm-router    install vllm-router into a throwaway virtualenv (python3 -m venv +
+                        pip) and compare its cache_aware policy too (used anyway when
+                        vllm-router is on PATH)
+  --no-vllm-router      do not run vllm-router even if it is on PATH
+  --out DIR             report directory (default demo-report)
+  --bin-dir DIR         use the kvmesh and kvmesh-sim binaries in DIR; skip the build
+  --quick               a short gsp run (the end-to-end test of scripts/test.sh); implies
+                        --workload gsp and a small request count
+  -h, --help            this text
+EOF
+}
+
+NODES=4
+WORKLOADS=gsp,trace
+DURATION=40
+KEEP=0
+WITH_VLLM_ROUTER=0
+NO_VLLM_ROUTER=0
+OUT=demo-report
+BIN_DIR=
+QUICK=0
+while [[ $# -gt 0 ]]; do
+    case $1 in
+        --nodes) NODES=$2; shift 2 ;;
+        --workload) WORKLOADS=$2; shift 2 ;;
+        --duration) DURATION=$2; shift 2 ;;
+        --keep) KEEP=1; shift ;;
+        --with-vllm-router) WITH_VLLM_ROUTER=1; shift ;;
+        --no-vllm-router) NO_VLLM_ROUTER=1; shift ;;
+        --out) OUT=$2; shift 2 ;;
+        --bin-dir) BIN_DIR=$2; shift 2 ;;
+        --quick) QUICK=1; WORKLOADS=gsp; shift ;;
+        -h | --help) usage; exit 0 ;;
+        *) printf 'demo.sh: unknown option %s\n\n' "$1" >&2; usage >&2; exit 2 ;;
+    esac
+done
+[[ $NODES =~ ^[0-9]+$ && $NODES -ge 2 ]] || { echo "demo.sh: --nodes must be >= 2" >&2; exit 2; }
+[[ $DURATION =~ ^[0-9]+$ && $DURATION -ge 5 ]] || { echo "demo.sh: --duration must be an integer >= 5" >&2; exit 2; }
+IFS=, read -r -a WORKLOAD_LIST <<<"$WORKLOADS"
+for w in "${WORKLOAD_LIST[@]}"; do
+    case $w in gsp | trace | chat | rag) ;; *) echo "demo.sh: unknown workload $w" >&2; exit 2 ;; esac
+done
+
+T0=$(date +%s)
+log() { printf '[demo %4ss] %s\n' "$(($(date +%s) - T0))" "$*"; }
+die() { log "ERROR: $*" >&2; exit 1; }
+
+# --- processes --------------------------------------------------------------------------
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/kvmesh-demo.XXXXXX")
+mkdir -p "$WORK/logs"
+GROUPS_ALIVE=() # process-group ids (each background process leads its own group)
+
+# Starts "$@" in the background in its own process group, output to $WORK/logs/NAME.log.
+# Sets SPAWNED_PID.
+spawn() {
+    local name=$1
+    shift
+    if command -v setsid >/dev/null 2>&1; then
+        setsid "$@" >"$WORK/logs/$name.log" 2>&1 </dev/null &
+    else
+        "$@" >"$WORK/logs/$name.log" 2>&1 </dev/null &
+    fi
+    SPAWNED_PID=$!
+    GROUPS_ALIVE+=("$SPAWNED_PID")
+}
+
+# Kills the given process groups: TERM, up to 5 s of grace, then KILL; reaps them.
+kill_groups() {
+    local pid deadline
+    for pid in "$@"; do kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true; done
+    deadline=$(($(date +%s) + 5))
+    for pid in "$@"; do
+        while kill -0 "$pid" 2>/dev/null && [[ $(date +%s) -lt $deadline ]]; do sleep 0.1; done
+        kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+    done
+    local keep=() g k
+    for g in "${GROUPS_ALIVE[@]+"${GROUPS_ALIVE[@]}"}"; do
+        k=1
+        for pid in "$@"; do [[ $g == "$pid" ]] && k=0; done
+        [[ $k == 1 ]] && keep+=("$g")
+    done
+    GROUPS_ALIVE=("${keep[@]+"${keep[@]}"}")
+}
+
+cleanup() {
+    local rc=$?
+    trap - EXIT INT TERM
+    if [[ ${#GROUPS_ALIVE[@]} -gt 0 ]]; then
+        log "stopping ${#GROUPS_ALIVE[@]} process(es)"
+        kill_groups "${GROUPS_ALIVE[@]}"
+    fi
+    if [[ $rc -ne 0 && -d $WORK/logs ]]; then
+        log "logs of the processes: $WORK/logs"
+    else
+        rm -rf "$WORK"
+    fi
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'log "interrupted"; exit 130' INT
+trap 'exit 143' TERM
+
+# Waits (at most $3 s) until log file $1 has a line matching regex $2; prints that line.
+wait_line() {
+    local file=$1 re=$2 limit=$3 pid=$4 deadline line
+    deadline=$(($(date +%s) + limit))
+    while :; do
+        line=$(grep -m1 -E "$re" "$file" 2>/dev/null || true)
+        [[ -n $line ]] && { printf '%s\n' "$line"; return 0; }
+        kill -0 "$pid" 2>/dev/null || { tail -n 20 "$file" >&2; return 1; }
+        [[ $(date +%s) -ge $deadline ]] && { tail -n 20 "$file" >&2; return 1; }
+        sleep 0.1
+    done
+}
+
+# GET http://$1$2 (HOST:PORT, path) without curl: bash's /dev/tcp, one request per connection.
+http_get() {
+    local hostport=$1 path=$2
+    if command -v curl >/dev/null 2>&1; then
+        curl -fsS --max-time 5 "http://$hostport$path"
+        return
+    fi
+    local host=${hostport%:*} port=${hostport##*:} fd
+    exec {fd}<>"/dev/tcp/$host/$port" || return 1
+    printf 'GET %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n' "$path" "$hostport" >&"$fd"
+    timeout 5 cat <&"$fd" || true
+    exec {fd}<&-
+}
+
+# --- build ----------------------------------------------------------------------------------
+if [[ -n $BIN_DIR ]]; then
+    BIN_DIR=$(cd "$BIN_DIR" && pwd)
+else
+    log "building release binaries (cargo build --release -p kvmesh-node -p kvmesh-sim --bins)"
+    (cd "$ROOT" && cargo build --release -p kvmesh-node -p kvmesh-sim --bins)
+    BIN_DIR="$ROOT/target/release"
+fi
+KVMESH="$BIN_DIR/kvmesh"
+SIM="$BIN_DIR/kvmesh-sim"
+[[ -x $KVMESH && -x $SIM ]] || die "no kvmesh / kvmesh-sim binaries in $BIN_DIR"
+T0=$(date +%s) # the time budget counts from here
+
+# --- workloads and the engine timing model ------------------------------------------------
+# The engines model one GPU each (vLLM V1 scheduler, prefix cache, chunked prefill) with the
+# sim's defaults: 12k prompt tokens/s of prefill (an 8B model on one A100-class GPU), a 12 ms
+# decode step plus 0.15 ms per sequence in the batch. Per workload we choose the KV capacity
+# (so that the working set fits the cluster's combined cache but not every single engine) and
+# a time scale (trace only, so that the trace's 17 minutes fit the run).
+ENGINE_ARGS=()
+LOAD_ARGS=()
+ENGINE_NOTE=
+EXPECTED_S=$DURATION # about how long one run's load lasts
+configure() {
+    local w=$1
+    LOAD_ARGS=(--workload "$w" --stream --seed 7 --timeout 120 --threads 1)
+    case $w in
+        gsp)
+            # SGLang's generated-shared-prefix benchmark: 2048-token system prompts shared by
+            # 16 questions each. 64k tokens of KV per engine: all system prompts fit on one
+            # engine only if each engine holds a quarter of them.
+            # --quick: 16 groups x 8 prompts, short outputs (about 11 s of load).
+            local rate=16 ppg=16 out=128 groups
+            groups=$((rate * DURATION / ppg))
+            [[ $QUICK == 1 ]] && { rate=12; ppg=8; out=32; groups=16; }
+            EXPECTED_S=$((groups * ppg / rate))
+            ENGINE_ARGS=(--kv-blocks 4096 --block-size 16)
+            LOAD_ARGS+=(--rate "$rate" --gsp-groups "$groups" --gsp-prompts-per-group "$ppg"
+                --gsp-system-len 2048 --gsp-question-len 128 --gsp-output-len "$out")
+            ENGINE_NOTE="gsp: $groups groups x $ppg prompts (2048-token system prompt + 128-token question, $out output tokens) at $rate req/s (Poisson); engines: 4096 KV blocks x 16 tokens, real-time model"
+            ;;
+        trace)
+            # The Mooncake synthetic trace (sim/data/), its 1022 s compressed into the run;
+            # prompts clipped to 2048 tokens (their first four 512-token blocks, which carry
+            # most of the reuse) and outputs to 64 tokens so that the compressed load fits 2
+            # CPU cores. The engines run 4x faster than real time (--time-scale 0.25), so the
+            # latencies are a quarter of what the modelled GPU would show.
+            local scale
+            scale=$(awk -v d="$DURATION" 'BEGIN { printf "%.4f", d / 1022.0 }')
+            ENGINE_ARGS=(--kv-blocks 16384 --block-size 16 --time-scale 0.25)
+            LOAD_ARGS+=(--time-scale "$scale" --max-input-tokens 2048 --max-output-tokens 64)
+            ENGINE_NOTE="trace: Mooncake synthetic trace at ${scale}x its timestamps, prompts clipped to 2048 tokens, outputs to 64; engines: 16384 KV blocks x 16 tokens, modelled time x0.25"
+            ;;
+        chat)
+            ENGINE_ARGS=(--kv-blocks 8192 --block-size 16)
+            LOAD_ARGS+=(--rate 8 --duration "$DURATION")
+            ENGINE_NOTE="chat: multi-turn sessions at 8 req/s for ${DURATION} s; engines: 8192 KV blocks x 16 tokens"
+            ;;
+        rag)
+            ENGINE_ARGS=(--kv-blocks 8192 --block-size 16)
+            LOAD_ARGS+=(--rate 8 --duration "$DURATION")
+            ENGINE_NOTE="rag: Zipf-popular documents at 8 req/s for ${DURATION} s; engines: 8192 KV blocks x 16 tokens"
+            ;;
+    esac
+}
+
+# --- cluster ------------------------------------------------------------------------------
+ENGINE_URLS=()
+ENGINE_PIDS=()
+SIDECAR_URLS=()
+SIDECAR_PIDS=()
+SIDECAR_ADDRS=()
+
+start_engines() {
+    local tag=$1 i line
+    ENGINE_URLS=()
+    ENGINE_PIDS=()
+    for ((i = 1; i <= NODES; i++)); do
+        spawn "$tag-engine-$i" "$SIM" engine --port 0 --model mock-model --engine-index "$i" \
+            --seed "$i" "${ENGINE_ARGS[@]}"
+        ENGINE_PIDS+=("$SPAWNED_PID")
+    done
+    for ((i = 1; i <= NODES; i++)); do
+        line=$(wait_line "$WORK/logs/$tag-engine-$i.log" 'listening on http://' 30 "${ENGINE_PIDS[i - 1]}") ||
+            die "engine $i did not start (log: $WORK/logs/$tag-engine-$i.log)"
+        ENGINE_URLS+=("${line##* }")
+    done
+}
+
+TLS_DIR="$WORK/tls"
+make_certs() {
+    log "creating a cluster CA and $NODES node certificates in $TLS_DIR"
+    "$KVMESH" cert init --dir "$TLS_DIR" >/dev/null
+    local i
+    for ((i = 1; i <= NODES; i++)); do
+        "$KVMESH" cert issue --dir "$TLS_DIR" --node "node-$i" >/dev/null
+    done
+}
+
+start_sidecars() {
+    local tag=$1 i line seed=
+    SIDECAR_URLS=()
+    SIDECAR_PIDS=()
+    SIDECAR_ADDRS=()
+    for ((i = 1; i <= NODES; i++)); do
+        local args=(serve --backend "${ENGINE_URLS[i - 1]}" --listen 127.0.0.1:0 --mesh 127.0.0.1:0
+            --node-id "node-$i" --tls-dir "$TLS_DIR")
+        [[ -n $seed ]] && args+=(--seeds "$seed")
+        spawn "$tag-node-$i" "$KVMESH" "${args[@]}"
+        SIDECAR_PIDS+=("$SPAWNED_PID")
+        line=$(wait_line "$WORK/logs/$tag-node-$i.log" 'kvmesh listening on http://' 30 "$SPAWNED_PID") ||
+            die "sidecar node-$i did not start (log: $WORK/logs/$tag-node-$i.log)"
+        # "kvmesh listening on http://HTTP mesh MESH node NAME"
+        local http mesh
+        http=$(sed -E 's/.*listening on http:\/\/([^ ]+).*/\1/' <<<"$line")
+        mesh=$(sed -E 's/.* mesh ([^ ]+).*/\1/' <<<"$line")
+        SIDECAR_URLS+=("http://$http")
+        SIDECAR_ADDRS+=("$http")
+        if [[ -z $seed ]]; then seed=$mesh; fi
+    done
+}
+
+# Waits until every sidecar sees every other one (with a load digest) in /debug/cluster.
+wait_converged() {
+    local deadline i n ok body
+    deadline=$(($(date +%s) + 30))
+    while :; do
+        ok=0
+        for ((i = 0; i < NODES; i++)); do
+            body=$(http_get "${SIDECAR_ADDRS[i]}" /debug/cluster 2>/dev/null || true)
+            n=$(grep -o '"age_ms"' <<<"$body" | wc -l || true)
+            [[ $n -ge $((NODES - 1)) ]] && ok=$((ok + 1))
+        done
+        if [[ $ok -eq $NODES ]]; then
+            return 0
+        fi
+        [[ $(date +%s) -ge $deadline ]] && die "the mesh did not converge within 30 s ($ok of $NODES nodes see all peers)"
+        sleep 0.2
+    done
+}
+
+show_mesh() {
+    local i body peers
+    for ((i = 0; i < NODES; i++)); do
+        body=$(http_get "${SIDECAR_ADDRS[i]}" /debug/cluster 2>/dev/null || true)
+        peers=$(grep -o '"node":"node-[0-9]*"' <<<"$body" | sed -E 's/.*"(node-[0-9]+)"/\1/' | grep -v "^node-$((i + 1))\$" | sort | paste -sd, - || true)
+        log "  node-$((i + 1)) at ${SIDECAR_URLS[i]} -> engine ${ENGINE_URLS[i]}; sees peers: $peers"
+    done
+}
+
+stop_cluster() {
+    local all=("${SIDECAR_PIDS[@]+"${SIDECAR_PIDS[@]}"}" "${ENGINE_PIDS[@]+"${ENGINE_PIDS[@]}"}" "${ROUTER_PIDS[@]+"${ROUTER_PIDS[@]}"}")
+    [[ ${#all[@]} -gt 0 ]] && kill_groups "${all[@]}"
+    SIDECAR_PIDS=()
+    ENGINE_PIDS=()
+    ROUTER_PIDS=()
+}
+
+# --- vllm-router --------------------------------------------------------------------------
+ROUTER_PIDS=()
+VLLM_ROUTER=
+ROUTER_NOTE=
+find_vllm_router() {
+    [[ $NO_VLLM_ROUTER == 1 ]] && { ROUTER_NOTE="vllm-router: skipped (--no-vllm-router)"; return; }
+    if command -v vllm-router >/dev/null 2>&1; then
+        VLLM_ROUTER=$(command -v vllm-router)
+        return
+    fi
+    if [[ $WITH_VLLM_ROUTER == 0 ]]; then
+        ROUTER_NOTE="vllm-router: not on PATH, not compared (run with --with-vllm-router to install it in a throwaway virtualenv)"
+        return
+    fi
+    command -v python3 >/dev/null 2>&1 || { ROUTER_NOTE="vllm-router: python3 not found, not compared"; return; }
+    log "installing vllm-router into a throwaway virtualenv ($WORK/venv)"
+    if python3 -m venv "$WORK/venv" >"$WORK/logs/venv.log" 2>&1 &&
+        "$WORK/venv/bin/pip" install --quiet vllm-router >>"$WORK/logs/venv.log" 2>&1 &&
+        [[ -x $WORK/venv/bin/vllm-router ]]; then
+        VLLM_ROUTER="$WORK/venv/bin/vllm-router"
+    else
+        ROUTER_NOTE="vllm-router: installation failed, not compared ($(tail -n 1 "$WORK/logs/venv.log"))"
+        log "$ROUTER_NOTE"
+    fi
+}
+
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# Starts vllm-router (cache_aware) in front of ENGINE_URLS; sets ROUTER_URL or returns 1.
+start_router() {
+    local tag=$1 port mport deadline
+    port=$(free_port)
+    mport=$(free_port)
+    spawn "$tag-vllm-router" "$VLLM_ROUTER" --host 127.0.0.1 --port "$port" --policy cache_aware \
+        --prometheus-port "$mport" --worker-urls "${ENGINE_URLS[@]}"
+    ROUTER_PIDS+=("$SPAWNED_PID")
+    ROUTER_URL="http://127.0.0.1:$port"
+    deadline=$(($(date +%s) + 60))
+    until http_get "127.0.0.1:$port" /v1/models 2>/dev/null | grep -q mock-model; do
+        kill -0 "$SPAWNED_PID" 2>/dev/null || return 1
+        [[ $(date +%s) -ge $deadline ]] && return 1
+        sleep 0.5
+    done
+}
+
+# --- one run ------------------------------------------------------------------------------
+RUN_FLAGS=()
+if [[ $OUT == /* ]]; then OUT_DIR=$OUT; else OUT_DIR="$ROOT/$OUT"; fi
+RUNS_DIR="$OUT_DIR/runs"
+
+# run_load WORKLOAD POLICY PICK TARGET...: samples the engines and runs the load generator.
+run_load() {
+    local w=$1 policy=$2 pick=$3
+    shift 3
+    local targets
+    targets=$(IFS=,; echo "$*")
+    local engines
+    engines=$(IFS=,; echo "${ENGINE_URLS[*]}")
+    local slug=${policy// /-}
+    local json="$RUNS_DIR/$w-$slug.json"
+    rm -f "$json" "$RUNS_DIR/$w-$slug.samples.jsonl"
+    spawn "$w-$slug-sampler" "$SIM" report sample --engines "$engines" --interval 0.5 \
+        --out "$RUNS_DIR/$w-$slug.samples.jsonl"
+    local sampler=$SPAWNED_PID
+    spawn "$w-$slug-load" "$SIM" load --targets "$targets" --pick "$pick" --engines "$engines" \
+        --json "$json" "${LOAD_ARGS[@]}"
+    local load=$SPAWNED_PID start
+    start=$(date +%s)
+    while kill -0 "$load" 2>/dev/null; do
+        sleep 1
+        local el=$(($(date +%s) - start))
+        if ((el % 10 == 0)); then
+            log "  $w / $policy: ${el} s of about ${EXPECTED_S} s"
+        fi
+    done
+    local rc=0
+    wait "$load" || rc=$?
+    kill_groups "$load"
+    kill_groups "$sampler"
+    if [[ $rc -ne 0 || ! -s $json ]]; then
+        tail -n 20 "$WORK/logs/$w-$slug-load.log" >&2
+        die "the load generator failed on $w / $policy (exit $rc)"
+    fi
+    grep -E '^requests:|hit rate:' "$WORK/logs/$w-$slug-load.log" | sed 's/^/    /' || true
+    RUN_FLAGS+=(--run "$policy=$json")
+}
+
+# --- main -----------------------------------------------------------------------------------
+mkdir -p "$RUNS_DIR"
+make_certs
+find_vllm_router
+NOTES=()
+[[ -n $ROUTER_NOTE ]] && NOTES+=(--note "$ROUTER_NOTE")
+META=(--meta "date=$(date -u '+%Y-%m-%d %H:%M UTC')"
+    --meta "machine=$(uname -sm), $(nproc 2>/dev/null || echo '?') cores, $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2 | sed 's/^ //' || echo 'unknown CPU')"
+    --meta "nodes=$NODES engines, $NODES sidecars on 127.0.0.1"
+    --meta "cold caches=fresh engine processes (and fresh sidecars) for every run")
+if commit=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null); then META+=(--meta "commit=$commit"); fi
+
+for w in "${WORKLOAD_LIST[@]}"; do
+    configure "$w"
+    META+=(--meta "workload $w=$ENGINE_NOTE")
+    log "== workload $w: $ENGINE_NOTE"
+
+    log "[$w / kvmesh] starting $NODES engines and $NODES sidecars"
+    start_engines "$w-kvmesh"
+    start_sidecars "$w-kvmesh"
+    wait_converged
+    log "[$w / kvmesh] mesh converged: every node sees $((NODES - 1)) peers"
+    show_mesh
+    log "[$w / kvmesh] load through random entry nodes"
+    run_load "$w" kvmesh random "${SIDECAR_URLS[@]}"
+    stop_cluster
+
+    log "[$w / round-robin] starting $NODES fresh engines"
+    start_engines "$w-rr"
+    log "[$w / round-robin] load round-robin straight to the engines"
+    run_load "$w" round-robin round-robin "${ENGINE_URLS[@]}"
+    stop_cluster
+
+    if [[ -n $VLLM_ROUTER ]]; then
+        log "[$w / vllm-router] starting $NODES fresh engines and vllm-router --policy cache_aware"
+        start_engines "$w-vr"
+        if start_router "$w-vr"; then
+            run_load "$w" "vllm-router cache_aware" random "$ROUTER_URL"
+        else
+            note="vllm-router: did not become ready on $w, not compared (log: $(tail -n 2 "$WORK/logs/$w-vr-vllm-router.log" | tr '\n' ' '))"
+            log "$note"
+            NOTES+=(--note "$note")
+        fi
+        stop_cluster
+    fi
+done
+
+log "== results"
+"$SIM" report render --out-dir "$OUT_DIR" "${RUN_FLAGS[@]}" "${META[@]}" "${NOTES[@]+"${NOTES[@]}"}" 2>&1 ||
+    die "rendering the report failed"
+log "done in $(($(date +%s) - T0)) s after the build"
+
+if [[ $KEEP == 1 ]]; then
+    configure "${WORKLOAD_LIST[0]}"
+    start_engines keep
+    start_sidecars keep
+    wait_converged
+    log "a kvmesh cluster is running (Ctrl-C stops it):"
+    show_mesh
+    cat <<EOF
+
+  curl -s ${SIDECAR_URLS[0]}/v1/models
+  curl -sN ${SIDECAR_URLS[0]}/v1/completions -H 'content-type: application/json' \\
+      -d '{"model": "mock-model", "prompt": "Hello, kvmesh", "max_tokens": 16, "stream": true}'
+  curl -si ${SIDECAR_URLS[1]}/v1/chat/completions -H 'content-type: application/json' \\
+      -d '{"model": "mock-model", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}' \\
+      | grep -i '^x-kvmesh'
+  curl -s ${SIDECAR_URLS[0]}/debug/cluster
+
+  python3 -c 'from openai import OpenAI; c = OpenAI(base_url="${SIDECAR_URLS[0]}/v1", api_key="none"); print(c.completions.create(model="mock-model", prompt="Hello, kvmesh", max_tokens=16).choices[0].text)'
+
+EOF
+    while :; do sleep 3600; done
+fi

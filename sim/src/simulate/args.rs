@@ -1,0 +1,175 @@
+//! Command-line configuration of `kvmesh-sim simulate`.
+
+use std::path::PathBuf;
+
+use kvmesh_protocol::route::Policy as ScoreForm;
+use kvmesh_protocol::{RouteConfig, SummaryConfig};
+
+use super::cluster::ClusterConfig;
+use super::gossip::CALIBRATED_HOP_S;
+use super::gossip::epidemic::GossipParams;
+use super::policy::PolicyKind;
+use crate::engine::model::{EngineConfig, TimingModel};
+use crate::load::workload::chat::ChatArgs;
+use crate::load::workload::gsp::GspArgs;
+use crate::load::workload::rag::RagArgs;
+
+/// Synthetic workloads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkloadName {
+    Gsp,
+    Chat,
+    Rag,
+}
+
+/// Scoring form of `decide` (see `protocol::route::Policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ScoreFormArg {
+    Score,
+    Cost,
+}
+
+/// `kvmesh-sim simulate`: a discrete-event cluster simulation of routing policies.
+#[derive(Debug, Clone, clap::Args, serde::Serialize)]
+pub struct SimulateArgs {
+    /// Number of nodes (engine + sidecar each).
+    #[arg(long, default_value_t = 16)]
+    pub nodes: usize,
+    /// Policies to compare, comma separated (default: all).
+    #[arg(long = "policy", value_enum, value_delimiter = ',')]
+    pub policies: Vec<PolicyKind>,
+    /// Synthetic workload (ignored with --trace).
+    #[arg(long, value_enum, default_value_t = WorkloadName::Gsp)]
+    pub workload: WorkloadName,
+    /// Replay a Mooncake JSONL (or Azure CSV) trace instead of a synthetic workload.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// Requests to simulate (default: the trace's length, or 2,000).
+    #[arg(long)]
+    pub requests: Option<u64>,
+    /// Poisson arrival rate for the whole cluster, requests/s (overrides trace timestamps).
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Poisson arrival rate per node, requests/s (default for synthetic workloads: 2).
+    #[arg(long, conflicts_with = "rate")]
+    pub rate_per_node: Option<f64>,
+    /// Divide trace timestamps by this factor (2 = twice as fast).
+    #[arg(long, default_value_t = 1.0)]
+    pub trace_speedup: f64,
+    /// Gossip round interval, milliseconds (the sidecar's default).
+    #[arg(long, default_value_t = 200)]
+    pub gossip_interval: u64,
+    /// Peers contacted per gossip round.
+    #[arg(long, default_value_t = 3)]
+    pub gossip_fanout: u32,
+    /// Probability that a gossip message is lost.
+    #[arg(long, default_value_t = 0.0)]
+    pub gossip_loss: f64,
+    /// One-way delay of a gossip message, milliseconds (default calibrated on the real mesh).
+    #[arg(long, default_value_t = CALIBRATED_HOP_S * 1e3)]
+    pub gossip_hop_ms: f64,
+    /// Digest refresh and summary publish interval, milliseconds.
+    #[arg(long, default_value_t = 100)]
+    pub digest_interval: u64,
+    /// Lag classes of the aggregate gossip model (more = finer staleness, more memory).
+    #[arg(long, default_value_t = 8)]
+    pub lag_classes: usize,
+    /// Summary shards per node.
+    #[arg(long, default_value_t = 32)]
+    pub summary_shards: u16,
+    /// Bytes of Bloom filter per shard.
+    #[arg(long, default_value_t = 1024)]
+    pub summary_shard_bytes: u32,
+    /// Scoring form of `decide`.
+    #[arg(long, value_enum, default_value_t = ScoreFormArg::Score)]
+    pub route_form: ScoreFormArg,
+    /// KV cache blocks per engine.
+    #[arg(long, default_value_t = 8192)]
+    pub kv_blocks: u32,
+    /// Most sequences in an engine's batch.
+    #[arg(long, default_value_t = 256)]
+    pub max_num_seqs: u32,
+    /// Engine prefill speed, tokens/s.
+    #[arg(long, default_value_t = 12_000.0)]
+    pub prefill_tokens_per_s: f64,
+    /// Engine decode step at batch size 1, milliseconds.
+    #[arg(long, default_value_t = 12.0)]
+    pub decode_step_ms: f64,
+    /// Chat sessions open at any time.
+    #[arg(long, default_value_t = 256)]
+    pub chat_sessions: usize,
+    #[command(flatten)]
+    pub gsp: GspArgs,
+    #[command(flatten)]
+    pub chat: ChatArgs,
+    #[command(flatten)]
+    pub rag: RagArgs,
+    /// Run at each of these node counts (comma separated) instead of --nodes.
+    #[arg(long, value_delimiter = ',')]
+    pub sweep_nodes: Vec<usize>,
+    /// Write the full report as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Write SVG plots into this directory.
+    #[arg(long)]
+    pub svg_dir: Option<PathBuf>,
+    /// Policies simulated in parallel (each in its own thread).
+    #[arg(long, default_value_t = 1)]
+    pub jobs: usize,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+impl SimulateArgs {
+    /// The policies to run, in a fixed order.
+    pub fn policy_list(&self) -> Vec<PolicyKind> {
+        let mut list = if self.policies.is_empty() {
+            PolicyKind::ALL.to_vec()
+        } else {
+            self.policies.clone()
+        };
+        list.sort();
+        list.dedup();
+        list
+    }
+
+    pub fn cluster_config(&self, nodes: usize) -> ClusterConfig {
+        let route = RouteConfig {
+            policy: match self.route_form {
+                ScoreFormArg::Score => ScoreForm::Score,
+                ScoreFormArg::Cost => ScoreForm::Cost,
+            },
+            ..RouteConfig::default()
+        };
+        ClusterConfig {
+            nodes,
+            engine: EngineConfig {
+                num_gpu_blocks: self.kv_blocks.max(1),
+                max_num_seqs: self.max_num_seqs.max(1),
+                timing: TimingModel {
+                    prefill_tokens_per_s: self.prefill_tokens_per_s.max(1.0),
+                    step_overhead_s: self.decode_step_ms / 1e3,
+                    ..TimingModel::default()
+                },
+                ..EngineConfig::default()
+            },
+            summary: SummaryConfig {
+                num_shards: self.summary_shards,
+                shard_bytes: self.summary_shard_bytes,
+            },
+            route,
+            gossip: GossipParams {
+                interval_s: self.gossip_interval.max(1) as f64 / 1e3,
+                fanout: self.gossip_fanout.max(1),
+                loss: self.gossip_loss.clamp(0.0, 0.99),
+                hop_s: self.gossip_hop_ms.max(0.0) / 1e3,
+            },
+            digest_interval_s: self.digest_interval.max(1) as f64 / 1e3,
+            lag_classes: self.lag_classes.max(1),
+            chwbl_epsilon: 0.25,
+            seed: self.seed,
+        }
+    }
+}

@@ -1,0 +1,119 @@
+//! One simulated node: the engine model, the node's approximate prefix index and the summary
+//! built from it, and the load digest it publishes.
+
+use std::time::Duration;
+
+use kvmesh_protocol::hashing::HASH_VERSION;
+use kvmesh_protocol::index::{IndexChanges, PrefixIndex};
+use kvmesh_protocol::{LoadDigest, Role, SummaryBuilder, SummaryConfig};
+
+use crate::engine::model::{Engine, EngineConfig};
+
+/// The model name every simulated engine serves.
+pub const MODEL: &str = "sim-model";
+
+/// How a node's observed TTFT average moves with each new observation.
+const TTFT_EWMA_WEIGHT: f64 = 0.2;
+
+#[derive(Debug)]
+pub struct SimNode {
+    /// `node_key("node-{i}")`, as a real node derives it from its id.
+    pub key: u64,
+    pub engine: Engine,
+    pub index: PrefixIndex,
+    pub summary: SummaryBuilder,
+    /// Requests submitted and not finished.
+    pub inflight: u32,
+    /// Requests submitted in total.
+    pub served: u64,
+    pub ttft_ewma_ms: f64,
+    digest_version: u64,
+    /// The load fields and time of the last gossiped digest.
+    last_gossiped: Option<((u32, u32, u32), u64)>,
+    /// The wake-up time queued for this engine, to skip stale queue entries.
+    pub wake_ns: Option<u64>,
+}
+
+impl SimNode {
+    pub fn new(index: u32, config: EngineConfig, summary: SummaryConfig) -> Self {
+        let capacity = config.num_gpu_blocks as usize;
+        Self {
+            key: kvmesh_protocol::route::node_key(&format!("node-{index}")),
+            engine: Engine::new(config),
+            index: PrefixIndex::new(capacity),
+            summary: SummaryBuilder::new(summary, 1).expect("validated summary geometry"),
+            inflight: 0,
+            served: 0,
+            ttft_ewma_ms: 0.0,
+            digest_version: 0,
+            last_gossiped: None,
+            wake_ns: None,
+        }
+    }
+
+    /// Records that `chain` was sent to this node's engine; returns what the index changed.
+    pub fn index_chain(&mut self, chain: &[u64]) -> IndexChanges {
+        let changes = self.index.insert_chain(chain);
+        for &h in &changes.added {
+            self.summary.insert(h);
+        }
+        for &h in &changes.evicted {
+            self.summary.remove(h);
+        }
+        changes
+    }
+
+    pub fn observe_ttft(&mut self, ttft_ms: f64) {
+        self.ttft_ewma_ms = if self.ttft_ewma_ms == 0.0 {
+            ttft_ms
+        } else {
+            self.ttft_ewma_ms + TTFT_EWMA_WEIGHT * (ttft_ms - self.ttft_ewma_ms)
+        };
+    }
+
+    /// The digest of the engine's state now.
+    pub fn digest(&mut self, now_ns: u64) -> LoadDigest {
+        let gauges = self.engine.gauges();
+        let config = self.engine.config();
+        self.digest_version += 1;
+        LoadDigest {
+            version: self.digest_version,
+            timestamp_ms: now_ns / 1_000_000,
+            running: gauges.running as u32,
+            waiting: gauges.waiting as u32,
+            kv_usage: gauges.kv_usage.clamp(0.0, 1.0) as f32,
+            kv_capacity_blocks: config.num_gpu_blocks,
+            block_size: config.block_size as u16,
+            ttft_ewma_ms: self.ttft_ewma_ms as f32,
+            prefill_tokens_per_s: config.timing.prefill_tokens_per_s as f32,
+            inflight_forwarded: 0,
+            role: Role::Mixed,
+            healthy: true,
+            hash_version: HASH_VERSION,
+            models: vec![MODEL.to_owned()],
+            loras: vec![],
+        }
+    }
+
+    /// Whether the real node would gossip `digest` now: when its load changed, or once a
+    /// second (`node/src/serve/publish.rs`).
+    pub fn should_gossip(&mut self, digest: &LoadDigest, now_ns: u64) -> bool {
+        let load = (
+            digest.running,
+            digest.waiting,
+            (digest.kv_usage * 1000.0) as u32,
+        );
+        let due = match self.last_gossiped {
+            None => true,
+            Some((last, at)) => last != load || now_ns >= at + 1_000_000_000,
+        };
+        if due {
+            self.last_gossiped = Some((load, now_ns));
+        }
+        due
+    }
+
+    pub fn now(ns: u64) -> Duration {
+        Duration::from_nanos(ns)
+    }
+}

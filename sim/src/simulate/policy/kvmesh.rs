@@ -1,0 +1,130 @@
+//! kvmesh: every entry node runs the real `decide` over its own view of the cluster, built
+//! exactly as the sidecar builds it (`node/src/serve/routing.rs`): itself plus every peer
+//! whose digest has arrived, with the digest's arrival time for staleness, `pending` from its
+//! `PendingLedger`, `recent_match` from its `RecentSends`, and the peer's summary as gossip
+//! delivered it. `kvmesh-local` is the same without summaries: an entry node knows only where
+//! it sent prefixes itself (its `RecentSends`, kept longer) and its own cache.
+
+use std::collections::HashMap;
+
+use kvmesh_protocol::route::{DecideScratch, PendingLedger, RecentSends, RouteError, decide_with};
+use kvmesh_protocol::{Candidate, Decision, RouteConfig, RouteRequest};
+
+use crate::simulate::gossip::view::{LagClasses, Published};
+
+/// Time to live of pending assignments (the sidecar's `PENDING_TTL_MS`).
+pub const PENDING_TTL_MS: u64 = 2_000;
+/// Time to live of optimistic prefix matches: long enough to cover gossip's lag.
+pub const RECENT_TTL_MS: u64 = 2_000;
+/// kvmesh-local remembers its own sends this long: that is all it knows of peers' caches.
+pub const LOCAL_TTL_MS: u64 = 60_000;
+const RECENT_MAX_ENTRIES: usize = 200_000;
+
+struct Entry {
+    ledger: PendingLedger,
+    recent: RecentSends,
+    pruned_ms: u64,
+}
+
+pub struct Kvmesh {
+    entries: Vec<Entry>,
+    local: bool,
+    keys: Vec<u64>,
+    index_of: HashMap<u64, u32>,
+    scratch: DecideScratch,
+    nodes_of: Vec<u32>,
+}
+
+impl Kvmesh {
+    pub fn new(node_keys: &[u64], local: bool) -> Self {
+        let ttl = if local { LOCAL_TTL_MS } else { RECENT_TTL_MS };
+        Self {
+            entries: node_keys
+                .iter()
+                .map(|_| Entry {
+                    ledger: PendingLedger::new(PENDING_TTL_MS),
+                    recent: RecentSends::new(ttl, RECENT_MAX_ENTRIES),
+                    pruned_ms: 0,
+                })
+                .collect(),
+            local,
+            keys: node_keys.to_vec(),
+            index_of: node_keys
+                .iter()
+                .enumerate()
+                .map(|(i, &k)| (k, i as u32))
+                .collect(),
+            scratch: DecideScratch::default(),
+            nodes_of: Vec::new(),
+        }
+    }
+
+    /// Decides at entry node `entry`; returns the chosen node's index and the decision.
+    pub fn decide(
+        &mut self,
+        entry: u32,
+        published: &mut [Published],
+        lags: &LagClasses,
+        request: &RouteRequest<'_>,
+        config: &RouteConfig,
+        now_ns: u64,
+    ) -> Result<(usize, Decision), RouteError> {
+        let now_ms = now_ns / 1_000_000;
+        let with_summaries = !self.local;
+        for (p, view) in published.iter_mut().enumerate() {
+            let class = lags.class_of(entry, p as u32);
+            if with_summaries || p as u32 == entry {
+                view.sync(lags, class, now_ns);
+            }
+        }
+        let me = &self.entries[entry as usize];
+        let recent: Vec<(u32, u32)> = me
+            .recent
+            .nodes_with_first(request.chain, now_ms)
+            .filter_map(|key| {
+                let node = *self.index_of.get(&key)?;
+                Some((node, me.recent.matched(key, request.chain, now_ms)))
+            })
+            .collect();
+        self.nodes_of.clear();
+        let mut candidates = Vec::with_capacity(published.len());
+        for (p, view) in published.iter().enumerate() {
+            let p = p as u32;
+            let class = lags.class_of(entry, p);
+            let Some((digest, received_ns)) = view.digest(lags, class, now_ns) else {
+                continue;
+            };
+            let received_ms = received_ns / 1_000_000;
+            let node_key = self.keys[p as usize];
+            candidates.push(Candidate {
+                node_key,
+                digest,
+                summary: (with_summaries || p == entry).then(|| view.summary(class)),
+                digest_received_ms: received_ms,
+                pending: me.ledger.pending(node_key, received_ms, now_ms),
+                recent_match: recent
+                    .iter()
+                    .find(|(n, _)| *n == p)
+                    .map_or(0, |&(_, m)| m),
+            });
+            self.nodes_of.push(p);
+        }
+        let decision = decide_with(&mut self.scratch, &candidates, request, config, now_ms)?;
+        Ok((self.nodes_of[decision.ranked[0]] as usize, decision))
+    }
+
+    /// Optimistic accounting of a send from `entry` to `target`.
+    pub fn record(&mut self, entry: u32, target_key: u64, chain: &[u64], now_ns: u64) {
+        let now_ms = now_ns / 1_000_000;
+        let me = &mut self.entries[entry as usize];
+        me.ledger.record(target_key, now_ms);
+        me.recent.record(target_key, chain, now_ms);
+        if now_ms >= me.pruned_ms + 1_000 {
+            // Only the time to live prunes here; `pending` already ignores sends older than
+            // each peer's latest digest.
+            me.ledger.prune(now_ms, |_| 0);
+            me.pruned_ms = now_ms;
+        }
+    }
+
+}

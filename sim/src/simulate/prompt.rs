@@ -1,0 +1,79 @@
+//! Prompts at the token level: segments of deterministic tokens, and their prefix chain.
+//!
+//! A simulated prompt is a list of [`Segment`]s (a system prompt, a document, a question, a
+//! Mooncake 512-token hash block). Each segment expands to deterministic token ids derived
+//! from its key, so two prompts that start with the same segments start with the same tokens:
+//! the engine model's own prefix cache hits exactly where the chain below says it should.
+//!
+//! The chain is cut into [`BLOCK_TOKENS`]-token blocks like the engine's KV blocks (only full
+//! blocks count) and hashed directly from the token ids: `h_0 = H(seed, block_0)`,
+//! `h_i = H(h_{i-1}, block_i)`. This is the protocol's token-mode chain in shape (each hash
+//! names its whole prefix); the simulator uses a SplitMix-based hash instead of blake3 because
+//! it hashes tens of millions of blocks per run and only needs equality, not wire stability.
+
+use crate::engine::model::tokenizer::VOCAB_SIZE;
+use crate::rng::mix64;
+
+/// Tokens per KV block (vLLM's default, and the engine model's).
+pub const BLOCK_TOKENS: usize = 16;
+
+/// A run of `tokens` deterministic tokens named by `key`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Segment {
+    pub key: u64,
+    pub tokens: u32,
+}
+
+/// Token `index` of the segment named `key`.
+#[inline]
+fn token(key: u64, index: u32) -> u32 {
+    (mix64(key ^ mix64(u64::from(index) ^ 0x746f_6b65_6e00)) % u64::from(VOCAB_SIZE)) as u32
+}
+
+/// The token ids of `segments`, concatenated.
+pub fn tokens(segments: &[Segment]) -> Vec<u32> {
+    let total: usize = segments.iter().map(|s| s.tokens as usize).sum();
+    let mut out = Vec::with_capacity(total);
+    for s in segments {
+        out.extend((0..s.tokens).map(|i| token(s.key, i)));
+    }
+    out
+}
+
+/// The prefix chain of `tokens`: one hash per full block.
+pub fn chain(seed: u64, tokens: &[u32]) -> Vec<u64> {
+    let mut prev = mix64(seed ^ 0x6368_6169_6e00);
+    tokens
+        .chunks_exact(BLOCK_TOKENS)
+        .map(|block| {
+            let mut h = prev;
+            for &t in block {
+                h = mix64(h ^ u64::from(t)).rotate_left(5);
+            }
+            prev = mix64(h ^ prev);
+            prev
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_segments_share_tokens_and_chain() {
+        let system = Segment { key: 1, tokens: 40 };
+        let a = tokens(&[system, Segment { key: 2, tokens: 30 }]);
+        let b = tokens(&[system, Segment { key: 3, tokens: 30 }]);
+        assert_eq!(a.len(), 70);
+        assert_eq!(a[..40], b[..40]);
+        assert_ne!(a[40..], b[40..]);
+        let (ca, cb) = (chain(0, &a), chain(0, &b));
+        assert_eq!(ca.len(), 4, "only full 16-token blocks");
+        // Blocks 0 and 1 lie inside the shared 40 tokens; block 2 spans the difference.
+        assert_eq!(ca[..2], cb[..2]);
+        assert_ne!(ca[2], cb[2]);
+        assert_ne!(ca[3], cb[3]);
+        assert_ne!(chain(1, &a)[0], ca[0], "the seed names the model");
+    }
+}

@@ -1,0 +1,111 @@
+//! What one policy's run measured.
+
+use std::collections::BTreeMap;
+
+/// Mean and percentiles of a latency, seconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct Latency {
+    pub mean: f64,
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+}
+
+impl Latency {
+    /// From unsorted samples (sorted in place).
+    pub fn of(samples: &mut [f64]) -> Self {
+        if samples.is_empty() {
+            return Self::default();
+        }
+        samples.sort_by(f64::total_cmp);
+        Self {
+            mean: samples.iter().sum::<f64>() / samples.len() as f64,
+            p50: percentile(samples, 0.50),
+            p90: percentile(samples, 0.90),
+            p99: percentile(samples, 0.99),
+        }
+    }
+}
+
+/// Nearest-rank percentile of sorted samples.
+pub fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// Gossip traffic per node, bytes per second (received; equal to sent on average).
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct GossipTraffic {
+    /// Load digests of the other nodes.
+    pub digest_bytes_per_node_s: f64,
+    /// Summary shards of the other nodes.
+    pub summary_bytes_per_node_s: f64,
+    /// Scuttlebutt digests (one entry per known node per exchange), which grow with N.
+    pub membership_bytes_per_node_s: f64,
+    pub total_bytes_per_node_s: f64,
+}
+
+/// One policy's figures.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct PolicyResult {
+    pub policy: String,
+    pub nodes: usize,
+    pub requests: u64,
+    pub completed: u64,
+    /// Refused by the engine (prompt longer than the context window).
+    pub rejected: u64,
+    pub ttft_s: Latency,
+    pub e2e_s: Latency,
+    /// Completed requests per second of simulated time.
+    pub throughput_rps: f64,
+    pub output_tokens_per_s: f64,
+    /// Prompt tokens served from engines' prefix caches / prompt tokens looked up, from the
+    /// engine models' own counters.
+    pub hit_rate: f64,
+    /// Max / mean of requests per engine.
+    pub load_imbalance: f64,
+    pub preemptions: u64,
+    /// Zero for policies that do not gossip (they read loads centrally).
+    pub gossip: GossipTraffic,
+    /// Time from a new prefix entering a node's index until 50% / 99% of the other nodes'
+    /// views hold it (kvmesh only).
+    pub prefix_reach_50_s: Option<f64>,
+    pub prefix_reach_99_s: Option<f64>,
+    /// `decide`'s reasons, for the policies that call it.
+    pub reasons: BTreeMap<String, u64>,
+    pub simulated_s: f64,
+    pub wall_s: f64,
+    /// TTFT CDF, 100 points (quantile, seconds), for plots.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ttft_cdf: Vec<(f64, f64)>,
+}
+
+/// `points` evenly spaced quantiles of sorted samples.
+pub fn cdf(sorted: &[f64], points: usize) -> Vec<(f64, f64)> {
+    if sorted.is_empty() {
+        return Vec::new();
+    }
+    (0..=points)
+        .map(|i| {
+            let q = i as f64 / points as f64;
+            (q, percentile(sorted, q.max(1.0 / sorted.len() as f64)))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let mut v: Vec<f64> = (1..=100).rev().map(f64::from).collect();
+        let l = Latency::of(&mut v);
+        assert_eq!((l.p50, l.p90, l.p99), (50.0, 90.0, 99.0));
+        assert!((l.mean - 50.5).abs() < 1e-9);
+        assert_eq!(percentile(&[3.0], 0.99), 3.0);
+    }
+}

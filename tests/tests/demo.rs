@@ -1,0 +1,164 @@
+//! The demo as an end-to-end test: `scripts/demo.sh --quick` starts 4 mock engines and 4
+//! sidecars, runs a short generated-shared-prefix load through random entry nodes and then
+//! round-robin straight to fresh engines, and writes its report. kvmesh must beat round-robin
+//! on the engines' prefix-cache hit rate and on mean time to first token, with no errors.
+//!
+//! The script is run with the binaries `scripts/test.sh` built (`--bin-dir`), so it builds
+//! nothing itself.
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kvmesh_tests::binaries::{KVMESH, KVMESH_SIM};
+
+/// Generous: the quick demo takes about 40 s alone, more on a loaded 2-core machine.
+const DEMO_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The demo script in its own process group; on drop it gets SIGTERM (its trap then stops
+/// every engine and sidecar it started), then SIGKILL if it is still there after 15 s.
+struct Demo {
+    child: Child,
+}
+
+impl Demo {
+    fn start(bin_dir: &Path, out: &Path, log: &Path) -> Self {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let log_file = std::fs::File::create(log).expect("create the demo log");
+        let child = Command::new("bash")
+            .arg(root.join("scripts/demo.sh"))
+            .args(["--quick", "--no-vllm-router", "--bin-dir"])
+            .arg(bin_dir)
+            .arg("--out")
+            .arg(out)
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone().expect("clone the log handle"))
+            .stderr(log_file)
+            .process_group(0)
+            .spawn()
+            .expect("start scripts/demo.sh");
+        Demo { child }
+    }
+
+    /// Waits for the script to exit; None on timeout.
+    fn wait(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("poll the demo") {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn signal(&self, signal: &str) {
+        let _ = Command::new("kill")
+            .args([signal, "--", &format!("-{}", self.child.id())])
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+impl Drop for Demo {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(Some(_))) {
+            return;
+        }
+        self.signal("-TERM");
+        if self.wait(Duration::from_secs(15)).is_none() {
+            self.signal("-KILL");
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn bin_dir() -> PathBuf {
+    let kvmesh = KVMESH.path();
+    let sim = KVMESH_SIM.path();
+    let dir = kvmesh
+        .parent()
+        .expect("binary has a directory")
+        .to_path_buf();
+    assert_eq!(
+        sim.parent(),
+        Some(dir.as_path()),
+        "the demo needs kvmesh and kvmesh-sim in one directory ({} vs {})",
+        kvmesh.display(),
+        sim.display()
+    );
+    dir
+}
+
+fn run<'a>(results: &'a serde_json::Value, policy: &str) -> &'a serde_json::Value {
+    results["runs"]
+        .as_array()
+        .expect("runs is an array")
+        .iter()
+        .find(|r| r["workload"] == "gsp" && r["policy"] == policy)
+        .unwrap_or_else(|| panic!("no gsp run of {policy} in results.json: {results:#}"))
+}
+
+fn number(run: &serde_json::Value, pointer: &str) -> f64 {
+    run.pointer(pointer)
+        .and_then(serde_json::Value::as_f64)
+        .unwrap_or_else(|| panic!("{pointer} missing in {run:#}"))
+}
+
+#[test]
+fn quick_demo_kvmesh_beats_round_robin_on_hit_rate_and_mean_ttft() {
+    let bin_dir = bin_dir();
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let out = tmp.path().join("demo-report");
+    let log = tmp.path().join("demo.log");
+    let mut demo = Demo::start(&bin_dir, &out, &log);
+    let status = demo.wait(DEMO_TIMEOUT);
+    let transcript = std::fs::read_to_string(&log).unwrap_or_default();
+    let Some(status) = status else {
+        panic!("scripts/demo.sh --quick did not finish within {DEMO_TIMEOUT:?}:\n{transcript}");
+    };
+    assert!(
+        status.success(),
+        "scripts/demo.sh --quick failed ({status}):\n{transcript}"
+    );
+
+    let text = std::fs::read_to_string(out.join("results.json"))
+        .unwrap_or_else(|e| panic!("no results.json ({e}):\n{transcript}"));
+    let results: serde_json::Value = serde_json::from_str(&text).expect("results.json is JSON");
+    assert_eq!(results["schema"], "kvmesh.demo.v1");
+    let kvmesh = run(&results, "kvmesh");
+    let rr = run(&results, "round-robin");
+    for r in [kvmesh, rr] {
+        assert_eq!(r["errors"], 0, "failed requests:\n{transcript}");
+        assert!(
+            number(r, "/ok") > 0.0,
+            "no request succeeded:\n{transcript}"
+        );
+    }
+    assert_eq!(
+        kvmesh["requests"], rr["requests"],
+        "both policies must see the same requests"
+    );
+    let (hit_k, hit_r) = (number(kvmesh, "/hit_rate"), number(rr, "/hit_rate"));
+    let (ttft_k, ttft_r) = (number(kvmesh, "/ttft_s/mean"), number(rr, "/ttft_s/mean"));
+    assert!(
+        hit_k > hit_r,
+        "kvmesh hit rate {hit_k:.3} is not above round-robin's {hit_r:.3}:\n{transcript}"
+    );
+    assert!(
+        ttft_k < ttft_r,
+        "kvmesh mean TTFT {ttft_k:.4} s is not below round-robin's {ttft_r:.4} s:\n{transcript}"
+    );
+
+    let html = std::fs::read_to_string(out.join("report.html")).expect("report.html");
+    assert!(html.contains("<svg") && html.contains("kvmesh") && html.contains("round-robin"));
+    // The transcript shows the mesh converged before the load.
+    assert!(
+        transcript.contains("mesh converged"),
+        "no convergence line:\n{transcript}"
+    );
+    println!("{transcript}");
+}
