@@ -63,12 +63,17 @@ async fn handle(
     let _inflight = InflightGuard::new(&state.inflight_forwarded);
     let method = Method::from_bytes(head.method.as_bytes()).unwrap_or(Method::POST);
     let body_for_index = body.clone();
-    let response = match state
+    // The entry may give up while the engine works on the answer (its client hung up):
+    // dropping the engine call then closes the engine connection, and vLLM aborts.
+    let engine_call = state
         .engine
         .client
-        .send(method, &head.path, &head.headers, body)
-        .await
-    {
+        .send(method, &head.path, &head.headers, body);
+    let answer = tokio::select! {
+        answer = engine_call => answer,
+        _ = send.stopped() => return Err("entry gave up before the answer".into()),
+    };
+    let response = match answer {
         Ok(response) => response,
         Err(error) => {
             return reply_error(

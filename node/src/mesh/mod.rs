@@ -255,6 +255,12 @@ impl Mesh {
         }
     }
 
+    /// Closes the pooled connection to a peer gossip declared dead, so requests in flight on
+    /// it fail (and are retried elsewhere) at once instead of after the idle timeout.
+    pub async fn close_peer(&self, peer_addr: SocketAddr) {
+        self.pool.close(peer_addr).await;
+    }
+
     /// Stops gossip and closes the endpoint, waiting (bounded) for peers to be told.
     pub async fn shutdown(self, within: Duration) {
         self.gossip.stop();

@@ -11,7 +11,7 @@ use tokio::time::timeout;
 use super::MeshError;
 use super::acceptor::{StreamRouter, identify_peer};
 use super::metrics::MeshMetrics;
-use super::wire::StreamKind;
+use super::wire::{StreamKind, codes};
 use crate::tls::SNI;
 
 /// An established connection and the node name its certificate proves.
@@ -90,6 +90,16 @@ impl ConnectionPool {
             .is_some_and(|c| c.conn.stable_id() == stale.conn.stable_id())
         {
             *guard = None;
+        }
+    }
+
+    /// Closes the pooled connection to `addr`, if any: every stream on it fails at once
+    /// instead of waiting out the idle timeout (used when gossip declares the peer dead).
+    pub async fn close(&self, addr: SocketAddr) {
+        let slot = self.slot(addr);
+        if let Some(peer) = slot.lock().await.take() {
+            peer.conn
+                .close(codes::PEER_DEAD, b"declared dead by gossip");
         }
     }
 

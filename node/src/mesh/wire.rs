@@ -30,6 +30,8 @@ pub mod codes {
     pub const MALFORMED: VarInt = VarInt::from_u32(2);
     /// Nobody on this node accepts forwarded requests (or it is overloaded).
     pub const NOT_ACCEPTING: VarInt = VarInt::from_u32(3);
+    /// Gossip declared the peer dead: its connection is closed rather than left to time out.
+    pub const PEER_DEAD: VarInt = VarInt::from_u32(4);
 }
 
 /// The first byte of every mesh stream.

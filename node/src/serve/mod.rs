@@ -33,6 +33,9 @@ use tokio::sync::watch;
 
 /// Optimistic assignments are forgotten after this even without a newer digest.
 const PENDING_TTL_MS: u64 = 2_000;
+/// Longest wait for the first engine poll before announcing readiness anyway (the engine may be
+/// down: the node is still an entry point).
+const FIRST_POLL_WAIT: Duration = Duration::from_secs(5);
 /// Optimistic prefix matches last until a peer's own summary had time to show them.
 const RECENT_TTL_MS: u64 = 3_000;
 /// Bound on block hashes remembered for optimistic matches (~40 MB at most).
@@ -102,6 +105,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         state.clone(),
         incoming,
     )));
+    // Ready means routable: wait (bounded) for the first look at the local engine, so the
+    // first request does not find this node knowing no model at all.
+    let mut engine_state = state.engine.watch();
+    let _ = tokio::time::timeout(FIRST_POLL_WAIT, engine_state.wait_for(|s| s.polls > 0)).await;
+    publish::publish_once(&state).await;
     let (stop_tx, stop_rx) = watch::channel(false);
     let front = tokio::spawn(front::server::serve(
         state.clone(),
@@ -136,7 +144,16 @@ async fn view_loop(state: SharedState) {
     loop {
         let snapshot = membership.borrow_and_update().clone();
         state.mesh.metrics().peers_alive.set(snapshot.len() as i64);
+        let before = state.view.load();
         state.view.update(&snapshot, state.now_ms(), &state.metrics);
+        for gone in before
+            .peers
+            .iter()
+            .filter(|p| snapshot.get(&p.name).is_none())
+        {
+            tracing::info!(peer = gone.name, "peer left or was declared dead");
+            state.mesh.close_peer(gone.mesh_addr).await;
+        }
         if membership.changed().await.is_err() {
             return;
         }

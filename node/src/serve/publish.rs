@@ -23,10 +23,7 @@ pub async fn publish_loop(state: SharedState) {
     loop {
         ticker.tick().await;
         version += 1;
-        let digest = build_digest(&state, version);
-        let now = state.now_ms();
-        *state.self_digest.write().unwrap_or_else(|e| e.into_inner()) =
-            Some((Arc::new(digest.clone()), now));
+        let digest = refresh_own_digest(&state, version);
         let changed = match &last {
             None => true,
             Some((previous, at)) => {
@@ -34,28 +31,44 @@ pub async fn publish_loop(state: SharedState) {
             }
         };
         if changed {
-            if let Err(error) = state
-                .mesh
-                .gossip()
-                .set(DIGEST_KEY, &encode_digest(&digest))
-                .await
-            {
-                tracing::error!(%error, "publishing the load digest");
-            }
+            gossip_digest(&state, &digest).await;
             last = Some((digest, Instant::now()));
         }
         publish_summary(&state).await;
+        let now = state.now_ms();
         let view = state.view.load();
-        state
-            .ledger
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .prune(now, |key| {
-                view.peers
-                    .iter()
-                    .find(|p| p.key == key)
-                    .map_or(0, |p| p.digest_received_ms)
-            });
+        lock(&state.ledger).prune(now, |key| {
+            view.peers
+                .iter()
+                .find(|p| p.key == key)
+                .map_or(0, |p| p.digest_received_ms)
+        });
+    }
+}
+
+/// Builds and publishes a first digest at once (before the periodic loop's first tick).
+pub async fn publish_once(state: &SharedState) {
+    let digest = refresh_own_digest(state, 0);
+    gossip_digest(state, &digest).await;
+}
+
+/// Builds the digest from the engine's latest state and makes it this node's own view.
+fn refresh_own_digest(state: &SharedState, version: u64) -> LoadDigest {
+    let digest = build_digest(state, version);
+    let now = state.now_ms();
+    *state.self_digest.write().unwrap_or_else(|e| e.into_inner()) =
+        Some((Arc::new(digest.clone()), now));
+    digest
+}
+
+async fn gossip_digest(state: &SharedState, digest: &LoadDigest) {
+    if let Err(error) = state
+        .mesh
+        .gossip()
+        .set(DIGEST_KEY, &encode_digest(digest))
+        .await
+    {
+        tracing::error!(%error, "publishing the load digest");
     }
 }
 
