@@ -226,6 +226,9 @@ fn a_new_prefix_sent_to_every_entry_at_once_lands_on_one_engine() {
                     )
                 })
             })
+            // Spawn all four before joining any: they meet at the barrier.
+            .collect::<Vec<_>>()
+            .into_iter()
             .map(|thread| thread.join().expect("client thread"))
             .map(|(node, reason)| {
                 assert!(
