@@ -13,9 +13,9 @@ use std::time::Instant;
 use kvmesh_protocol::summary::ShardWire;
 use kvmesh_protocol::{Decision, Role, RouteConfig, RouteRequest, SummaryConfig};
 
+use super::gossip::MEMBERSHIP_ENTRY_BYTES;
 use super::gossip::epidemic::{DelayDistribution, GossipParams};
 use super::gossip::view::{LagClasses, Published};
-use super::gossip::MEMBERSHIP_ENTRY_BYTES;
 use super::node::{MODEL, SimNode};
 use super::policy::chwbl::Ring;
 use super::policy::kvmesh::Kvmesh;
@@ -174,7 +174,9 @@ pub fn run(
             };
             let target = match &mut router {
                 Router::Simple => match policy {
-                    PolicyKind::RoundRobin => round_robin::pick(&mut rr_counters[entry as usize], n),
+                    PolicyKind::RoundRobin => {
+                        round_robin::pick(&mut rr_counters[entry as usize], n)
+                    }
                     PolicyKind::LeastLoaded => least_loaded::pick(&loads, &mut rng),
                     PolicyKind::PowerOfTwo => power_of_two::pick(&loads, &mut rng),
                     _ => random::pick(&mut rng, n),
@@ -215,10 +217,13 @@ pub fn run(
                 }
             };
             let node = &mut nodes[target];
-            let mut engine_request =
-                EngineRequest::new(id, tokens, request.output_tokens.max(1));
+            let mut engine_request = EngineRequest::new(id, tokens, request.output_tokens.max(1));
             engine_request.ignore_eos = true;
-            if node.engine.submit(engine_request, SimNode::now(now)).is_err() {
+            if node
+                .engine
+                .submit(engine_request, SimNode::now(now))
+                .is_err()
+            {
                 rejected += 1;
                 continue;
             }
@@ -364,10 +369,15 @@ fn summarize(
             };
             let digest = per_node(g.digest_bytes);
             let summary = per_node(g.summary_bytes);
-            let reach = (policy == PolicyKind::Kvmesh && !g.publish_waits_s.is_empty()).then(|| {
-                let wait = g.publish_waits_s.iter().sum::<f64>() / g.publish_waits_s.len() as f64;
-                (wait + g.delays.quantile(0.5), wait + g.delays.quantile(0.99))
-            });
+            let reach =
+                (policy == PolicyKind::Kvmesh && !g.publish_waits_s.is_empty()).then(|| {
+                    let wait =
+                        g.publish_waits_s.iter().sum::<f64>() / g.publish_waits_s.len() as f64;
+                    (
+                        wait + g.delays.quantile(0.5),
+                        wait + g.delays.quantile(0.99),
+                    )
+                });
             (
                 GossipTraffic {
                     digest_bytes_per_node_s: digest,

@@ -126,7 +126,8 @@ impl DelayDistribution {
         if self.sorted.is_empty() {
             return 0.0;
         }
-        let i = ((q.clamp(0.0, 1.0) * self.sorted.len() as f64) as usize).min(self.sorted.len() - 1);
+        let i =
+            ((q.clamp(0.0, 1.0) * self.sorted.len() as f64) as usize).min(self.sorted.len() - 1);
         self.sorted[i]
     }
 
@@ -252,7 +253,12 @@ mod tests {
             20,
             2,
         );
-        assert!(lossy.mean() > clean.mean() * 1.1, "{} vs {}", lossy.mean(), clean.mean());
+        assert!(
+            lossy.mean() > clean.mean() * 1.1,
+            "{} vs {}",
+            lossy.mean(),
+            clean.mean()
+        );
     }
 
     #[test]

@@ -102,9 +102,7 @@ impl Published {
     pub fn sync(&mut self, lags: &LagClasses, class: usize, now_ns: u64) {
         let lag = lags.lag_ns(class);
         let replica = &mut self.replicas[class];
-        while let Some((at, shards)) = self
-            .batches
-            .get((replica.next - self.first_batch) as usize)
+        while let Some((at, shards)) = self.batches.get((replica.next - self.first_batch) as usize)
         {
             if at + lag > now_ns {
                 break;
@@ -138,7 +136,12 @@ impl Published {
     }
 
     /// The newest digest visible through `class` at `now`, with its arrival time.
-    pub fn digest(&self, lags: &LagClasses, class: usize, now_ns: u64) -> Option<(&LoadDigest, u64)> {
+    pub fn digest(
+        &self,
+        lags: &LagClasses,
+        class: usize,
+        now_ns: u64,
+    ) -> Option<(&LoadDigest, u64)> {
         let lag = lags.lag_ns(class);
         self.digests
             .iter()
@@ -177,7 +180,10 @@ mod tests {
         }
         assert!(published.summary(2).contains(42), "self sees at once");
         assert!(published.summary(0).contains(42), "lag 100 sees it at 1100");
-        assert!(!published.summary(1).contains(42), "lag 300 not before 1300");
+        assert!(
+            !published.summary(1).contains(42),
+            "lag 300 not before 1300"
+        );
         published.sync_all_and_trim(&lags, 1_300);
         assert!(published.summary(1).contains(42));
         assert_eq!(published.batches.len(), 0, "applied everywhere, trimmed");

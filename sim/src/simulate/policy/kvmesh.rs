@@ -102,10 +102,7 @@ impl Kvmesh {
                 summary: (with_summaries || p == entry).then(|| view.summary(class)),
                 digest_received_ms: received_ms,
                 pending: me.ledger.pending(node_key, received_ms, now_ms),
-                recent_match: recent
-                    .iter()
-                    .find(|(n, _)| *n == p)
-                    .map_or(0, |&(_, m)| m),
+                recent_match: recent.iter().find(|(n, _)| *n == p).map_or(0, |&(_, m)| m),
             });
             self.nodes_of.push(p);
         }
@@ -126,5 +123,4 @@ impl Kvmesh {
             me.pruned_ms = now_ms;
         }
     }
-
 }
