@@ -110,6 +110,8 @@ kill_groups() {
 cleanup() {
     local rc=$?
     trap - EXIT INT TERM
+    # A closed stdout (e.g. `demo.sh | head`) must not kill us before the processes are gone.
+    trap '' PIPE
     if [[ ${#GROUPS_ALIVE[@]} -gt 0 ]]; then
         log "stopping ${#GROUPS_ALIVE[@]} process(es)"
         kill_groups "${GROUPS_ALIVE[@]}"
