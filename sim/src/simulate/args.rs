@@ -97,6 +97,9 @@ pub struct SimulateArgs {
     /// Engine decode step at batch size 1, milliseconds.
     #[arg(long, default_value_t = 12.0)]
     pub decode_step_ms: f64,
+    /// Nodes per zone of the kvmesh-zoned policy.
+    #[arg(long, default_value_t = 64)]
+    pub zone_size: usize,
     /// Chat sessions open at any time.
     #[arg(long, default_value_t = 256)]
     pub chat_sessions: usize,
@@ -118,6 +121,10 @@ pub struct SimulateArgs {
     /// Policies simulated in parallel (each in its own thread).
     #[arg(long, default_value_t = 1)]
     pub jobs: usize,
+    /// Threads running the engines of one gossiping policy's simulation (results do not
+    /// depend on it).
+    #[arg(long, default_value_t = 2)]
+    pub threads: usize,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
 }
@@ -169,6 +176,8 @@ impl SimulateArgs {
             digest_interval_s: self.digest_interval.max(1) as f64 / 1e3,
             lag_classes: self.lag_classes.max(1),
             chwbl_epsilon: 0.25,
+            zone_size: self.zone_size.max(1),
+            threads: self.threads.max(1),
             seed: self.seed,
         }
     }

@@ -2,8 +2,15 @@
 //! exactly as the sidecar builds it (`node/src/serve/routing.rs`): itself plus every peer
 //! whose digest has arrived, with the digest's arrival time for staleness, `pending` from its
 //! `PendingLedger`, `recent_match` from its `RecentSends`, and the peer's summary as gossip
-//! delivered it. `kvmesh-local` is the same without summaries: an entry node knows only where
-//! it sent prefixes itself (its `RecentSends`, kept longer) and its own cache.
+//! delivered it (for itself, its own digest and no summary, as the sidecar does).
+//! `kvmesh-local` is the same without summaries: an entry node knows only where it sent
+//! prefixes itself (its `RecentSends`, kept longer).
+//!
+//! `kvmesh-zoned` is the next tier's design: nodes are split into zones of `zone_size`;
+//! summaries are gossiped only inside a zone, digests everywhere. An entry node sees every
+//! node's load but only its zone's caches; a prefix cached in another zone looks cold, and
+//! the cold-prefix rendezvous of `decide` (over all nodes) still sends it to the node every
+//! entry node agrees on.
 
 use std::collections::HashMap;
 
@@ -16,6 +23,27 @@ use crate::simulate::gossip::view::{LagClasses, Published};
 pub const PENDING_TTL_MS: u64 = 2_000;
 /// Time to live of optimistic prefix matches: long enough to cover gossip's lag.
 pub const RECENT_TTL_MS: u64 = 2_000;
+/// Which summaries an entry node sees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Visibility {
+    /// Every peer's (kvmesh).
+    All,
+    /// None (kvmesh-local).
+    Local,
+    /// Its zone's: nodes `i` with `i / zone_size` equal to its own (kvmesh-zoned).
+    Zone(usize),
+}
+
+impl Visibility {
+    fn sees(self, entry: u32, peer: u32) -> bool {
+        match self {
+            Visibility::All => true,
+            Visibility::Local => false,
+            Visibility::Zone(size) => entry as usize / size == peer as usize / size,
+        }
+    }
+}
+
 /// kvmesh-local remembers its own sends this long: that is all it knows of peers' caches.
 pub const LOCAL_TTL_MS: u64 = 60_000;
 const RECENT_MAX_ENTRIES: usize = 200_000;
@@ -28,7 +56,7 @@ struct Entry {
 
 pub struct Kvmesh {
     entries: Vec<Entry>,
-    local: bool,
+    visibility: Visibility,
     keys: Vec<u64>,
     index_of: HashMap<u64, u32>,
     scratch: DecideScratch,
@@ -36,8 +64,12 @@ pub struct Kvmesh {
 }
 
 impl Kvmesh {
-    pub fn new(node_keys: &[u64], local: bool) -> Self {
-        let ttl = if local { LOCAL_TTL_MS } else { RECENT_TTL_MS };
+    pub fn new(node_keys: &[u64], visibility: Visibility) -> Self {
+        let ttl = if visibility == Visibility::Local {
+            LOCAL_TTL_MS
+        } else {
+            RECENT_TTL_MS
+        };
         Self {
             entries: node_keys
                 .iter()
@@ -47,7 +79,7 @@ impl Kvmesh {
                     pruned_ms: 0,
                 })
                 .collect(),
-            local,
+            visibility,
             keys: node_keys.to_vec(),
             index_of: node_keys
                 .iter()
@@ -70,11 +102,10 @@ impl Kvmesh {
         now_ns: u64,
     ) -> Result<(usize, Decision), RouteError> {
         let now_ms = now_ns / 1_000_000;
-        let with_summaries = !self.local;
+        let visibility = self.visibility;
         for (p, view) in published.iter_mut().enumerate() {
-            let class = lags.class_of(entry, p as u32);
-            if with_summaries || p as u32 == entry {
-                view.sync(lags, class, now_ns);
+            if visibility.sees(entry, p as u32) {
+                view.sync(lags, lags.class_of(entry, p as u32), now_ns);
             }
         }
         let me = &self.entries[entry as usize];
@@ -99,7 +130,11 @@ impl Kvmesh {
             candidates.push(Candidate {
                 node_key,
                 digest,
-                summary: (with_summaries || p == entry).then(|| view.summary(class)),
+                summary: if visibility.sees(entry, p) {
+                    view.summary(class)
+                } else {
+                    None
+                },
                 digest_received_ms: received_ms,
                 pending: me.ledger.pending(node_key, received_ms, now_ms),
                 recent_match: recent.iter().find(|(n, _)| *n == p).map_or(0, |&(_, m)| m),
