@@ -48,6 +48,24 @@ fn the_same_seed_gives_the_same_results() {
 }
 
 #[test]
+fn the_thread_count_does_not_change_a_gossiping_run() {
+    let flags = format!(
+        "{SMALL_GSP} --requests 200 --policy kvmesh,kvmesh-local,kvmesh-zoned --zone-size 4 --seed 2"
+    );
+    let strip = |report: Report| -> Vec<PolicyResult> {
+        report.runs[0]
+            .results
+            .iter()
+            .cloned()
+            .map(|r| PolicyResult { wall_s: 0.0, ..r })
+            .collect()
+    };
+    let one = strip(run(&format!("{flags} --threads 1")));
+    let three = strip(run(&format!("{flags} --threads 3")));
+    assert_eq!(one, three);
+}
+
+#[test]
 fn one_engine_with_two_requests_matches_the_timing_model_by_hand() {
     // Two prompts sharing a 64-token system prompt (4 blocks), 16-token questions, 4 output
     // tokens, arriving about 10 s apart on one idle engine.
