@@ -49,6 +49,9 @@ pub struct SimulateArgs {
     /// Requests to simulate (default: the trace's length, or 2,000).
     #[arg(long)]
     pub requests: Option<u64>,
+    /// Requests to simulate per node (scales with --sweep-nodes).
+    #[arg(long, conflicts_with = "requests")]
+    pub requests_per_node: Option<u64>,
     /// Poisson arrival rate for the whole cluster, requests/s (overrides trace timestamps).
     #[arg(long)]
     pub rate: Option<f64>,
@@ -73,7 +76,8 @@ pub struct SimulateArgs {
     /// Digest refresh and summary publish interval, milliseconds.
     #[arg(long, default_value_t = 100)]
     pub digest_interval: u64,
-    /// Lag classes of the aggregate gossip model (more = finer staleness, more memory).
+    /// Lag classes of the aggregate gossip model (more = finer staleness, more memory; at
+    /// most 64).
     #[arg(long, default_value_t = 8)]
     pub lag_classes: usize,
     /// Summary shards per node.
@@ -174,7 +178,7 @@ impl SimulateArgs {
                 hop_s: self.gossip_hop_ms.max(0.0) / 1e3,
             },
             digest_interval_s: self.digest_interval.max(1) as f64 / 1e3,
-            lag_classes: self.lag_classes.max(1),
+            lag_classes: self.lag_classes.clamp(1, 64),
             chwbl_epsilon: 0.25,
             zone_size: self.zone_size.max(1),
             threads: self.threads.max(1),

@@ -127,6 +127,9 @@ impl SimNode {
     }
 
     fn record_outputs(&mut self, at_ns: u64, outputs: &[Output], events: &mut Vec<EngineEvent>) {
+        // The engine queues KV-cache events for a publisher; nobody subscribes here (the
+        // approximate index is fed by routing), so drop them or they pile up without bound.
+        drop(self.engine.take_kv_events());
         for out in outputs {
             if let Some(arrival) = self.awaiting_first.remove(&out.request) {
                 self.observe_ttft(at_ns.saturating_sub(arrival) as f64 / 1e6);

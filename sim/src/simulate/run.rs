@@ -130,6 +130,10 @@ pub fn stream(args: &SimulateArgs, inputs: &Inputs, nodes: usize) -> RequestStre
         (None, None, Some(_)) => Arrivals::Own(args.trace_speedup),
         (None, None, None) => Arrivals::Poisson(DEFAULT_RATE_PER_NODE * nodes as f64),
     };
-    let limit = args.requests.or(natural).unwrap_or(DEFAULT_REQUESTS);
+    let limit = args
+        .requests
+        .or(args.requests_per_node.map(|r| r * nodes as u64))
+        .or(natural)
+        .unwrap_or(DEFAULT_REQUESTS);
     RequestStream::new(generator, arrivals, limit, seed)
 }

@@ -92,7 +92,6 @@ struct Sim<'c> {
     config: &'c ClusterConfig,
     policy: PolicyKind,
     nodes: Vec<SimNode>,
-    keys: Vec<u64>,
     router: Router,
     gossip: Option<Gossip>,
     rng: SplitMix64,
@@ -166,7 +165,6 @@ impl<'c> Sim<'c> {
             config,
             policy,
             nodes,
-            keys,
             router,
             gossip,
             rng: SplitMix64::new(config.seed ^ 0x726f_7574_6572),
@@ -250,7 +248,7 @@ impl<'c> Sim<'c> {
                         entry as usize
                     }
                 };
-                kvmesh.record(entry, self.keys[target], &chain, now);
+                kvmesh.record(entry, target, &chain, now);
                 target
             }
         };

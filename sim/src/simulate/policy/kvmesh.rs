@@ -52,6 +52,10 @@ struct Entry {
     ledger: PendingLedger,
     recent: RecentSends,
     pruned_ms: u64,
+    /// Nodes this entry sent to, with the last send time: `ledger.pending` is zero for any
+    /// other node, so only these are asked (the ledger is a SipHash map; asking it about all
+    /// 1,000 candidates of every decision was a tenth of the simulator's time).
+    sent_to: Vec<(u32, u64)>,
 }
 
 pub struct Kvmesh {
@@ -61,6 +65,7 @@ pub struct Kvmesh {
     index_of: HashMap<u64, u32>,
     scratch: DecideScratch,
     nodes_of: Vec<u32>,
+    classes: Vec<u8>,
 }
 
 impl Kvmesh {
@@ -77,6 +82,7 @@ impl Kvmesh {
                     ledger: PendingLedger::new(PENDING_TTL_MS),
                     recent: RecentSends::new(ttl, RECENT_MAX_ENTRIES),
                     pruned_ms: 0,
+                    sent_to: Vec::new(),
                 })
                 .collect(),
             visibility,
@@ -88,6 +94,7 @@ impl Kvmesh {
                 .collect(),
             scratch: DecideScratch::default(),
             nodes_of: Vec::new(),
+            classes: Vec::new(),
         }
     }
 
@@ -103,9 +110,12 @@ impl Kvmesh {
     ) -> Result<(usize, Decision), RouteError> {
         let now_ms = now_ns / 1_000_000;
         let visibility = self.visibility;
+        self.classes.clear();
         for (p, view) in published.iter_mut().enumerate() {
+            let class = lags.class_of(entry, p as u32);
+            self.classes.push(class as u8);
             if visibility.sees(entry, p as u32) {
-                view.sync(lags, lags.class_of(entry, p as u32), now_ns);
+                view.sync(lags, class, now_ns);
             }
         }
         let me = &self.entries[entry as usize];
@@ -120,8 +130,8 @@ impl Kvmesh {
         self.nodes_of.clear();
         let mut candidates = Vec::with_capacity(published.len());
         for (p, view) in published.iter().enumerate() {
+            let class = usize::from(self.classes[p]);
             let p = p as u32;
-            let class = lags.class_of(entry, p);
             let Some((digest, received_ns)) = view.digest(lags, class, now_ns) else {
                 continue;
             };
@@ -136,7 +146,11 @@ impl Kvmesh {
                     None
                 },
                 digest_received_ms: received_ms,
-                pending: me.ledger.pending(node_key, received_ms, now_ms),
+                pending: if me.sent_to.iter().any(|&(n, _)| n == p) {
+                    me.ledger.pending(node_key, received_ms, now_ms)
+                } else {
+                    0
+                },
                 recent_match: recent.iter().find(|(n, _)| *n == p).map_or(0, |&(_, m)| m),
             });
             self.nodes_of.push(p);
@@ -146,9 +160,13 @@ impl Kvmesh {
     }
 
     /// Optimistic accounting of a send from `entry` to `target`.
-    pub fn record(&mut self, entry: u32, target_key: u64, chain: &[u64], now_ns: u64) {
+    pub fn record(&mut self, entry: u32, target: usize, chain: &[u64], now_ns: u64) {
         let now_ms = now_ns / 1_000_000;
+        let target_key = self.keys[target];
         let me = &mut self.entries[entry as usize];
+        me.sent_to
+            .retain(|&(n, at)| n != target as u32 && at + PENDING_TTL_MS >= now_ms);
+        me.sent_to.push((target as u32, now_ms));
         me.ledger.record(target_key, now_ms);
         me.recent.record(target_key, chain, now_ms);
         if now_ms >= me.pruned_ms + 1_000 {
