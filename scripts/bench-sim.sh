@@ -42,10 +42,15 @@ fi
 
 if [[ $what == all || $what == sweep ]]; then
   machine
-  # Rate per node fixed (1 req/s), 20 requests per node, small KV caches so that 10,000
-  # engines fit in memory; kvmesh against the zoned design (zones of 64).
+  # Rate per node fixed (1 req/s), small KV caches so that 10,000 engines fit in memory;
+  # kvmesh against the zoned design (zones of 64). First the steady state at 64 nodes (200 s
+  # of traffic: per-publisher gossip rates do not depend on N at a fixed rate per node), then
+  # short runs (5 requests per node) up to 10,000 nodes.
+  "$SIM" simulate --nodes 64 --requests-per-node 200 --rate-per-node 1 --kv-blocks 2048 \
+    --gsp-groups 256 --gsp-output-len 64 --policy kvmesh,kvmesh-zoned --zone-size 16 \
+    --lag-classes 4 --json "$OUT/steady64.json" | tee "$OUT/steady64.md"
   /usr/bin/time -f "wall %e s, user %U s, max RSS %M KB" \
-    "$SIM" simulate --sweep-nodes 8,64,512,1024,4096,10000 --requests-per-node 20 \
+    "$SIM" simulate --sweep-nodes 8,64,512,1024,4096,10000 --requests-per-node 5 \
     --rate-per-node 1 --kv-blocks 2048 --gsp-groups 256 --gsp-output-len 64 \
     --policy kvmesh,kvmesh-zoned --zone-size 64 --lag-classes 4 \
     --json "$OUT/sweep.json" --svg-dir "$OUT/sweep" | tee "$OUT/sweep.md"
