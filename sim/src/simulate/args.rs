@@ -23,6 +23,16 @@ pub enum WorkloadName {
     Rag,
 }
 
+/// What a node's own candidate carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SelfView {
+    /// Its digest and its own summary, without lag.
+    Summary,
+    /// Its digest only (the sidecar's routing.rs as of this writing).
+    Digest,
+}
+
 /// Scoring form of `decide` (see `protocol::route::Policy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -86,6 +96,9 @@ pub struct SimulateArgs {
     /// Bytes of Bloom filter per shard.
     #[arg(long, default_value_t = 1024)]
     pub summary_shard_bytes: u32,
+    /// What a node knows of itself when routing.
+    #[arg(long, value_enum, default_value_t = SelfView::Summary)]
+    pub self_view: SelfView,
     /// Scoring form of `decide`.
     #[arg(long, value_enum, default_value_t = ScoreFormArg::Score)]
     pub route_form: ScoreFormArg,
@@ -182,6 +195,7 @@ impl SimulateArgs {
             chwbl_epsilon: 0.25,
             zone_size: self.zone_size.max(1),
             threads: self.threads.max(1),
+            self_summary: self.self_view == SelfView::Summary,
             seed: self.seed,
         }
     }

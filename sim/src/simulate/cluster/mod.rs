@@ -45,6 +45,8 @@ pub struct ClusterConfig {
     pub chwbl_epsilon: f64,
     /// Nodes per zone of kvmesh-zoned.
     pub zone_size: usize,
+    /// Whether a node's own candidate carries its own summary (see `--self-view`).
+    pub self_summary: bool,
     /// Threads running engines in the epoch loop.
     pub threads: usize,
     pub seed: u64,
@@ -152,7 +154,9 @@ impl<'c> Sim<'c> {
             let delays = DelayDistribution::simulate(&config.gossip, n, runs, config.seed);
             let lags = LagClasses::new(&delays, config.lag_classes, config.seed);
             Gossip {
-                published: (0..n).map(|_| Published::new(&lags)).collect(),
+                published: (0..n)
+                    .map(|_| Published::new(&lags, config.self_summary))
+                    .collect(),
                 delays,
                 lags,
                 digest_bytes: 0,

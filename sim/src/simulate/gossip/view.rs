@@ -79,15 +79,16 @@ pub struct Published {
 }
 
 impl Published {
-    /// A publisher seen through `lags`: one summary replica per peer class (the publisher's
-    /// own view of itself reads its digest only, like the sidecar, which routes to itself
-    /// on its digest and holds no summary of its own).
-    pub fn new(lags: &LagClasses) -> Self {
+    /// A publisher seen through `lags`: one summary replica per peer class, plus one with no
+    /// lag for the publisher itself when `own_summary` (otherwise the node reads only its own
+    /// digest, as `node/src/serve/routing.rs` does today).
+    pub fn new(lags: &LagClasses, own_summary: bool) -> Self {
+        let replicas = if own_summary { lags.len() } else { lags.own() };
         Self {
             digests: VecDeque::new(),
             batches: VecDeque::new(),
             first_batch: 0,
-            replicas: (0..lags.own()).map(|_| Replica::default()).collect(),
+            replicas: (0..replicas).map(|_| Replica::default()).collect(),
         }
     }
 
@@ -172,7 +173,7 @@ mod tests {
     #[test]
     fn each_class_sees_what_was_published_its_lag_ago() {
         let lags = lags();
-        let mut published = Published::new(&lags);
+        let mut published = Published::new(&lags, false);
         let mut builder = SummaryBuilder::new(SummaryConfig::default(), 1).unwrap();
         builder.insert(42);
         let shards: Vec<_> = builder
@@ -200,7 +201,7 @@ mod tests {
     #[test]
     fn digests_arrive_after_the_lag_and_newest_wins() {
         let lags = lags();
-        let mut published = Published::new(&lags);
+        let mut published = Published::new(&lags, false);
         let digest = |version| LoadDigest {
             version,
             timestamp_ms: 0,

@@ -2,7 +2,9 @@
 //! exactly as the sidecar builds it (`node/src/serve/routing.rs`): itself plus every peer
 //! whose digest has arrived, with the digest's arrival time for staleness, `pending` from its
 //! `PendingLedger`, `recent_match` from its `RecentSends`, and the peer's summary as gossip
-//! delivered it (for itself, its own digest and no summary, as the sidecar does).
+//! delivered it. For itself, a node has its own digest and, with `--self-view summary` (the
+//! default), its own summary without lag; `--self-view digest` reproduces
+//! `node/src/serve/routing.rs` as of this writing, whose self candidate has no summary.
 //! `kvmesh-local` is the same without summaries: an entry node knows only where it sent
 //! prefixes itself (its `RecentSends`, kept longer).
 //!
@@ -28,7 +30,7 @@ pub const RECENT_TTL_MS: u64 = 2_000;
 pub enum Visibility {
     /// Every peer's (kvmesh).
     All,
-    /// None (kvmesh-local).
+    /// Its own only, if it has one (kvmesh-local).
     Local,
     /// Its zone's: nodes `i` with `i / zone_size` equal to its own (kvmesh-zoned).
     Zone(usize),
@@ -38,6 +40,7 @@ impl Visibility {
     fn sees(self, entry: u32, peer: u32) -> bool {
         match self {
             Visibility::All => true,
+            Visibility::Local if entry == peer => true,
             Visibility::Local => false,
             Visibility::Zone(size) => entry as usize / size == peer as usize / size,
         }
