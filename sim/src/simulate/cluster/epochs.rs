@@ -38,10 +38,12 @@ pub(super) fn run(sim: &mut Sim<'_>, requests: impl Iterator<Item = SimRequest>)
     let mut tick = 0u64;
     loop {
         // 1. Route.
+        let mut arrivals = Vec::new();
         while let Some(request) = requests.next_if(|r| r.arrival_ns <= tick) {
-            if let Some(submission) = sim.arrive(request) {
-                epochs[submission.target].submissions.push(submission);
-            }
+            arrivals.push(request);
+        }
+        for submission in sim.arrive_batch(arrivals) {
+            epochs[submission.target].submissions.push(submission);
         }
         // 2. Run engines and publish, in parallel.
         let g = sim.gossip.as_mut().expect("the epoch loop gossips");

@@ -23,7 +23,7 @@ use super::gossip::epidemic::{DelayDistribution, GossipParams};
 use super::gossip::view::{LagClasses, Published};
 use super::node::{EngineEvent, MODEL, SimNode};
 use super::policy::chwbl::Ring;
-use super::policy::kvmesh::{Kvmesh, Visibility};
+use super::policy::kvmesh::{Kvmesh, Pending, Visibility};
 use super::policy::oracle::Oracle;
 use super::policy::{PolicyKind, least_loaded, power_of_two, random, round_robin};
 use super::prompt::{self, BLOCK_TOKENS};
@@ -81,6 +81,17 @@ struct Gossip {
     /// Per node: times at which a new prefix entered its index and awaits publication.
     unpublished_prefixes: Vec<Vec<u64>>,
     publish_waits_s: Vec<f64>,
+}
+
+/// An arrival, registered and hashed, before routing.
+struct Prepared {
+    id: u64,
+    entry: u32,
+    tokens: Vec<u32>,
+    chain: Vec<u64>,
+    output_tokens: u32,
+    session: Option<u64>,
+    now: u64,
 }
 
 /// A routed request, ready for its engine.
@@ -182,11 +193,10 @@ impl<'c> Sim<'c> {
         }
     }
 
-    /// Routes a request at its arrival: picks the engine, does the entry node's and the
-    /// target's bookkeeping, and returns what to submit (none if the prompt cannot fit).
-    fn arrive(&mut self, request: SimRequest) -> Option<Submission> {
+    /// Registers an arrival; returns its id, tokens, chain and entry node, or none if the
+    /// prompt cannot fit the engines (counted as rejected).
+    fn prepare(&mut self, request: &SimRequest) -> Option<Prepared> {
         let now = request.arrival_ns;
-        let n = self.nodes.len();
         self.first_arrival.get_or_insert(now);
         let id = self.records.len() as u64;
         self.records.push(Record {
@@ -200,13 +210,30 @@ impl<'c> Sim<'c> {
             return None;
         }
         let chain = prompt::chain(self.config.seed, &tokens);
-        let entry = self.rng.below(n as u64) as u32;
+        let entry = self.rng.below(self.nodes.len() as u64) as u32;
+        Some(Prepared {
+            id,
+            entry,
+            tokens,
+            chain,
+            output_tokens,
+            session: request.session,
+            now,
+        })
+    }
+
+    /// Routes one request at its arrival (the centralized policies).
+    fn arrive(&mut self, request: SimRequest) -> Option<Submission> {
+        let prepared = self.prepare(&request)?;
+        let n = self.nodes.len();
+        let (id, entry, now) = (prepared.id, prepared.entry, prepared.now);
+        let chain = &prepared.chain;
         let route_request = RouteRequest {
             model: MODEL,
-            chain: &chain,
-            prompt_tokens: tokens.len() as u32,
+            chain,
+            prompt_tokens: prepared.tokens.len() as u32,
             tokens_per_block: BLOCK_TOKENS as f32,
-            session: request.session,
+            session: prepared.session,
             role: Role::Mixed,
         };
         let config = self.config;
@@ -231,31 +258,64 @@ impl<'c> Sim<'c> {
                 count_reason(decision.ok(), &mut self.reasons)
                     .unwrap_or_else(|| random::pick(&mut self.rng, n))
             }
-            Router::Kvmesh(kvmesh) => {
-                let g = self.gossip.as_mut().expect("kvmesh gossips");
-                let decision = kvmesh.decide(
-                    entry,
-                    &mut g.published,
-                    &g.lags,
-                    &route_request,
-                    &config.route,
-                    now,
-                );
-                let target = match decision {
-                    Ok((target, decision)) => {
-                        count_reason(Some(decision), &mut self.reasons);
-                        target
-                    }
-                    Err(_) => {
-                        // No digest has arrived yet: the entry node serves it itself.
-                        *self.reasons.entry("no-view".into()).or_default() += 1;
-                        entry as usize
-                    }
-                };
-                kvmesh.record(entry, target, &chain, now);
-                target
-            }
+            Router::Kvmesh(_) => unreachable!("kvmesh routes a tick interval at a time"),
         };
+        Some(self.commit(target, prepared))
+    }
+
+    /// Routes the arrivals of one tick interval (the gossiping policies).
+    fn arrive_batch(&mut self, requests: Vec<SimRequest>) -> Vec<Submission> {
+        let prepared: Vec<Prepared> = requests.iter().filter_map(|r| self.prepare(r)).collect();
+        let Router::Kvmesh(kvmesh) = &mut self.router else {
+            unreachable!("only kvmesh routes in batches");
+        };
+        let g = self.gossip.as_ref().expect("kvmesh gossips");
+        let batch: Vec<Pending<'_>> = prepared
+            .iter()
+            .map(|p| Pending {
+                entry: p.entry,
+                chain: &p.chain,
+                prompt_tokens: p.tokens.len() as u32,
+                session: p.session,
+                now_ns: p.now,
+            })
+            .collect();
+        let decisions = kvmesh.decide_batch(
+            &batch,
+            &g.published,
+            &g.lags,
+            &self.config.route,
+            self.config.threads,
+        );
+        drop(batch);
+        let mut submissions = Vec::with_capacity(prepared.len());
+        for (prepared, decided) in prepared.into_iter().zip(decisions) {
+            let target = match decided {
+                Ok((target, decision)) => {
+                    count_reason(Some(decision), &mut self.reasons);
+                    target
+                }
+                Err(_) => {
+                    // No digest has arrived yet: the entry node serves it itself.
+                    *self.reasons.entry("no-view".into()).or_default() += 1;
+                    prepared.entry as usize
+                }
+            };
+            submissions.push(self.commit(target, prepared));
+        }
+        submissions
+    }
+
+    /// The target's side of a routed request: its index learns the chain.
+    fn commit(&mut self, target: usize, prepared: Prepared) -> Submission {
+        let Prepared {
+            id,
+            tokens,
+            chain,
+            output_tokens,
+            now,
+            ..
+        } = prepared;
         self.loads[target] += 1;
         let changes = self.nodes[target].index_chain(&chain);
         if let Router::Oracle(oracle) = &mut self.router {
@@ -266,13 +326,13 @@ impl<'c> Sim<'c> {
         {
             g.unpublished_prefixes[target].push(now);
         }
-        let mut engine_request = EngineRequest::new(id, tokens, output_tokens);
-        engine_request.ignore_eos = true;
-        Some(Submission {
+        let mut request = EngineRequest::new(id, tokens, output_tokens);
+        request.ignore_eos = true;
+        Submission {
             target,
-            request: engine_request,
+            request,
             arrival_ns: now,
-        })
+        }
     }
 
     /// Applies what engine `node` did to the records.

@@ -2,7 +2,9 @@
 //!
 //! A viewer `v` sees publisher `p` with a fixed lag drawn for the pair `(v, p)` from the
 //! gossip delay distribution, quantized into a few classes: the viewer holds `p`'s digest as
-//! it was published `lag` ago and the summary made of the shards published until `lag` ago.
+//! it was published `lag` ago and the summary made of the shards published until `lag` ago
+//! (applied at each tick, so a shard becomes visible at the first tick after its arrival:
+//! within a tick interval views are fixed and entry nodes can decide in parallel).
 //! The lag is fixed per pair (it does not vary per update) so that a view never goes back in
 //! time; the spread over pairs is the epidemic's spread. The shards are the real encoded bytes
 //! from `SummaryBuilder`, decoded and validated once, applied to one `PeerSummary` per class.
