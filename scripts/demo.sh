@@ -110,6 +110,8 @@ kill_groups() {
 cleanup() {
     local rc=$?
     trap - EXIT INT TERM
+    # A closed stdout (e.g. `demo.sh | head`) must not kill us before the processes are gone.
+    trap '' PIPE
     if [[ ${#GROUPS_ALIVE[@]} -gt 0 ]]; then
         log "stopping ${#GROUPS_ALIVE[@]} process(es)"
         kill_groups "${GROUPS_ALIVE[@]}"
@@ -197,13 +199,13 @@ configure() {
             # The Mooncake synthetic trace (sim/data/), its 1022 s compressed into the run;
             # prompts clipped to 2048 tokens (their first four 512-token blocks, which carry
             # most of the reuse) and outputs to 64 tokens so that the compressed load fits 2
-            # CPU cores. The engines run 4x faster than real time (--time-scale 0.25), so the
-            # latencies are a quarter of what the modelled GPU would show.
+            # CPU cores. The engines run 3.3x faster than real time (--time-scale 0.3), so the
+            # latencies are 0.3x what the modelled GPU would show.
             local scale
             scale=$(awk -v d="$DURATION" 'BEGIN { printf "%.4f", d / 1022.0 }')
-            ENGINE_ARGS=(--kv-blocks 16384 --block-size 16 --time-scale 0.25)
+            ENGINE_ARGS=(--kv-blocks 16384 --block-size 16 --time-scale 0.3)
             LOAD_ARGS+=(--time-scale "$scale" --max-input-tokens 2048 --max-output-tokens 64)
-            ENGINE_NOTE="trace: Mooncake synthetic trace at ${scale}x its timestamps, prompts clipped to 2048 tokens, outputs to 64; engines: 16384 KV blocks x 16 tokens, modelled time x0.25"
+            ENGINE_NOTE="trace: Mooncake synthetic trace at ${scale}x its timestamps, prompts clipped to 2048 tokens, outputs to 64; engines: 16384 KV blocks x 16 tokens, modelled time x0.3"
             ;;
         chat)
             ENGINE_ARGS=(--kv-blocks 8192 --block-size 16)

@@ -76,8 +76,14 @@ fn run_simulate(args: &SimulateArgs) -> anyhow::Result<()> {
             .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", dir.display()))?;
         let plots = [
             ("ttft-cdf.svg", simulate::svg::ttft_cdf(&report)),
-            ("hit-rate-vs-nodes.svg", simulate::svg::hit_rate_vs_nodes(&report)),
-            ("gossip-vs-nodes.svg", simulate::svg::gossip_vs_nodes(&report)),
+            (
+                "hit-rate-vs-nodes.svg",
+                simulate::svg::hit_rate_vs_nodes(&report),
+            ),
+            (
+                "gossip-vs-nodes.svg",
+                simulate::svg::gossip_vs_nodes(&report),
+            ),
         ];
         for (name, svg) in plots {
             if let Some(svg) = svg {

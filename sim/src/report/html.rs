@@ -126,7 +126,7 @@ pub fn render(results: &Results, runs: &[Run]) -> String {
         h.push_str(
             &BarChart {
                 title: "Time to first token (client side)",
-                y_label: "seconds",
+                y_label: "TTFT",
                 y_max: None,
                 fmt: |v| format!("{:.0} ms", v * 1e3),
             }
@@ -137,11 +137,17 @@ pub fn render(results: &Results, runs: &[Run]) -> String {
             .iter()
             .filter_map(|r| {
                 let total = r.engine_ttft_cdf.last()?.1;
+                // Stop at the first bucket that holds every request: the empty tail up to
+                // vLLM's 2560 s bucket would squeeze the interesting part.
+                let end = r
+                    .engine_ttft_cdf
+                    .iter()
+                    .position(|&(_, n)| n >= total)
+                    .map_or(r.engine_ttft_cdf.len(), |i| i + 1);
                 (total > 0.0).then(|| Series {
                     name: r.figures.policy.clone(),
                     color: color(&r.figures.policy),
-                    points: r
-                        .engine_ttft_cdf
+                    points: r.engine_ttft_cdf[..end]
                         .iter()
                         .map(|&(le, n)| (le, n / total))
                         .collect(),

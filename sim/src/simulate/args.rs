@@ -23,6 +23,16 @@ pub enum WorkloadName {
     Rag,
 }
 
+/// What a node's own candidate carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SelfView {
+    /// Its digest and its own summary, without lag.
+    Summary,
+    /// Its digest only (the sidecar's routing.rs as of this writing).
+    Digest,
+}
+
 /// Scoring form of `decide` (see `protocol::route::Policy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -49,6 +59,9 @@ pub struct SimulateArgs {
     /// Requests to simulate (default: the trace's length, or 2,000).
     #[arg(long)]
     pub requests: Option<u64>,
+    /// Requests to simulate per node (scales with --sweep-nodes).
+    #[arg(long, conflicts_with = "requests")]
+    pub requests_per_node: Option<u64>,
     /// Poisson arrival rate for the whole cluster, requests/s (overrides trace timestamps).
     #[arg(long)]
     pub rate: Option<f64>,
@@ -73,7 +86,8 @@ pub struct SimulateArgs {
     /// Digest refresh and summary publish interval, milliseconds.
     #[arg(long, default_value_t = 100)]
     pub digest_interval: u64,
-    /// Lag classes of the aggregate gossip model (more = finer staleness, more memory).
+    /// Lag classes of the aggregate gossip model (more = finer staleness, more memory; at
+    /// most 64).
     #[arg(long, default_value_t = 8)]
     pub lag_classes: usize,
     /// Summary shards per node.
@@ -82,6 +96,9 @@ pub struct SimulateArgs {
     /// Bytes of Bloom filter per shard.
     #[arg(long, default_value_t = 1024)]
     pub summary_shard_bytes: u32,
+    /// What a node knows of itself when routing.
+    #[arg(long, value_enum, default_value_t = SelfView::Summary)]
+    pub self_view: SelfView,
     /// Scoring form of `decide`.
     #[arg(long, value_enum, default_value_t = ScoreFormArg::Score)]
     pub route_form: ScoreFormArg,
@@ -97,6 +114,9 @@ pub struct SimulateArgs {
     /// Engine decode step at batch size 1, milliseconds.
     #[arg(long, default_value_t = 12.0)]
     pub decode_step_ms: f64,
+    /// Nodes per zone of the kvmesh-zoned policy.
+    #[arg(long, default_value_t = 64)]
+    pub zone_size: usize,
     /// Chat sessions open at any time.
     #[arg(long, default_value_t = 256)]
     pub chat_sessions: usize,
@@ -118,6 +138,10 @@ pub struct SimulateArgs {
     /// Policies simulated in parallel (each in its own thread).
     #[arg(long, default_value_t = 1)]
     pub jobs: usize,
+    /// Threads running the engines of one gossiping policy's simulation (results do not
+    /// depend on it).
+    #[arg(long, default_value_t = 2)]
+    pub threads: usize,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
 }
@@ -167,8 +191,11 @@ impl SimulateArgs {
                 hop_s: self.gossip_hop_ms.max(0.0) / 1e3,
             },
             digest_interval_s: self.digest_interval.max(1) as f64 / 1e3,
-            lag_classes: self.lag_classes.max(1),
+            lag_classes: self.lag_classes.clamp(1, 64),
             chwbl_epsilon: 0.25,
+            zone_size: self.zone_size.max(1),
+            threads: self.threads.max(1),
+            self_summary: self.self_view == SelfView::Summary,
             seed: self.seed,
         }
     }

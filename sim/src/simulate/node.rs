@@ -1,16 +1,31 @@
 //! One simulated node: the engine model, the node's approximate prefix index and the summary
 //! built from it, and the load digest it publishes.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use kvmesh_protocol::hashing::HASH_VERSION;
 use kvmesh_protocol::index::{IndexChanges, PrefixIndex};
 use kvmesh_protocol::{LoadDigest, Role, SummaryBuilder, SummaryConfig};
 
-use crate::engine::model::{Engine, EngineConfig};
+use crate::engine::model::{Engine, EngineConfig, EngineRequest, Output};
 
 /// The model name every simulated engine serves.
 pub const MODEL: &str = "sim-model";
+
+/// What an engine did to a request, for the run's records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EngineEvent {
+    FirstToken {
+        request: u64,
+        at_ns: u64,
+    },
+    Finished {
+        request: u64,
+        at_ns: u64,
+        completion_tokens: u32,
+    },
+}
 
 /// How a node's observed TTFT average moves with each new observation.
 const TTFT_EWMA_WEIGHT: f64 = 0.2;
@@ -32,6 +47,8 @@ pub struct SimNode {
     last_gossiped: Option<((u32, u32, u32), u64)>,
     /// The wake-up time queued for this engine, to skip stale queue entries.
     pub wake_ns: Option<u64>,
+    /// Arrival times of submitted requests that have no first token yet.
+    awaiting_first: HashMap<u64, u64>,
 }
 
 impl SimNode {
@@ -48,6 +65,87 @@ impl SimNode {
             digest_version: 0,
             last_gossiped: None,
             wake_ns: None,
+            awaiting_first: HashMap::new(),
+        }
+    }
+
+    /// Hands a request that arrived at `arrival_ns` to the engine. Requests are validated
+    /// against the engine's limits when routed, so refusal here is a bug worth a warning.
+    pub fn submit(&mut self, request: EngineRequest, arrival_ns: u64) -> bool {
+        let id = request.id;
+        match self.engine.submit(request, Self::now(arrival_ns)) {
+            Ok(()) => {
+                self.awaiting_first.insert(id, arrival_ns);
+                self.inflight += 1;
+                self.served += 1;
+                true
+            }
+            Err(error) => {
+                tracing::warn!(%error, request = id, "engine refused a validated request");
+                false
+            }
+        }
+    }
+
+    /// Runs the engine through every event up to `until_ns`, appending what happened to
+    /// `events`. Each call of the engine's `advance` is made at the time of its next event, so
+    /// every output is stamped with the end of the step that produced it.
+    pub fn advance_to(
+        &mut self,
+        until_ns: u64,
+        buffer: &mut Vec<Output>,
+        events: &mut Vec<EngineEvent>,
+    ) {
+        let mut last = None;
+        while let Some(next) = self.engine.next_event_time() {
+            let at_ns = next.as_nanos() as u64;
+            if at_ns > until_ns {
+                break;
+            }
+            if last == Some(at_ns) && buffer.is_empty() {
+                // Nothing came out of the previous advance at this same time and nothing
+                // changed since: the engine waits for an arrival.
+                break;
+            }
+            last = Some(at_ns);
+            buffer.clear();
+            self.engine.advance_into(next, buffer);
+            self.record_outputs(at_ns, buffer, events);
+        }
+    }
+
+    /// Runs the engine at one event time (the event loop's wake-up).
+    pub fn advance_at(
+        &mut self,
+        now_ns: u64,
+        buffer: &mut Vec<Output>,
+        events: &mut Vec<EngineEvent>,
+    ) {
+        buffer.clear();
+        self.engine.advance_into(Self::now(now_ns), buffer);
+        self.record_outputs(now_ns, buffer, events);
+    }
+
+    fn record_outputs(&mut self, at_ns: u64, outputs: &[Output], events: &mut Vec<EngineEvent>) {
+        // The engine queues KV-cache events for a publisher; nobody subscribes here (the
+        // approximate index is fed by routing), so drop them or they pile up without bound.
+        drop(self.engine.take_kv_events());
+        for out in outputs {
+            if let Some(arrival) = self.awaiting_first.remove(&out.request) {
+                self.observe_ttft(at_ns.saturating_sub(arrival) as f64 / 1e6);
+                events.push(EngineEvent::FirstToken {
+                    request: out.request,
+                    at_ns,
+                });
+            }
+            if let Some(finished) = &out.finished {
+                self.inflight -= 1;
+                events.push(EngineEvent::Finished {
+                    request: out.request,
+                    at_ns,
+                    completion_tokens: finished.completion_tokens,
+                });
+            }
         }
     }
 

@@ -19,7 +19,9 @@ pub fn markdown(report: &Report) -> String {
             "| policy | TTFT mean s | p50 | p90 | p99 | E2E mean s | p99 | req/s | hit rate | \
              imbalance | preempt | gossip B/node/s | prefix 50% s | 99% s | wall s |\n",
         );
-        out.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        out.push_str(
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        );
         for r in &run.results {
             let _ = writeln!(
                 out,

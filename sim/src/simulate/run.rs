@@ -50,7 +50,9 @@ pub fn simulate(args: &SimulateArgs) -> Result<Report, SimulateError> {
         args.sweep_nodes.clone()
     };
     if sizes.contains(&0) {
-        return Err(SimulateError::Invalid("a cluster needs at least one node".into()));
+        return Err(SimulateError::Invalid(
+            "a cluster needs at least one node".into(),
+        ));
     }
     let inputs = Inputs {
         trace: args.trace.as_deref().map(trace::load).transpose()?,
@@ -93,7 +95,11 @@ fn run_size(args: &SimulateArgs, inputs: &Inputs, nodes: usize) -> Vec<PolicyRes
     results.into_iter().flatten().collect()
 }
 
-fn run_one(config: &cluster::ClusterConfig, policy: PolicyKind, stream: RequestStream) -> PolicyResult {
+fn run_one(
+    config: &cluster::ClusterConfig,
+    policy: PolicyKind,
+    stream: RequestStream,
+) -> PolicyResult {
     let span = tracing::info_span!("simulate", policy = policy.name(), nodes = config.nodes);
     let _guard = span.enter();
     let result = cluster::run(config, policy, stream);
@@ -124,6 +130,10 @@ pub fn stream(args: &SimulateArgs, inputs: &Inputs, nodes: usize) -> RequestStre
         (None, None, Some(_)) => Arrivals::Own(args.trace_speedup),
         (None, None, None) => Arrivals::Poisson(DEFAULT_RATE_PER_NODE * nodes as f64),
     };
-    let limit = args.requests.or(natural).unwrap_or(DEFAULT_REQUESTS);
+    let limit = args
+        .requests
+        .or(args.requests_per_node.map(|r| r * nodes as u64))
+        .or(natural)
+        .unwrap_or(DEFAULT_REQUESTS);
     RequestStream::new(generator, arrivals, limit, seed)
 }

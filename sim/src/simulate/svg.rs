@@ -122,14 +122,13 @@ fn plot(axes: &Axes, series: &[Series]) -> String {
     }
     let tx = |v: f64| if axes.x_log { v.max(1e-9).log10() } else { v };
     let ty = |v: f64| if axes.y_log { v.max(1e-9).log10() } else { v };
-    let (mut a0, mut a1, mut b0, mut b1) = (tx(x0), tx(x1), ty(y0), ty(y1));
+    let (a0, mut a1, b0, mut b1) = (tx(x0), tx(x1), ty(y0), ty(y1));
     if a1 - a0 < 1e-9 {
         a1 = a0 + 1.0;
     }
     if b1 - b0 < 1e-9 {
         b1 = b0 + 1.0;
     }
-    (a0, b0) = (a0.floor().min(a0), b0);
     let (pw, ph) = (W - LEFT - RIGHT, H - TOP - BOTTOM);
     let px = |v: f64| LEFT + (tx(v) - a0) / (a1 - a0) * pw;
     let py = |v: f64| TOP + ph - (ty(v) - b0) / (b1 - b0) * ph;
@@ -227,6 +226,7 @@ fn tick(v: f64) -> String {
         a if a >= 1e6 => format!("{:.1}M", v / 1e6),
         a if a >= 1e3 => format!("{:.1}k", v / 1e3),
         a if a >= 10.0 || a == 0.0 => format!("{v:.0}"),
+        a if a >= 1.0 => format!("{v:.1}"),
         a if a >= 0.1 => format!("{v:.2}"),
         _ => format!("{v:.3}"),
     }

@@ -126,7 +126,8 @@ impl DelayDistribution {
         if self.sorted.is_empty() {
             return 0.0;
         }
-        let i = ((q.clamp(0.0, 1.0) * self.sorted.len() as f64) as usize).min(self.sorted.len() - 1);
+        let i =
+            ((q.clamp(0.0, 1.0) * self.sorted.len() as f64) as usize).min(self.sorted.len() - 1);
         self.sorted[i]
     }
 
@@ -183,18 +184,19 @@ pub fn cold_convergence_s(
                     if rng.next_f64() < params.loss {
                         continue;
                     }
-                    for x in 0..nodes {
-                        if knows[b][x] <= now + params.hop_s {
-                            let at = now + 2.0 * params.hop_s;
-                            if at < knows[a][x] {
-                                knows[a][x] = at;
-                            }
+                    let (row_a, row_b) = if a < b {
+                        let (low, high) = knows.split_at_mut(b);
+                        (&mut low[a], &mut high[0])
+                    } else {
+                        let (low, high) = knows.split_at_mut(a);
+                        (&mut high[0], &mut low[b])
+                    };
+                    for (ka, kb) in row_a.iter_mut().zip(row_b.iter_mut()) {
+                        if *kb <= now + params.hop_s {
+                            *ka = ka.min(now + 2.0 * params.hop_s);
                         }
-                        if knows[a][x] <= now + 2.0 * params.hop_s {
-                            let at = now + 3.0 * params.hop_s;
-                            if at < knows[b][x] {
-                                knows[b][x] = at;
-                            }
+                        if *ka <= now + 2.0 * params.hop_s {
+                            *kb = kb.min(now + 3.0 * params.hop_s);
                         }
                     }
                 }
@@ -252,7 +254,12 @@ mod tests {
             20,
             2,
         );
-        assert!(lossy.mean() > clean.mean() * 1.1, "{} vs {}", lossy.mean(), clean.mean());
+        assert!(
+            lossy.mean() > clean.mean() * 1.1,
+            "{} vs {}",
+            lossy.mean(),
+            clean.mean()
+        );
     }
 
     #[test]

@@ -2,7 +2,9 @@
 //!
 //! A viewer `v` sees publisher `p` with a fixed lag drawn for the pair `(v, p)` from the
 //! gossip delay distribution, quantized into a few classes: the viewer holds `p`'s digest as
-//! it was published `lag` ago and the summary made of the shards published until `lag` ago.
+//! it was published `lag` ago and the summary made of the shards published until `lag` ago
+//! (applied at each tick, so a shard becomes visible at the first tick after its arrival:
+//! within a tick interval views are fixed and entry nodes can decide in parallel).
 //! The lag is fixed per pair (it does not vary per update) so that a view never goes back in
 //! time; the spread over pairs is the epidemic's spread. The shards are the real encoded bytes
 //! from `SummaryBuilder`, decoded and validated once, applied to one `PeerSummary` per class.
@@ -79,12 +81,16 @@ pub struct Published {
 }
 
 impl Published {
-    pub fn new(classes: usize) -> Self {
+    /// A publisher seen through `lags`: one summary replica per peer class, plus one with no
+    /// lag for the publisher itself when `own_summary` (otherwise the node reads only its own
+    /// digest, as `node/src/serve/routing.rs` does today).
+    pub fn new(lags: &LagClasses, own_summary: bool) -> Self {
+        let replicas = if own_summary { lags.len() } else { lags.own() };
         Self {
             digests: VecDeque::new(),
             batches: VecDeque::new(),
             first_batch: 0,
-            replicas: (0..classes).map(|_| Replica::default()).collect(),
+            replicas: (0..replicas).map(|_| Replica::default()).collect(),
         }
     }
 
@@ -101,10 +107,10 @@ impl Published {
     /// Brings the replica of `class` up to `now`.
     pub fn sync(&mut self, lags: &LagClasses, class: usize, now_ns: u64) {
         let lag = lags.lag_ns(class);
-        let replica = &mut self.replicas[class];
-        while let Some((at, shards)) = self
-            .batches
-            .get((replica.next - self.first_batch) as usize)
+        let Some(replica) = self.replicas.get_mut(class) else {
+            return;
+        };
+        while let Some((at, shards)) = self.batches.get((replica.next - self.first_batch) as usize)
         {
             if at + lag > now_ns {
                 break;
@@ -132,13 +138,19 @@ impl Published {
         }
     }
 
-    /// The summary as seen through `class` (call [`Self::sync`] first).
-    pub fn summary(&self, class: usize) -> &PeerSummary {
-        &self.replicas[class].summary
+    /// The summary as seen through `class` (call [`Self::sync`] first); none for the own
+    /// class.
+    pub fn summary(&self, class: usize) -> Option<&PeerSummary> {
+        self.replicas.get(class).map(|r| &r.summary)
     }
 
     /// The newest digest visible through `class` at `now`, with its arrival time.
-    pub fn digest(&self, lags: &LagClasses, class: usize, now_ns: u64) -> Option<(&LoadDigest, u64)> {
+    pub fn digest(
+        &self,
+        lags: &LagClasses,
+        class: usize,
+        now_ns: u64,
+    ) -> Option<(&LoadDigest, u64)> {
         let lag = lags.lag_ns(class);
         self.digests
             .iter()
@@ -163,7 +175,7 @@ mod tests {
     #[test]
     fn each_class_sees_what_was_published_its_lag_ago() {
         let lags = lags();
-        let mut published = Published::new(lags.len());
+        let mut published = Published::new(&lags, false);
         let mut builder = SummaryBuilder::new(SummaryConfig::default(), 1).unwrap();
         builder.insert(42);
         let shards: Vec<_> = builder
@@ -172,21 +184,26 @@ mod tests {
             .map(|s| ShardWire::decode(&s.bytes).unwrap())
             .collect();
         published.publish_shards(1_000, shards);
-        for class in 0..3 {
+        for class in 0..2 {
             published.sync(&lags, class, 1_150);
         }
-        assert!(published.summary(2).contains(42), "self sees at once");
-        assert!(published.summary(0).contains(42), "lag 100 sees it at 1100");
-        assert!(!published.summary(1).contains(42), "lag 300 not before 1300");
+        assert!(
+            published.summary(0).unwrap().contains(42),
+            "lag 100 sees it at 1100"
+        );
+        assert!(
+            !published.summary(1).unwrap().contains(42),
+            "lag 300 not before 1300"
+        );
         published.sync_all_and_trim(&lags, 1_300);
-        assert!(published.summary(1).contains(42));
+        assert!(published.summary(1).unwrap().contains(42));
         assert_eq!(published.batches.len(), 0, "applied everywhere, trimmed");
     }
 
     #[test]
     fn digests_arrive_after_the_lag_and_newest_wins() {
         let lags = lags();
-        let mut published = Published::new(lags.len());
+        let mut published = Published::new(&lags, false);
         let digest = |version| LoadDigest {
             version,
             timestamp_ms: 0,
@@ -211,6 +228,12 @@ mod tests {
         assert_eq!((d.version, at), (1, 1_300));
         let (d, at) = published.digest(&lags, 0, 2_200).unwrap();
         assert_eq!((d.version, at), (2, 2_100));
+        let (d, at) = published.digest(&lags, lags.own(), 2_000).unwrap();
+        assert_eq!(
+            (d.version, at),
+            (2, 2_000),
+            "a node sees its own digest at once"
+        );
         assert_eq!(lags.class_of(5, 5), 2);
         assert!(lags.class_of(5, 6) < 2);
     }

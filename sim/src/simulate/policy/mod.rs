@@ -34,9 +34,13 @@ pub enum PolicyKind {
     /// `decide` with gossiped digests but no summaries: each entry node knows only where it
     /// sent prefixes itself.
     KvmeshLocal,
+    /// kvmesh with summaries gossiped only inside zones of `--zone-size` nodes (digests
+    /// everywhere): the next tier's design.
+    KvmeshZoned,
 }
 
 impl PolicyKind {
+    /// The default comparison (kvmesh-zoned only on request).
     pub const ALL: [PolicyKind; 8] = [
         PolicyKind::Random,
         PolicyKind::RoundRobin,
@@ -58,11 +62,15 @@ impl PolicyKind {
             PolicyKind::Oracle => "oracle",
             PolicyKind::Kvmesh => "kvmesh",
             PolicyKind::KvmeshLocal => "kvmesh-local",
+            PolicyKind::KvmeshZoned => "kvmesh-zoned",
         }
     }
 
     /// Whether the policy needs the gossip model (digests, and summaries for kvmesh).
     pub fn gossips(self) -> bool {
-        matches!(self, PolicyKind::Kvmesh | PolicyKind::KvmeshLocal)
+        matches!(
+            self,
+            PolicyKind::Kvmesh | PolicyKind::KvmeshLocal | PolicyKind::KvmeshZoned
+        )
     }
 }

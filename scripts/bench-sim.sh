@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Benchmarks of `kvmesh-sim simulate` (issue 7). Writes markdown, JSON and SVG plots to
+# ${OUT:-target/bench-sim}/ and prints the headline tables.
+#
+#   scripts/bench-sim.sh            # all: quality, scale, sweep
+#   scripts/bench-sim.sh quality    # Mooncake trace, 16 nodes, every policy
+#   scripts/bench-sim.sh scale      # 1,000 nodes x 200,000 requests (kvmesh), time and memory
+#   scripts/bench-sim.sh sweep      # gossip bytes and hit rate against N, up to 10,000 nodes
+#
+# Uses a release build; the simulator is single-threaded per policy except for the engines of
+# gossiping policies (--threads, default 2).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-target/bench-sim}
+mkdir -p "$OUT"
+cargo build --release -q -p kvmesh-sim
+SIM=target/release/kvmesh-sim
+TRACE=sim/data/mooncake_synthetic_trace.jsonl
+what=${1:-all}
+
+machine() {
+  echo "# $(date -u +%FT%TZ) $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), load $(cut -d' ' -f1-3 /proc/loadavg)"
+}
+
+if [[ $what == all || $what == quality ]]; then
+  machine
+  # Mooncake's conversation-trace comparison: 16 nodes, every policy, the cost form of
+  # decide (queue wait + uncached prefill), engines with 32,768 KV blocks (512k tokens).
+  "$SIM" simulate --nodes 16 --trace "$TRACE" --kv-blocks 32768 --route-form cost \
+    --jobs 2 --json "$OUT/mooncake16.json" --svg-dir "$OUT/mooncake16" | tee "$OUT/mooncake16.md"
+  # The same trace twice as fast (heavier load).
+  "$SIM" simulate --nodes 16 --trace "$TRACE" --kv-blocks 32768 --route-form cost \
+    --trace-speedup 2 --jobs 2 --json "$OUT/mooncake16x2.json" | tee "$OUT/mooncake16x2.md"
+fi
+
+if [[ $what == all || $what == scale ]]; then
+  machine
+  /usr/bin/time -f "wall %e s, user %U s, max RSS %M KB" \
+    "$SIM" simulate --nodes 1000 --requests 200000 --policy kvmesh \
+    --json "$OUT/scale1000.json" | tee "$OUT/scale1000.md"
+fi
+
+if [[ $what == all || $what == sweep ]]; then
+  machine
+  # Rate per node fixed (1 req/s), small KV caches so that 10,000 engines fit in memory;
+  # kvmesh against the zoned design (zones of 64). First the steady state at 64 nodes (200 s
+  # of traffic: per-publisher gossip rates do not depend on N at a fixed rate per node), then
+  # short runs (5 requests per node) up to 10,000 nodes.
+  "$SIM" simulate --nodes 64 --requests-per-node 200 --rate-per-node 1 --kv-blocks 2048 \
+    --gsp-groups 256 --gsp-output-len 64 --policy kvmesh,kvmesh-zoned --zone-size 16 \
+    --lag-classes 4 --json "$OUT/steady64.json" | tee "$OUT/steady64.md"
+  /usr/bin/time -f "wall %e s, user %U s, max RSS %M KB" \
+    "$SIM" simulate --sweep-nodes 8,64,512,1024,4096,10000 --requests-per-node 5 \
+    --rate-per-node 1 --kv-blocks 2048 --gsp-groups 256 --gsp-output-len 64 \
+    --policy kvmesh,kvmesh-zoned --zone-size 64 --lag-classes 4 \
+    --json "$OUT/sweep.json" --svg-dir "$OUT/sweep" | tee "$OUT/sweep.md"
+fi

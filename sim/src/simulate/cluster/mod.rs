@@ -1,0 +1,371 @@
+//! One cluster, one policy, one request stream: the simulation proper.
+//!
+//! [`Sim`] holds the cluster (nodes, router, gossip model, records) and routes an arriving
+//! request. Two loops drive it in virtual time (nanoseconds):
+//!
+//! - [`sequential`]: a discrete-event loop over arrivals and engine wake-ups (a min-heap of
+//!   each engine's `next_event_time`, stale entries skipped). The centralized policies read
+//!   every engine's instantaneous load at each arrival, so they need it.
+//! - [`epochs`]: for the gossiping policies, whose decisions read engines only through
+//!   digests published at each tick: all arrivals of a tick interval are routed first, then
+//!   every engine runs through its submissions to the tick and publishes, independently of the
+//!   others, so engines run on several threads. Same results for any thread count.
+
+mod epochs;
+mod measure;
+mod sequential;
+
+use std::collections::BTreeMap;
+
+use kvmesh_protocol::{Decision, Role, RouteConfig, RouteRequest, SummaryConfig};
+
+use super::gossip::epidemic::{DelayDistribution, GossipParams};
+use super::gossip::view::{LagClasses, Published};
+use super::node::{EngineEvent, MODEL, SimNode};
+use super::policy::chwbl::Ring;
+use super::policy::kvmesh::{Kvmesh, Pending, Visibility};
+use super::policy::oracle::Oracle;
+use super::policy::{PolicyKind, least_loaded, power_of_two, random, round_robin};
+use super::prompt::{self, BLOCK_TOKENS};
+use super::results::PolicyResult;
+use super::workload::SimRequest;
+use crate::engine::model::{EngineConfig, EngineRequest, validate};
+use crate::rng::SplitMix64;
+
+/// Everything a run needs besides the requests.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    pub nodes: usize,
+    pub engine: EngineConfig,
+    pub summary: SummaryConfig,
+    pub route: RouteConfig,
+    pub gossip: GossipParams,
+    pub digest_interval_s: f64,
+    pub lag_classes: usize,
+    pub chwbl_epsilon: f64,
+    /// Nodes per zone of kvmesh-zoned.
+    pub zone_size: usize,
+    /// Whether a node's own candidate carries its own summary (see `--self-view`).
+    pub self_summary: bool,
+    /// Threads running engines in the epoch loop.
+    pub threads: usize,
+    pub seed: u64,
+}
+
+fn zone_size(config: &ClusterConfig) -> usize {
+    config.zone_size.clamp(1, config.nodes.max(1))
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Record {
+    arrival_ns: u64,
+    first_ns: u64,
+    done_ns: u64,
+    output_tokens: u32,
+}
+
+enum Router {
+    Simple,
+    Chwbl(Ring),
+    Oracle(Box<Oracle>),
+    Kvmesh(Box<Kvmesh>),
+}
+
+/// The gossip model's state, for the policies that gossip.
+struct Gossip {
+    delays: DelayDistribution,
+    lags: LagClasses,
+    published: Vec<Published>,
+    digest_bytes: u64,
+    summary_bytes: u64,
+    /// Per node: times at which a new prefix entered its index and awaits publication.
+    unpublished_prefixes: Vec<Vec<u64>>,
+    publish_waits_s: Vec<f64>,
+}
+
+/// An arrival, registered and hashed, before routing.
+struct Prepared {
+    id: u64,
+    entry: u32,
+    tokens: Vec<u32>,
+    chain: Vec<u64>,
+    output_tokens: u32,
+    session: Option<u64>,
+    now: u64,
+}
+
+/// A routed request, ready for its engine.
+struct Submission {
+    target: usize,
+    request: EngineRequest,
+    arrival_ns: u64,
+}
+
+struct Sim<'c> {
+    config: &'c ClusterConfig,
+    policy: PolicyKind,
+    nodes: Vec<SimNode>,
+    router: Router,
+    gossip: Option<Gossip>,
+    rng: SplitMix64,
+    rr_counters: Vec<u64>,
+    /// Requests in flight per engine, as the centralized policies read them.
+    loads: Vec<u32>,
+    records: Vec<Record>,
+    reasons: BTreeMap<String, u64>,
+    rejected: u64,
+    first_arrival: Option<u64>,
+    last_done: u64,
+}
+
+/// Runs `policy` over `requests` and measures it.
+pub fn run(
+    config: &ClusterConfig,
+    policy: PolicyKind,
+    requests: impl Iterator<Item = SimRequest>,
+) -> PolicyResult {
+    let started = std::time::Instant::now();
+    let mut sim = Sim::new(config, policy);
+    if sim.gossip.is_some() {
+        epochs::run(&mut sim, requests);
+    } else {
+        sequential::run(&mut sim, requests);
+    }
+    measure::summarize(&sim, started.elapsed().as_secs_f64())
+}
+
+impl<'c> Sim<'c> {
+    fn new(config: &'c ClusterConfig, policy: PolicyKind) -> Self {
+        let n = config.nodes.max(1);
+        let mut nodes: Vec<SimNode> = (0..n)
+            .map(|i| {
+                let engine = EngineConfig {
+                    seed: config.seed ^ (i as u64).wrapping_mul(0x9e37_79b9),
+                    ..config.engine.clone()
+                };
+                SimNode::new(i as u32, engine, config.summary)
+            })
+            .collect();
+        let keys: Vec<u64> = nodes.iter().map(|n| n.key).collect();
+        let router = match policy {
+            PolicyKind::Chwbl => Router::Chwbl(Ring::new(&keys)),
+            PolicyKind::Oracle => Router::Oracle(Box::new(Oracle::new(&mut nodes))),
+            PolicyKind::Kvmesh => Router::Kvmesh(Box::new(Kvmesh::new(&keys, Visibility::All))),
+            PolicyKind::KvmeshLocal => {
+                Router::Kvmesh(Box::new(Kvmesh::new(&keys, Visibility::Local)))
+            }
+            PolicyKind::KvmeshZoned => Router::Kvmesh(Box::new(Kvmesh::new(
+                &keys,
+                Visibility::Zone(zone_size(config)),
+            ))),
+            _ => Router::Simple,
+        };
+        let gossip = policy.gossips().then(|| {
+            let runs = (20_000 / n).clamp(4, 400);
+            let delays = DelayDistribution::simulate(&config.gossip, n, runs, config.seed);
+            let lags = LagClasses::new(&delays, config.lag_classes, config.seed);
+            Gossip {
+                published: (0..n)
+                    .map(|_| Published::new(&lags, config.self_summary))
+                    .collect(),
+                delays,
+                lags,
+                digest_bytes: 0,
+                summary_bytes: 0,
+                unpublished_prefixes: vec![Vec::new(); n],
+                publish_waits_s: Vec::new(),
+            }
+        });
+        Self {
+            config,
+            policy,
+            nodes,
+            router,
+            gossip,
+            rng: SplitMix64::new(config.seed ^ 0x726f_7574_6572),
+            rr_counters: (0..n as u64).collect(),
+            loads: vec![0; n],
+            records: Vec::new(),
+            reasons: BTreeMap::new(),
+            rejected: 0,
+            first_arrival: None,
+            last_done: 0,
+        }
+    }
+
+    /// Registers an arrival; returns its id, tokens, chain and entry node, or none if the
+    /// prompt cannot fit the engines (counted as rejected).
+    fn prepare(&mut self, request: &SimRequest) -> Option<Prepared> {
+        let now = request.arrival_ns;
+        self.first_arrival.get_or_insert(now);
+        let id = self.records.len() as u64;
+        self.records.push(Record {
+            arrival_ns: now,
+            ..Record::default()
+        });
+        let tokens = prompt::tokens(&request.segments);
+        let output_tokens = request.output_tokens.max(1);
+        if validate(&self.config.engine, tokens.len(), output_tokens).is_err() {
+            self.rejected += 1;
+            return None;
+        }
+        let chain = prompt::chain(self.config.seed, &tokens);
+        let entry = self.rng.below(self.nodes.len() as u64) as u32;
+        Some(Prepared {
+            id,
+            entry,
+            tokens,
+            chain,
+            output_tokens,
+            session: request.session,
+            now,
+        })
+    }
+
+    /// Routes one request at its arrival (the centralized policies).
+    fn arrive(&mut self, request: SimRequest) -> Option<Submission> {
+        let prepared = self.prepare(&request)?;
+        let n = self.nodes.len();
+        let (id, entry, now) = (prepared.id, prepared.entry, prepared.now);
+        let chain = &prepared.chain;
+        let route_request = RouteRequest {
+            model: MODEL,
+            chain,
+            prompt_tokens: prepared.tokens.len() as u32,
+            tokens_per_block: BLOCK_TOKENS as f32,
+            session: prepared.session,
+            role: Role::Mixed,
+        };
+        let config = self.config;
+        let target = match &mut self.router {
+            Router::Simple => match self.policy {
+                PolicyKind::RoundRobin => {
+                    round_robin::pick(&mut self.rr_counters[entry as usize], n)
+                }
+                PolicyKind::LeastLoaded => least_loaded::pick(&self.loads, &mut self.rng),
+                PolicyKind::PowerOfTwo => power_of_two::pick(&self.loads, &mut self.rng),
+                _ => random::pick(&mut self.rng, n),
+            },
+            Router::Chwbl(ring) => {
+                let key = chain.first().copied().unwrap_or(id);
+                ring.pick(key, &self.loads, config.chwbl_epsilon)
+            }
+            Router::Oracle(oracle) => {
+                if let Some(&first) = chain.first() {
+                    oracle.track(first);
+                }
+                let decision = oracle.decide(&self.nodes, &route_request, &config.route, now);
+                count_reason(decision.ok(), &mut self.reasons)
+                    .unwrap_or_else(|| random::pick(&mut self.rng, n))
+            }
+            Router::Kvmesh(_) => unreachable!("kvmesh routes a tick interval at a time"),
+        };
+        Some(self.commit(target, prepared))
+    }
+
+    /// Routes the arrivals of one tick interval (the gossiping policies).
+    fn arrive_batch(&mut self, requests: Vec<SimRequest>) -> Vec<Submission> {
+        let prepared: Vec<Prepared> = requests.iter().filter_map(|r| self.prepare(r)).collect();
+        let Router::Kvmesh(kvmesh) = &mut self.router else {
+            unreachable!("only kvmesh routes in batches");
+        };
+        let g = self.gossip.as_ref().expect("kvmesh gossips");
+        let batch: Vec<Pending<'_>> = prepared
+            .iter()
+            .map(|p| Pending {
+                entry: p.entry,
+                chain: &p.chain,
+                prompt_tokens: p.tokens.len() as u32,
+                session: p.session,
+                now_ns: p.now,
+            })
+            .collect();
+        let decisions = kvmesh.decide_batch(
+            &batch,
+            &g.published,
+            &g.lags,
+            &self.config.route,
+            self.config.threads,
+        );
+        drop(batch);
+        let mut submissions = Vec::with_capacity(prepared.len());
+        for (prepared, decided) in prepared.into_iter().zip(decisions) {
+            let target = match decided {
+                Ok((target, decision)) => {
+                    count_reason(Some(decision), &mut self.reasons);
+                    target
+                }
+                Err(_) => {
+                    // No digest has arrived yet: the entry node serves it itself.
+                    *self.reasons.entry("no-view".into()).or_default() += 1;
+                    prepared.entry as usize
+                }
+            };
+            submissions.push(self.commit(target, prepared));
+        }
+        submissions
+    }
+
+    /// The target's side of a routed request: its index learns the chain.
+    fn commit(&mut self, target: usize, prepared: Prepared) -> Submission {
+        let Prepared {
+            id,
+            tokens,
+            chain,
+            output_tokens,
+            now,
+            ..
+        } = prepared;
+        self.loads[target] += 1;
+        let changes = self.nodes[target].index_chain(&chain);
+        if let Router::Oracle(oracle) = &mut self.router {
+            oracle.index_changed(target as u32, &changes);
+        }
+        if let (Some(g), Some(first)) = (self.gossip.as_mut(), chain.first())
+            && changes.added.contains(first)
+        {
+            g.unpublished_prefixes[target].push(now);
+        }
+        let mut request = EngineRequest::new(id, tokens, output_tokens);
+        request.ignore_eos = true;
+        Submission {
+            target,
+            request,
+            arrival_ns: now,
+        }
+    }
+
+    /// Applies what engine `node` did to the records.
+    fn apply(&mut self, node: usize, events: &[EngineEvent]) {
+        for event in events {
+            match *event {
+                EngineEvent::FirstToken { request, at_ns } => {
+                    self.records[request as usize].first_ns = at_ns.max(1);
+                }
+                EngineEvent::Finished {
+                    request,
+                    at_ns,
+                    completion_tokens,
+                } => {
+                    let record = &mut self.records[request as usize];
+                    record.done_ns = at_ns.max(1);
+                    record.output_tokens = completion_tokens;
+                    self.loads[node] -= 1;
+                    self.last_done = self.last_done.max(at_ns);
+                }
+            }
+        }
+    }
+
+    /// A submission the engine refused (after validation: not expected).
+    fn refused(&mut self, target: usize) {
+        self.rejected += 1;
+        self.loads[target] -= 1;
+    }
+}
+
+fn count_reason(decision: Option<Decision>, reasons: &mut BTreeMap<String, u64>) -> Option<usize> {
+    let decision = decision?;
+    *reasons.entry(decision.reason.to_string()).or_default() += 1;
+    decision.ranked.first().copied()
+}

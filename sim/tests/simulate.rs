@@ -1,0 +1,203 @@
+//! `kvmesh-sim simulate` end to end, through its command-line flags: determinism, a cluster
+//! small enough to check by hand, and the policies' ordering.
+
+use clap::Parser;
+use kvmesh_sim::simulate::{PolicyResult, Report, SimulateArgs, simulate};
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    args: SimulateArgs,
+}
+
+fn run(flags: &str) -> Report {
+    let argv = std::iter::once("simulate").chain(flags.split_whitespace());
+    let cli = Cli::try_parse_from(argv).expect("valid flags");
+    simulate(&cli.args).expect("simulation runs")
+}
+
+fn by_policy<'a>(report: &'a Report, name: &str) -> &'a PolicyResult {
+    report.runs[0]
+        .results
+        .iter()
+        .find(|r| r.policy == name)
+        .unwrap_or_else(|| panic!("no result for {name}"))
+}
+
+/// A small gsp cluster where caching and load both matter.
+const SMALL_GSP: &str = "--nodes 8 --gsp-groups 16 --gsp-prompts-per-group 32 \
+     --gsp-system-len 1024 --gsp-question-len 64 --gsp-output-len 32 --rate 40 --kv-blocks 1024";
+
+#[test]
+fn the_same_seed_gives_the_same_results() {
+    let flags = format!("{SMALL_GSP} --requests 200 --policy random,chwbl,oracle,kvmesh --seed 5");
+    let strip = |report: Report| -> Vec<PolicyResult> {
+        report.runs[0]
+            .results
+            .iter()
+            .cloned()
+            .map(|r| PolicyResult { wall_s: 0.0, ..r })
+            .collect()
+    };
+    let (a, b) = (strip(run(&flags)), strip(run(&flags)));
+    assert_eq!(a, b);
+    let other = strip(run(&format!(
+        "{SMALL_GSP} --requests 200 --policy random,chwbl,oracle,kvmesh --seed 6"
+    )));
+    assert_ne!(a, other, "another seed gives another run");
+}
+
+#[test]
+fn the_thread_count_does_not_change_a_gossiping_run() {
+    let flags = format!(
+        "{SMALL_GSP} --requests 200 --policy kvmesh,kvmesh-local,kvmesh-zoned --zone-size 4 --seed 2"
+    );
+    let strip = |report: Report| -> Vec<PolicyResult> {
+        report.runs[0]
+            .results
+            .iter()
+            .cloned()
+            .map(|r| PolicyResult { wall_s: 0.0, ..r })
+            .collect()
+    };
+    let one = strip(run(&format!("{flags} --threads 1")));
+    let three = strip(run(&format!("{flags} --threads 3")));
+    assert_eq!(one, three);
+}
+
+#[test]
+fn one_engine_with_two_requests_matches_the_timing_model_by_hand() {
+    // Two prompts sharing a 64-token system prompt (4 blocks), 16-token questions, 4 output
+    // tokens, arriving about 10 s apart on one idle engine.
+    let report = run(
+        "--nodes 1 --requests 2 --gsp-groups 1 --gsp-prompts-per-group 2 --gsp-system-len 64 \
+         --gsp-question-len 16 --gsp-output-len 4 --rate 0.1 --policy oracle,random",
+    );
+    for r in &report.runs[0].results {
+        assert_eq!((r.requests, r.completed, r.rejected), (2, 2, 0));
+        // 160 prompt tokens looked up, the second prompt's 64 shared tokens found.
+        assert!(
+            (r.hit_rate - 64.0 / 160.0).abs() < 1e-9,
+            "hit rate {}",
+            r.hit_rate
+        );
+        assert_eq!(r.load_imbalance, 1.0);
+        assert_eq!(r.preemptions, 0);
+        // Default timing: step = 12 ms + 0.15 ms per sequence + tokens / 12,000 per s
+        //   + 1 ns × Σ tokens × (context before + tokens / 2).
+        let step = |tokens: f64, before: f64| {
+            0.012 + 0.000_15 + tokens / 12_000.0 + 1e-9 * tokens * (before + tokens / 2.0)
+        };
+        let first = step(80.0, 0.0);
+        let second = step(16.0, 64.0);
+        assert!(
+            (r.ttft_s.mean - (first + second) / 2.0).abs() < 1e-6,
+            "{:?}",
+            r.ttft_s
+        );
+        assert!((r.ttft_s.p99 - first).abs() < 1e-6);
+        assert!((r.ttft_s.p50 - second).abs() < 1e-6);
+        // Then 3 decode steps of one sequence each, reading 80, 81 and 82 tokens of context
+        // at 10 ns per context token.
+        let decode = 3.0 * step(0.0, 0.0) + 10e-9 * (80.0 + 81.0 + 82.0);
+        assert!(
+            (r.e2e_s.mean - ((first + second) / 2.0 + decode)).abs() < 1e-6,
+            "{:?} vs {}",
+            r.e2e_s,
+            (first + second) / 2.0 + decode
+        );
+    }
+}
+
+#[test]
+fn the_oracle_never_caches_worse_than_random() {
+    for seed in 0..3 {
+        let report = run(&format!(
+            "{SMALL_GSP} --requests 300 --policy random,oracle --seed {seed}"
+        ));
+        let (random, oracle) = (by_policy(&report, "random"), by_policy(&report, "oracle"));
+        assert!(
+            oracle.hit_rate >= random.hit_rate,
+            "seed {seed}: oracle {} < random {}",
+            oracle.hit_rate,
+            random.hit_rate
+        );
+    }
+}
+
+#[test]
+fn policies_order_as_expected_on_a_small_gsp_workload() {
+    let report = run(&format!(
+        "{SMALL_GSP} --requests 600 --policy random,least-loaded,oracle,kvmesh,kvmesh-local --seed 3"
+    ));
+    let ttft = |name| by_policy(&report, name).ttft_s.mean;
+    let hit = |name| by_policy(&report, name).hit_rate;
+    assert!(
+        ttft("random") > ttft("least-loaded"),
+        "random vs least-loaded"
+    );
+    assert!(
+        ttft("least-loaded") > ttft("kvmesh-local"),
+        "least-loaded vs kvmesh-local"
+    );
+    assert!(
+        ttft("kvmesh-local") >= ttft("kvmesh"),
+        "kvmesh-local vs kvmesh"
+    );
+    // Stale views cost a little at 8 nodes and 40 requests/s (about 10% here).
+    assert!(
+        ttft("kvmesh") <= ttft("oracle") * 1.15,
+        "kvmesh near the oracle"
+    );
+    assert!(hit("random") < hit("kvmesh-local"));
+    assert!(
+        hit("kvmesh") >= hit("oracle") - 0.03,
+        "kvmesh within 3 points of the oracle"
+    );
+    let kvmesh = by_policy(&report, "kvmesh");
+    assert!(kvmesh.gossip.summary_bytes_per_node_s > 0.0);
+    assert!(kvmesh.prefix_reach_50_s.unwrap() < kvmesh.prefix_reach_99_s.unwrap());
+    let local = by_policy(&report, "kvmesh-local");
+    assert_eq!(
+        local.gossip.summary_bytes_per_node_s, 0.0,
+        "kvmesh-local gossips no summary"
+    );
+}
+
+#[test]
+fn chat_rag_and_trace_workloads_run() {
+    for flags in [
+        "--workload chat --chat-sessions 16",
+        "--workload rag --rag-docs 50",
+        "--trace data/mooncake_synthetic_trace.jsonl --trace-speedup 20 --kv-blocks 16384",
+    ] {
+        let report = run(&format!(
+            "--nodes 4 --requests 60 --policy random,kvmesh {flags}"
+        ));
+        for r in &report.runs[0].results {
+            assert_eq!(r.completed + r.rejected, 60, "{flags}: {}", r.policy);
+            assert!(r.ttft_s.mean > 0.0);
+        }
+        let (random, kvmesh) = (by_policy(&report, "random"), by_policy(&report, "kvmesh"));
+        assert!(kvmesh.hit_rate >= random.hit_rate, "{flags}");
+    }
+}
+
+#[test]
+fn a_sweep_reports_every_size_and_gossip_grows_with_n() {
+    let report = run(
+        "--sweep-nodes 4,32 --requests 200 --rate-per-node 1 --policy kvmesh \
+         --gsp-system-len 256 --gsp-output-len 8",
+    );
+    assert_eq!(report.runs.len(), 2);
+    let bytes: Vec<f64> = report
+        .runs
+        .iter()
+        .map(|r| r.results[0].gossip.membership_bytes_per_node_s)
+        .collect();
+    assert!(bytes[1] > bytes[0] * 4.0, "{bytes:?}");
+    let md = kvmesh_sim::simulate::report::markdown(&report);
+    assert!(md.contains("## Scaling"));
+    let svg = kvmesh_sim::simulate::svg::gossip_vs_nodes(&report).expect("a sweep plots");
+    assert!(svg.starts_with("<svg") && svg.contains("kvmesh"));
+}
