@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Router overhead with instant engines (issue 4): the same small non-streamed requests
 #   1. straight to engine B (the baseline),
-#   2. into sidecar A, forwarded over QUIC to sidecar B and its engine,
+#   2. into sidecar A, forwarded over QUIC to sidecar B and its engine, and into sidecar B
+#      straight to its own engine (one proxy hop, like a central router),
 #   3. through vllm-router (round_robin, one worker: engine B), when --with-vllm-router
 #      installs it in a throwaway virtualenv or it is on PATH,
 # at a fixed open-loop rate; then the most one sidecar can serve (closed loop, local engine),
@@ -77,6 +78,7 @@ echo "                       $(printf '%10s %10s %10s %10s %10s' mean p50 p90 p9
 COMMON=(--rate "$RATE" --requests "$REQUESTS" --no-scrape)
 load direct-to-engine "$B_ENGINE" "$B_ENGINE" mock-model "${COMMON[@]}"
 load kvmesh-a-to-b "$(http_of a)" "$B_ENGINE" mock-model "${COMMON[@]}"
+load kvmesh-b-local "$(http_of b)" "$B_ENGINE" mock-model "${COMMON[@]}"
 if [[ $WITH_ROUTER == 1 ]] || command -v vllm-router >/dev/null; then
     ROUTER=$(command -v vllm-router || true)
     if [[ -z $ROUTER ]]; then
