@@ -1,9 +1,9 @@
 //! Summary statistics (mean and linearly interpolated percentiles, like numpy's default).
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Distribution summary of one metric, in seconds. Fields are `null` when `count` is 0.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Summary {
     /// Number of samples.
     pub count: usize,

@@ -74,22 +74,8 @@ pub struct LoadDocThroughput {
     pub output_tokens_per_s: f64,
 }
 
-/// A latency summary of the load report, seconds.
-#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize)]
-pub struct LoadDocSummary {
-    /// Samples.
-    pub count: usize,
-    /// Mean.
-    pub mean: Option<f64>,
-    /// Median.
-    pub p50: Option<f64>,
-    /// 90th percentile.
-    pub p90: Option<f64>,
-    /// 99th percentile.
-    pub p99: Option<f64>,
-    /// Largest.
-    pub max: Option<f64>,
-}
+/// A latency summary of the load report, seconds: the load generator's own type, read back.
+pub type LoadDocSummary = crate::load::stats::Summary;
 
 /// One engine of the load report.
 #[derive(Debug, Clone, Deserialize)]
