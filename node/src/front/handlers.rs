@@ -7,7 +7,6 @@ use crate::serve::routing::served_models;
 use crate::serve::state::SharedState;
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
-use kvmesh_protocol::Candidate;
 use kvmesh_protocol::hashing::Endpoint;
 use std::convert::Infallible;
 
@@ -126,20 +125,11 @@ fn metrics(state: &SharedState) -> Response<ResponseBody> {
 fn models(state: &SharedState) -> Response<ResponseBody> {
     let view = state.view.load();
     let own = state.self_digest();
-    let candidates: Vec<Candidate> = own
+    let digests = own
         .iter()
         .map(|(digest, _)| digest.as_ref())
-        .chain(view.peers.iter().filter_map(|p| p.digest.as_deref()))
-        .map(|digest| Candidate {
-            node_key: 0,
-            digest,
-            summary: None,
-            digest_received_ms: 0,
-            pending: 0,
-            recent_match: 0,
-        })
-        .collect();
-    let data: Vec<serde_json::Value> = served_models(&candidates)
+        .chain(view.peers.iter().filter_map(|p| p.digest.as_deref()));
+    let data: Vec<serde_json::Value> = served_models(digests)
         .into_iter()
         .map(|id| serde_json::json!({"id": id, "object": "model", "created": 0, "owned_by": "kvmesh"}))
         .collect();

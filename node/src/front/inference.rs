@@ -96,6 +96,7 @@ async fn forward(
 ) -> Response<ResponseBody> {
     let attempts = routed.targets.len().min(state.config.retries + 1);
     let mut failures = Vec::new();
+    let mut timed_out = false;
     for (attempt, (target, key)) in routed
         .targets
         .iter()
@@ -129,10 +130,13 @@ async fn forward(
                 return relay(state.clone(), upstream, extra, reason.as_str());
             }
             Ok(Err(error)) => error,
-            Err(_) => entry::AttemptError {
-                retryable: false,
-                message: "deadline exceeded".into(),
-            },
+            Err(_) => {
+                timed_out = true;
+                entry::AttemptError {
+                    retryable: false,
+                    message: "deadline exceeded".into(),
+                }
+            }
         };
         tracing::warn!(
             request_id,
@@ -155,7 +159,7 @@ async fn forward(
     state
         .metrics
         .record_request(routed.reason.as_str(), Outcome::Failed);
-    let status = if failures.iter().any(|f| f.ends_with("deadline exceeded")) {
+    let status = if timed_out {
         StatusCode::GATEWAY_TIMEOUT
     } else {
         StatusCode::BAD_GATEWAY

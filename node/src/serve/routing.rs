@@ -4,7 +4,7 @@
 use crate::forward::entry::Target;
 use crate::serve::state::{AppState, lock};
 use kvmesh_protocol::route::{RouteError, decide};
-use kvmesh_protocol::{Candidate, RequestHashes, Role, RouteReason, RouteRequest};
+use kvmesh_protocol::{Candidate, LoadDigest, RequestHashes, Role, RouteReason, RouteRequest};
 
 /// A routed request: targets in rank order.
 pub struct Routed {
@@ -100,17 +100,18 @@ pub fn route(
             if candidates.iter().any(|c| c.digest.serves(&model)) {
                 Err(RouteFailure::NoTarget(model))
             } else {
-                Err(RouteFailure::UnknownModel(served_models(&candidates)))
+                Err(RouteFailure::UnknownModel(served_models(
+                    candidates.iter().map(|c| c.digest),
+                )))
             }
         }
     }
 }
 
 /// Every model and adapter any live node serves, sorted and deduplicated.
-pub fn served_models(candidates: &[Candidate<'_>]) -> Vec<String> {
-    let mut models: Vec<String> = candidates
-        .iter()
-        .flat_map(|c| c.digest.models.iter().chain(&c.digest.loras).cloned())
+pub fn served_models<'a>(digests: impl Iterator<Item = &'a LoadDigest>) -> Vec<String> {
+    let mut models: Vec<String> = digests
+        .flat_map(|digest| digest.models.iter().chain(&digest.loras).cloned())
         .collect();
     models.sort();
     models.dedup();
