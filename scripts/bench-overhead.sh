@@ -38,11 +38,11 @@ wait_line() { # FILE PATTERN
     for _ in $(seq 400); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.05; done
     echo "timed out waiting for '$2' in $1" >&2; cat "$1" >&2; exit 1
 }
-engine() { # NAME MODEL
+engine() { # NAME MODEL: starts an engine; sets ENGINE_URL (not a subshell, so PIDS keeps it)
     "$BIN/kvmesh-sim" engine --port 0 --model "$2" --instant >"$WORK/$1.out" 2>&1 &
     PIDS+=($!)
     wait_line "$WORK/$1.out" listening
-    grep -o 'http://[0-9.:]*' "$WORK/$1.out"
+    ENGINE_URL=$(grep -o 'http://[0-9.:]*' "$WORK/$1.out")
 }
 sidecar() { # NAME BACKEND [SEEDS]
     "$BIN/kvmesh" cert issue --dir "$WORK/tls" --node "$1" >/dev/null
@@ -64,8 +64,10 @@ load() { # LABEL TARGET ENGINE MODEL ARGS...
 
 "$BIN/kvmesh" cert init --dir "$WORK/tls" >/dev/null
 # Engine A serves another model, so every request entering at A goes to B over the mesh.
-A_ENGINE=$(engine engine-a other-model)
-B_ENGINE=$(engine engine-b mock-model)
+engine engine-a other-model
+A_ENGINE=$ENGINE_URL
+engine engine-b mock-model
+B_ENGINE=$ENGINE_URL
 sidecar a "$A_ENGINE"
 sidecar b "$B_ENGINE" "$(mesh_of a)"
 for _ in $(seq 200); do
