@@ -18,7 +18,6 @@ use http::{HeaderName, HeaderValue, Response, StatusCode};
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Frame as BodyFrame;
 use kvmesh_protocol::wire::Frame;
-use std::sync::atomic::Ordering;
 use tokio::sync::mpsc;
 
 type Chunk = Result<BodyFrame<Bytes>, BodyError>;
@@ -83,7 +82,6 @@ pub fn relay(
         }
         state.metrics.record_request(reason, outcome);
         state.metrics.inflight.dec();
-        state.inflight_entered.fetch_sub(1, Ordering::Relaxed);
     });
     response
 }

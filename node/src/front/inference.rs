@@ -126,7 +126,6 @@ async fn forward(
                 );
                 let extra = response_headers(&upstream.served_by, reason, &request_id);
                 state.metrics.inflight.inc();
-                state.inflight_entered.fetch_add(1, Ordering::Relaxed);
                 return relay(state.clone(), upstream, extra, reason.as_str());
             }
             Ok(Err(error)) => error,

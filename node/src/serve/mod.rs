@@ -88,7 +88,6 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         start: Instant::now(),
         draining: AtomicBool::new(false),
         inflight_forwarded: AtomicU32::new(0),
-        inflight_entered: AtomicU32::new(0),
         config,
     });
     mesh.gossip().set(HTTP_KEY, &http_addr.to_string()).await?;
@@ -169,9 +168,7 @@ async fn drain(state: &SharedState, stop: watch::Sender<bool>, front: tokio::tas
     let _ = stop.send(true);
     let deadline = Instant::now() + state.config.drain_timeout;
     let _ = tokio::time::timeout(state.config.drain_timeout, front).await;
-    while state.inflight_forwarded.load(Ordering::Relaxed)
-        + state.inflight_entered.load(Ordering::Relaxed)
-        > 0
+    while (state.inflight_forwarded.load(Ordering::Relaxed) > 0 || state.metrics.inflight.get() > 0)
         && Instant::now() < deadline
     {
         tokio::time::sleep(Duration::from_millis(20)).await;

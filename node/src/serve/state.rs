@@ -32,10 +32,9 @@ pub struct AppState {
     pub start: Instant,
     /// Set by SIGTERM: the node stops being a target and finishes what it has.
     pub draining: AtomicBool,
-    /// Requests peers forwarded here that have not finished.
+    /// Requests peers forwarded here that have not finished. (Requests that entered here are
+    /// counted by the `inflight` gauge of [`NodeMetrics`].)
     pub inflight_forwarded: AtomicU32,
-    /// Requests that entered here and have not finished.
-    pub inflight_entered: AtomicU32,
 }
 
 impl AppState {
