@@ -164,6 +164,14 @@ pub fn encode_digest(digest: &LoadDigest) -> String {
     base64::engine::general_purpose::STANDARD.encode(digest.encode())
 }
 
+/// Wall-clock milliseconds since the Unix epoch: for deadlines and timestamps other nodes read
+/// (routing decisions use [`monotonic_ms`]).
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 /// Milliseconds since `start`: the node's monotonic clock for everything `protocol` decides.
 pub fn monotonic_ms(start: Instant) -> u64 {
     start.elapsed().as_millis() as u64

@@ -10,6 +10,7 @@ use crate::engine::client::error_chain;
 use crate::mesh::IncomingForward;
 use crate::metrics::NodeMetrics;
 use crate::serve::state::{InflightGuard, SharedState};
+use crate::view::unix_ms;
 use bytes::{Bytes, BytesMut};
 use http::Method;
 use http_body_util::BodyExt;
@@ -234,10 +235,4 @@ fn wire_error(code: WireErrorCode, message: &str) -> WireError {
         code,
         message: message.to_owned(),
     }
-}
-
-pub fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }

@@ -126,7 +126,7 @@ fn build_digest(state: &SharedState, version: u64) -> LoadDigest {
     let metrics = &engine.metrics;
     LoadDigest {
         version,
-        timestamp_ms: crate::forward::serving::unix_ms(),
+        timestamp_ms: crate::view::unix_ms(),
         running: metrics.running.max(0.0) as u32,
         waiting: metrics.waiting.max(0.0) as u32,
         kv_usage: metrics.kv_usage as f32,
