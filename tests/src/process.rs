@@ -205,6 +205,19 @@ impl ManagedProcess {
         self.output.tail(lines)
     }
 
+    /// The first output line so far that starts with `prefix`.
+    pub fn output_line(&self, prefix: &str) -> Option<String> {
+        let lines = self
+            .output
+            .lines
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        lines
+            .iter()
+            .find(|(_, line)| line.starts_with(prefix))
+            .map(|(_, line)| line.clone())
+    }
+
     /// Whether any output line so far contains `needle`.
     pub fn output_contains(&self, needle: &str) -> bool {
         let lines = self

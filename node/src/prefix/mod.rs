@@ -5,9 +5,14 @@
 //! from `vllm:cache_config_info`, in hash blocks). Changes flow into a [`SummaryBuilder`], whose
 //! changed shards are gossiped as keys `s/NN` (base64 of the validated shard envelope), and
 //! into this node's own [`PeerSummary`], so this node judges itself exactly as peers judge it.
+//!
+//! Exact mode (`--kv-events`): the engine's KV events say what it holds (see
+//! [`crate::kv_events`]); served chains are ignored and the GPU tier of the events feeds the
+//! same summary. The offload tier is counted but not advertised yet.
 
 use base64::Engine as _;
 use kvmesh_protocol::index::{IndexChanges, PrefixIndex};
+use kvmesh_protocol::kv_events::TierChanges;
 use kvmesh_protocol::summary::{EncodedShard, PeerSummary, SummaryBuilder, SummaryConfig};
 use std::sync::Arc;
 
@@ -29,29 +34,66 @@ pub fn decode_shard_value(value: &str) -> Option<Vec<u8>> {
     base64::engine::general_purpose::STANDARD.decode(value).ok()
 }
 
+/// Where this node's knowledge of its engine's cache comes from.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum IndexMode {
+    /// From the requests it served.
+    Approximate,
+    /// From the engine's KV events.
+    Exact,
+}
+
 /// The local index, the summary built from it, and this node's view of its own summary.
 #[derive(Debug)]
 pub struct LocalPrefixes {
+    mode: IndexMode,
+    /// Approximate mode's LRU; in exact mode it stays empty and only records the capacity.
     index: PrefixIndex,
+    /// Exact mode: blocks the engine holds on its GPU and in offload tiers.
+    exact_blocks: usize,
+    exact_offload_blocks: usize,
     builder: SummaryBuilder,
     own: Arc<PeerSummary>,
     published_bytes: Vec<usize>,
 }
 
 impl LocalPrefixes {
-    pub fn new(config: SummaryConfig, generation: u64) -> Result<Self, String> {
+    pub fn new(config: SummaryConfig, generation: u64, mode: IndexMode) -> Result<Self, String> {
         Ok(Self {
+            mode,
             index: PrefixIndex::new(DEFAULT_CAPACITY),
+            exact_blocks: 0,
+            exact_offload_blocks: 0,
             builder: SummaryBuilder::new(config, generation)?,
             own: Arc::new(PeerSummary::new()),
             published_bytes: vec![0; config.num_shards as usize],
         })
     }
 
-    /// The engine served a request with this chain.
+    pub fn mode(&self) -> IndexMode {
+        self.mode
+    }
+
+    /// The engine served a request with this chain (approximate mode; exact mode waits for
+    /// the engine's own events).
     pub fn observe_chain(&mut self, chain: &[u64]) {
-        let changes = self.index.insert_chain(chain);
-        self.apply(changes);
+        if self.mode == IndexMode::Approximate {
+            let changes = self.index.insert_chain(chain);
+            self.apply(changes);
+        }
+    }
+
+    /// The engine's KV events changed its GPU tier; `gpu_blocks` and `offload_blocks` are the
+    /// tiers' sizes afterwards.
+    pub fn apply_events(&mut self, gpu: &TierChanges, gpu_blocks: usize, offload_blocks: usize) {
+        for &hash in &gpu.added {
+            self.builder.insert(hash);
+        }
+        for &hash in &gpu.removed {
+            self.builder.remove(hash);
+        }
+        self.exact_blocks = gpu_blocks;
+        self.exact_offload_blocks = offload_blocks;
     }
 
     /// The engine reported its capacity, in hash blocks.
@@ -92,8 +134,17 @@ impl LocalPrefixes {
         self.own.clone()
     }
 
+    /// Blocks this node advertises (on the engine's GPU).
     pub fn blocks(&self) -> usize {
-        self.index.len()
+        match self.mode {
+            IndexMode::Approximate => self.index.len(),
+            IndexMode::Exact => self.exact_blocks,
+        }
+    }
+
+    /// Exact mode: blocks in the engine's CPU and storage tiers.
+    pub fn offload_blocks(&self) -> usize {
+        self.exact_offload_blocks
     }
 
     pub fn capacity(&self) -> usize {
@@ -116,7 +167,8 @@ mod tests {
 
     #[test]
     fn served_chains_become_published_shards_and_a_matching_own_summary() {
-        let mut local = LocalPrefixes::new(SummaryConfig::default(), 1).unwrap();
+        let mut local =
+            LocalPrefixes::new(SummaryConfig::default(), 1, IndexMode::Approximate).unwrap();
         let chain: Vec<u64> = (1..=20u64)
             .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
             .collect();

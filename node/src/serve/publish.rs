@@ -79,7 +79,7 @@ async fn publish_summary(state: &SharedState) {
         let tokens = blocks * u64::from(engine.metrics.block_size.unwrap_or(16));
         (tokens as f32 / state.config.hashing.tokens_per_block()).floor() as usize
     });
-    let (shards, bytes, blocks, capacity, false_match) = {
+    let (shards, bytes, blocks, offload_blocks, capacity, false_match) = {
         let mut prefixes = lock(&state.prefixes);
         if let Some(capacity) = capacity {
             prefixes.set_capacity(capacity);
@@ -89,6 +89,7 @@ async fn publish_summary(state: &SharedState) {
             shards,
             prefixes.summary_bytes(),
             prefixes.blocks(),
+            prefixes.offload_blocks(),
             prefixes.capacity(),
             prefixes.estimated_false_match_rate(),
         )
@@ -96,6 +97,7 @@ async fn publish_summary(state: &SharedState) {
     let metrics = &state.metrics;
     metrics.summary_bytes.set(bytes as i64);
     metrics.index_blocks.set(blocks as i64);
+    metrics.index_offload_blocks.set(offload_blocks as i64);
     metrics.index_capacity_blocks.set(capacity as i64);
     metrics.summary_false_match_rate.set(false_match);
     for shard in shards {

@@ -90,6 +90,8 @@ pub struct ExactCache {
     by_vllm: HashMap<u64, Mapped>,
     /// Per medium (index of [`MEDIA`]): mesh hash → how many vLLM blocks hold it there.
     held: [HashMap<u64, u32>; 3],
+    /// Mesh hashes in the CPU or storage medium (kept, not recounted per event).
+    offload_len: usize,
 }
 
 impl ExactCache {
@@ -99,6 +101,7 @@ impl ExactCache {
             block_tokens,
             by_vllm: HashMap::new(),
             held: Default::default(),
+            offload_len: 0,
         }
     }
 
@@ -106,13 +109,7 @@ impl ExactCache {
     pub fn len(&self, tier: Tier) -> usize {
         match tier {
             Tier::Gpu => self.held[0].len(),
-            Tier::Offload => {
-                self.held[2].len()
-                    + self.held[1]
-                        .keys()
-                        .filter(|h| !self.held[2].contains_key(h))
-                        .count()
-            }
+            Tier::Offload => self.offload_len,
         }
     }
 
@@ -201,6 +198,7 @@ impl ExactCache {
         changes.offload.removed = offload;
         self.by_vllm.clear();
         self.held = Default::default();
+        self.offload_len = 0;
         changes
     }
 
@@ -232,7 +230,10 @@ impl ExactCache {
         if *count == 1 {
             match medium {
                 Medium::Gpu => changes.gpu.added.push(mesh),
-                Medium::Cpu | Medium::Storage if !was_offloaded => changes.offload.added.push(mesh),
+                Medium::Cpu | Medium::Storage if !was_offloaded => {
+                    self.offload_len += 1;
+                    changes.offload.added.push(mesh);
+                }
                 _ => {}
             }
         }
@@ -270,6 +271,7 @@ impl ExactCache {
         match medium {
             Medium::Gpu => changes.gpu.removed.push(mesh),
             Medium::Cpu | Medium::Storage if !self.in_offload(mesh) => {
+                self.offload_len -= 1;
                 changes.offload.removed.push(mesh)
             }
             _ => {}

@@ -47,6 +47,11 @@ impl SeqTracker {
         verdict
     }
 
+    /// Whether any batch arrived yet.
+    pub fn started(&self) -> bool {
+        self.next.is_some()
+    }
+
     /// Judges a batch from a replay of `from..to` (see [`SeqVerdict::Gap`]): apply it only if
     /// it falls inside the gap (a replay answers from `from` on, up to its buffer's end).
     pub fn replayed(seq: u64, from: u64, to: u64) -> bool {
