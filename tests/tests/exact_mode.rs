@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use kvmesh_tests::certs::ClusterCa;
-use kvmesh_tests::openai::{completion_body, served_by};
+use kvmesh_tests::openai::{chat_body, completion_body, served_by};
 use kvmesh_tests::{
     CONVERGENCE_TIMEOUT, Engine, EngineConfig, Request, Sidecar, SidecarConfig, wait_for,
     wait_until,
@@ -90,11 +90,13 @@ fn send_direct(engine: &Engine, prompt: &str) {
 
 /// Blocks of `prompt` that `observer` believes `holder` holds.
 fn believed(observer: &Sidecar, holder: &str, prompt: &str) -> Result<u64, String> {
+    believed_body(observer, holder, &json!({"model": MODEL, "prompt": prompt}))
+}
+
+/// Blocks of the request `body` that `observer` believes `holder` holds.
+fn believed_body(observer: &Sidecar, holder: &str, body: &Value) -> Result<u64, String> {
     let response = observer
-        .try_send(Request::post_json(
-            "/debug/match",
-            &json!({"model": MODEL, "prompt": prompt}),
-        ))
+        .try_send(Request::post_json("/debug/match", body))
         .map_err(|e| e.to_string())?;
     if response.status != 200 {
         return Err(response.describe());
@@ -166,6 +168,35 @@ fn stored_blocks_are_advertised_and_evicted_ones_withdrawn() {
         assert_eq!(served_by(&response), holder, "{}", response.describe());
         assert_eq!(response.header("x-kvmesh-reason"), Some("prefix-hit"));
     }
+
+    // A chat goes through the engine's chat template: entry nodes hash what `/tokenize` with
+    // `messages` returns, which are the ids the engine caches.
+    let chat = chat_body(MODEL, &prompt("chat"), 1, false);
+    let response = Request::post_json("/v1/chat/completions", &chat)
+        .send(engines[1].addr())
+        .expect("engine answers");
+    assert_eq!(response.status, 200, "{}", response.describe());
+    let tokens = Request::post_json(
+        "/tokenize",
+        &json!({"model": MODEL, "messages": chat["messages"]}),
+    )
+    .send(engines[1].addr())
+    .expect("engine tokenizes")
+    .json()["count"]
+        .as_u64()
+        .expect("a token count");
+    let chat_blocks = tokens / 16;
+    assert!(chat_blocks > PROMPT_BLOCKS, "the template adds tokens");
+    let chat_match = json!({"model": MODEL, "messages": chat["messages"]});
+    wait_for(
+        WAIT_LIMIT,
+        "n3 learns that n1 holds the chat",
+        || match believed_body(&sidecars[3], "n1", &chat_match) {
+            Ok(blocks) if blocks == chat_blocks => Ok(()),
+            Ok(blocks) => Err(format!("{blocks} of {chat_blocks} blocks")),
+            Err(error) => Err(error),
+        },
+    );
 
     // Evicted: engine 0 gets six more prompts of 18 blocks into its 64; the first is gone.
     let first = prompt("stored-0");
