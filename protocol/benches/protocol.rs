@@ -122,6 +122,7 @@ fn deciding(c: &mut Criterion) {
                 node_key: names[n],
                 digest: &digest,
                 summary: Some(&summaries[n]),
+                offload: None,
                 digest_received_ms: 1_000,
                 pending: 0,
                 recent_match: 0,

@@ -274,6 +274,7 @@ fn candidates<'a>(cluster: &'a Cluster, order: &[usize]) -> Vec<Candidate<'a>> {
             node_key: node_key(&cluster.names[i]),
             digest: &cluster.digests[i],
             summary: Some(&cluster.summaries[i]),
+            offload: None,
             digest_received_ms: 1_000,
             pending: cluster.pending[i],
             recent_match: 0,

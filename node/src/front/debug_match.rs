@@ -4,7 +4,7 @@
 //! `messages` is hashed as a chat completion, any other as a completion); nothing is routed or
 //! forwarded. The answer lists, for this node and every live peer, the longest leading run of
 //! the request's chain its gossiped summary holds (this node's own summary as last published,
-//! i.e. as its peers see it). Optimistic matches from this node's recent sends are left out:
+//! i.e. as its peers see it), on the GPU and, in exact mode, in offload tiers. Optimistic matches from this node's recent sends are left out:
 //! the endpoint shows what gossip has taught this node, which is what an operator (or the
 //! convergence benchmark, `scripts/bench-prefix.sh`) wants to observe.
 
@@ -38,18 +38,23 @@ async fn matches(
         Endpoint::Completions
     };
     let hashes = hash_for_routing(state, endpoint, &json).await?;
-    let own = lock(&state.prefixes).own_summary();
+    let (own, own_offload) = {
+        let prefixes = lock(&state.prefixes);
+        (prefixes.own_summary(), prefixes.own_offload())
+    };
     let view = state.view.load();
     let mut nodes = vec![serde_json::json!({
         "node": state.node_name,
         "self": true,
         "matched_blocks": own.longest_match(&hashes.chain),
+        "offload_matched_blocks": own_offload.longest_match(&hashes.chain),
     })];
     nodes.extend(view.peers.iter().map(|peer| {
         serde_json::json!({
             "node": peer.name,
             "self": false,
             "matched_blocks": peer.summary.longest_match(&hashes.chain),
+            "offload_matched_blocks": peer.offload.longest_match(&hashes.chain),
         })
     }));
     Ok(serde_json::json!({

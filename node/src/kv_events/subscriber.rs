@@ -155,6 +155,7 @@ impl Subscription {
             }
             prefixes.apply_events(
                 &changes.gpu,
+                &changes.offload,
                 self.cache.len(Tier::Gpu),
                 self.cache.len(Tier::Offload),
             );
@@ -167,6 +168,7 @@ impl Subscription {
     fn publish(&self, changes: &EventChanges) {
         lock(&self.state.prefixes).apply_events(
             &changes.gpu,
+            &changes.offload,
             self.cache.len(Tier::Gpu),
             self.cache.len(Tier::Offload),
         );

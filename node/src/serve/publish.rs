@@ -2,7 +2,6 @@
 //! interval, used locally at once, and gossiped when it changed (or once a second, so peers
 //! can tell a quiet node from a stuck one).
 
-use crate::prefix::{encode_shard_value, shard_key};
 use crate::serve::state::{SharedState, lock};
 use crate::view::{DIGEST_KEY, encode_digest};
 use kvmesh_protocol::hashing::HASH_VERSION;
@@ -102,14 +101,8 @@ async fn publish_summary(state: &SharedState) {
     metrics.summary_false_match_rate.set(false_match);
     for shard in shards {
         metrics.summary_shards_published.inc();
-        let value = encode_shard_value(&shard.bytes);
-        if let Err(error) = state
-            .mesh
-            .gossip()
-            .set(&shard_key(shard.index), &value)
-            .await
-        {
-            tracing::error!(%error, shard = shard.index, "publishing a summary shard");
+        if let Err(error) = state.mesh.gossip().set(&shard.key, &shard.value).await {
+            tracing::error!(%error, shard = shard.key, "publishing a summary shard");
         }
     }
 }

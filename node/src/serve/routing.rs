@@ -29,7 +29,10 @@ pub fn route(
     let now = state.now_ms();
     let view = state.view.load();
     let own = state.self_digest();
-    let own_summary = lock(&state.prefixes).own_summary();
+    let (own_summary, own_offload) = {
+        let prefixes = lock(&state.prefixes);
+        (prefixes.own_summary(), prefixes.own_offload())
+    };
     let ledger = lock(&state.ledger);
     let recent = lock(&state.recent);
     // Only nodes recently sent this chain's first block can have an optimistic match.
@@ -49,6 +52,7 @@ pub fn route(
             node_key: state.node_key,
             digest,
             summary: Some(&own_summary),
+            offload: Some(&own_offload),
             digest_received_ms: *received,
             pending: ledger.pending(state.node_key, *received, now),
             recent_match: recent_match(state.node_key),
@@ -61,6 +65,7 @@ pub fn route(
             node_key: peer.key,
             digest,
             summary: Some(&peer.summary),
+            offload: Some(&peer.offload),
             digest_received_ms: peer.digest_received_ms,
             pending: ledger.pending(peer.key, peer.digest_received_ms, now),
             recent_match: recent_match(peer.key),

@@ -43,6 +43,10 @@ pub struct RouteConfig {
     pub ranked_len: usize,
     /// Cost form: prefill speed assumed when a digest reports none. Default 5000 tokens/s.
     pub default_prefill_tokens_per_s: f64,
+    /// Worth of a block an engine holds only in an offload tier (CPU, storage), as a fraction
+    /// of one on its GPU: the engine loads it instead of computing it, at a transfer's cost.
+    /// Default 0.5.
+    pub offload_weight: f64,
 }
 
 impl Default for RouteConfig {
@@ -60,6 +64,7 @@ impl Default for RouteConfig {
             max_digest_age_ms: 3_000,
             ranked_len: 4,
             default_prefill_tokens_per_s: 5_000.0,
+            offload_weight: 0.5,
         }
     }
 }

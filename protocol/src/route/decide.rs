@@ -16,6 +16,8 @@ pub struct Candidate<'a> {
     pub digest: &'a LoadDigest,
     /// The node's gossiped prefix summary, if any has arrived.
     pub summary: Option<&'a PeerSummary>,
+    /// What the node's engine holds in offload tiers (CPU, storage), from exact mode.
+    pub offload: Option<&'a PeerSummary>,
     /// When this node received `digest` (its own clock), for staleness.
     pub digest_received_ms: u64,
     /// Requests this node sent there that the digest does not reflect yet.
@@ -126,16 +128,23 @@ pub fn decide_with(
         }
         let fresh = now_ms.saturating_sub(candidate.digest_received_ms) <= config.max_digest_age_ms;
         any_fresh |= fresh;
-        let summarized = match candidate.summary {
+        let matched_in = |summary: Option<&PeerSummary>| match summary {
             Some(summary) if digest.hash_version == HASH_VERSION => {
-                summary.longest_match(request.chain) as u32
+                (summary.longest_match(request.chain) as u32).min(chain_len)
             }
             _ => 0,
         };
+        let on_gpu = matched_in(candidate.summary)
+            .max(candidate.recent_match)
+            .min(chain_len);
+        // Blocks past the GPU match that an offload tier holds count at a discount.
+        let offloaded = matched_in(candidate.offload).saturating_sub(on_gpu);
+        let offload_worth =
+            (f64::from(offloaded) * config.offload_weight.clamp(0.0, 1.0)).round() as u32;
         entries.push(Entry {
             index,
             node_key: candidate.node_key,
-            matched: summarized.max(candidate.recent_match).min(chain_len),
+            matched: on_gpu + offload_worth,
             load: digest.load().saturating_add(candidate.pending),
             fresh,
         });

@@ -52,6 +52,7 @@ fn candidate<'a>(
         node_key: node_key(name),
         digest,
         summary,
+        offload: None,
         digest_received_ms: NOW - 50,
         pending: 0,
         recent_match: 0,
@@ -84,6 +85,32 @@ fn the_engine_holding_the_prefix_wins() {
     assert_eq!(decision.reason, RouteReason::PrefixHit);
     assert_eq!(decision.matched_blocks, 24);
     assert_eq!(decision.ranked.len(), 3);
+}
+
+#[test]
+fn an_offloaded_prefix_counts_less_than_one_on_the_gpu() {
+    let prompt = chain(32, 11);
+    let on_gpu = summary_of(&prompt[..16]);
+    let offloaded = summary_of(&prompt);
+    let idle = digest(0);
+    let mut gpu_only = candidate("gpu", &idle, Some(&on_gpu));
+    let mut offload_only = candidate("cpu", &idle, None);
+    offload_only.offload = Some(&offloaded);
+    // The GPU holder also has the whole prompt offloaded: 16 on the GPU + 16 × 0.5.
+    gpu_only.offload = Some(&offloaded);
+    let candidates = [offload_only, gpu_only, candidate("none", &idle, None)];
+    let config = RouteConfig::default();
+    let decision = decide(&candidates, &request(&prompt), &config, NOW).unwrap();
+    assert_eq!(decision.ranked[0], 1, "16 + 0.5 × 16 beats 0.5 × 32");
+    assert_eq!(decision.matched_blocks, 24);
+    assert_eq!(decision.ranked[1], 0, "an offload hit still beats no hit");
+
+    let ignored = RouteConfig {
+        offload_weight: 0.0,
+        ..config
+    };
+    let decision = decide(&candidates, &request(&prompt), &ignored, NOW).unwrap();
+    assert_eq!(decision.matched_blocks, 16);
 }
 
 #[test]

@@ -235,6 +235,8 @@ fn decide_one(
             } else {
                 None
             },
+            // The modelled engines have no offload tier.
+            offload: None,
             digest_received_ms: received_ms,
             pending: if me.sent_to.iter().any(|&(n, _)| n == p) {
                 me.ledger.pending(node_key, received_ms, now_ms)
