@@ -118,7 +118,7 @@ impl Subscription {
                 Err(error) => tracing::warn!(%error, from, to, "KV-event replay failed"),
             }
         }
-        let lost = missing - recovered;
+        let lost = missing.saturating_sub(recovered);
         if lost > 0 {
             // Before the first batch the engine may simply have been running a while; later,
             // a lost batch may hide an eviction, which the capacity bound does not correct.
