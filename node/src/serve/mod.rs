@@ -162,7 +162,9 @@ async fn view_loop(state: SharedState) {
             .filter(|p| snapshot.get(&p.name).is_none())
         {
             tracing::info!(peer = gone.name, "peer left or was declared dead");
-            state.mesh.close_peer(gone.mesh_addr).await;
+            // Listening for the peer takes a while: not in the way of the next view.
+            let (mesh, addr) = (state.mesh.clone(), gone.mesh_addr);
+            tokio::spawn(async move { mesh.close_peer(addr).await });
         }
         if membership.changed().await.is_err() {
             return;
