@@ -111,6 +111,7 @@ fn deciding(c: &mut Criterion) {
         tokens_per_block: 16.0,
         session: None,
         role: Role::Mixed,
+        spread: None,
     };
     let config = RouteConfig::default();
     let mut group = c.benchmark_group("decide");

@@ -47,7 +47,7 @@ pub async fn handle(
         }
     };
     let session = session_key(&parts.headers, &hashes);
-    let routed = match route(&state, &hashes, session) {
+    let routed = match route(&state, &hashes, session, &request_id) {
         Ok(routed) => routed,
         Err(RouteFailure::UnknownModel(available)) => {
             state.metrics.record_request("none", Outcome::Rejected);

@@ -3,7 +3,7 @@
 
 use crate::forward::entry::Target;
 use crate::serve::state::{AppState, lock};
-use kvmesh_protocol::route::{RouteError, decide};
+use kvmesh_protocol::route::{RouteError, decide, node_key};
 use kvmesh_protocol::{Candidate, LoadDigest, RequestHashes, Role, RouteReason, RouteRequest};
 
 /// A routed request: targets in rank order.
@@ -21,10 +21,12 @@ pub enum RouteFailure {
     NoTarget(String),
 }
 
+/// `request_id` keys the spread of this request among near-equal engines.
 pub fn route(
     state: &AppState,
     hashes: &RequestHashes,
     session: Option<u64>,
+    request_id: &str,
 ) -> Result<Routed, RouteFailure> {
     let now = state.now_ms();
     let view = state.view.load();
@@ -85,6 +87,7 @@ pub fn route(
         tokens_per_block: hashes.tokens_per_block,
         session,
         role: Role::Mixed,
+        spread: Some(node_key(request_id)),
     };
     match decide(&candidates, &request, &state.config.route, now) {
         Ok(decision) => Ok(Routed {

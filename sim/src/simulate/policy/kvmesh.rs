@@ -90,6 +90,8 @@ pub struct Pending<'a> {
     pub chain: &'a [u64],
     pub prompt_tokens: u32,
     pub session: Option<u64>,
+    /// The request's own key, for the spread among near-equal candidates.
+    pub spread: u64,
     pub now_ns: u64,
 }
 
@@ -254,6 +256,7 @@ fn decide_one(
         tokens_per_block: BLOCK_TOKENS as f32,
         session: request.session,
         role: Role::Mixed,
+        spread: Some(request.spread),
     };
     let decision = decide_with(
         &mut scratch.decide,
