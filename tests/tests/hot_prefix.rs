@@ -240,13 +240,12 @@ fn run(name: &str, out: &Path, prefixes: u32, sidecar_flags: &[&str]) -> Run {
 /// What the hot run must show, compared with the control; each violation described.
 fn violations(hot: &Run, control: &Run) -> Vec<String> {
     let mut found = Vec::new();
-    // Lost requests are the failure tests' subject; here a few are tolerated because on a
-    // starved 2-core machine the mesh's failure detector can declare a live peer dead and its
-    // connection is closed under the streams in flight (seen as `connection lost: closed`
-    // in the sidecars' logs, which are printed when it happens).
+    // Nothing is lost: on a starved machine the failure detector may misjudge a live peer,
+    // but its connection (and the streams on it) is kept while it answers
+    // (`tests/tests/false_death.rs`); the sidecars' logs are printed if anything fails.
     for (name, run) in [("hot", hot), ("control", control)] {
         let failed = number(&run.report, "/requests/failed");
-        if failed > (REQUESTS / 20) as f64 {
+        if failed > 0.0 {
             found.push(format!(
                 "{name}: {failed} requests failed: {}",
                 run.report["errors"]
