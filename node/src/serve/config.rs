@@ -74,6 +74,11 @@ pub struct ServeArgs {
     /// Gossip round period [default: 200 ms].
     #[arg(long, env = "KVMESH_GOSSIP_INTERVAL_MS")]
     pub gossip_interval_ms: Option<u64>,
+    /// Threads serving requests [default: 1]. One thread forwards a request with the fewest
+    /// wake-ups and the least CPU (no hand-offs between threads); more raise the most one
+    /// sidecar can serve when it has cores to itself (figures in BENCHMARKS.md).
+    #[arg(long, env = "KVMESH_WORKER_THREADS")]
+    pub worker_threads: Option<usize>,
     /// Routing weights (TOML file only).
     #[arg(skip)]
     pub route: Option<RouteConfig>,
@@ -98,6 +103,7 @@ pub struct ServeConfig {
     pub drain_timeout: Duration,
     pub digest_interval: Duration,
     pub gossip_interval: Duration,
+    pub worker_threads: usize,
     pub route: RouteConfig,
     pub hashing: HashConfig,
 }
@@ -175,11 +181,15 @@ impl ServeConfig {
             ),
             digest_interval: millis(cli.digest_interval_ms.or(file.digest_interval_ms), 100),
             gossip_interval: millis(cli.gossip_interval_ms.or(file.gossip_interval_ms), 200),
+            worker_threads: cli.worker_threads.or(file.worker_threads).unwrap_or(1),
             route,
             hashing: HashConfig::default(),
         };
         if config.max_body_bytes == 0 {
             bail!("--max-body-bytes must be positive");
+        }
+        if config.worker_threads == 0 {
+            bail!("--worker-threads must be at least 1");
         }
         Ok(config)
     }
@@ -204,6 +214,7 @@ mod tests {
         assert_eq!(config.listen, "0.0.0.0:8000".parse::<SocketAddr>().unwrap());
         assert_eq!(config.retries, 2);
         assert_eq!(config.max_body_bytes, 32 * 1024 * 1024);
+        assert_eq!(config.worker_threads, 1);
         assert_eq!(config.route, RouteConfig::default());
     }
 
@@ -213,7 +224,7 @@ mod tests {
         let path = dir.path().join("kvmesh.toml");
         std::fs::write(
             &path,
-            "retries = 5\npolicy = \"cost\"\ncluster-id = \"prod\"\n[route]\nalpha = 2.0\n",
+            "retries = 5\npolicy = \"cost\"\ncluster-id = \"prod\"\nworker-threads = 2\n[route]\nalpha = 2.0\n",
         )
         .unwrap();
         let mut cli = args();
@@ -222,6 +233,7 @@ mod tests {
         let config = ServeConfig::resolve(cli).unwrap();
         assert_eq!(config.retries, 1);
         assert_eq!(config.cluster_id, "prod");
+        assert_eq!(config.worker_threads, 2);
         assert_eq!(config.route.policy, Policy::Cost);
         assert_eq!(config.route.alpha, 2.0);
     }
@@ -235,6 +247,14 @@ mod tests {
                 .unwrap_err()
                 .to_string()
                 .contains("--backend")
+        );
+        let mut cli = args();
+        cli.worker_threads = Some(0);
+        assert!(
+            ServeConfig::resolve(cli)
+                .unwrap_err()
+                .to_string()
+                .contains("--worker-threads")
         );
         let mut cli = args();
         cli.policy = Some("fastest".into());
