@@ -91,9 +91,9 @@ async fn handle(
         .served
         .get_or_create(&NodeMetrics::target_labels(false))
         .inc();
-    if response.status().is_success() {
-        state.observe_served(&chain_of(state, &head.path, &body_for_index));
-    }
+    // What the engine now caches is indexed once the answer's first bytes are on their way:
+    // hashing the body is not on the request's path.
+    let mut to_index = response.status().is_success().then_some(body_for_index);
     let (parts, mut body) = response.into_parts();
     let mut headers = response_headers_from_engine(&parts.headers);
     // The entry relays the engine's length to its client (see `relay`).
@@ -116,13 +116,17 @@ async fn handle(
             None if !out.is_empty() => {
                 send.write_all(&out).await.map_err(|e| e.to_string())?;
                 out.clear();
+                index_later(state, &head.path, &mut to_index);
                 continue;
             }
             // Stop at once when the entry node stops reading (its client went away):
             // dropping the engine's body closes that connection, and vLLM aborts.
             None => tokio::select! {
                 frame = body.frame() => frame,
-                _ = send.stopped() => return Err("entry stopped reading".into()),
+                _ = send.stopped() => {
+                    index_later(state, &head.path, &mut to_index);
+                    return Err("entry stopped reading".into());
+                }
             },
         };
         match frame {
@@ -143,6 +147,7 @@ async fn handle(
                 Frame::Error(error).encode_into(&mut out);
                 let _ = send.write_all(&out).await;
                 let _ = send.finish();
+                index_later(state, &head.path, &mut to_index);
                 return Err(message);
             }
         }
@@ -150,7 +155,19 @@ async fn handle(
     if !out.is_empty() {
         send.write_all(&out).await.map_err(|e| e.to_string())?;
     }
-    send.finish().map_err(|e| e.to_string())
+    let finished = send.finish().map_err(|e| e.to_string());
+    index_later(state, &head.path, &mut to_index);
+    finished
+}
+
+/// Records, in a task of its own, the chain of `body` in this node's cache index (once):
+/// spawned after a write, it runs after the QUIC connection has sent that write.
+fn index_later(state: &SharedState, path: &str, body: &mut Option<Bytes>) {
+    if let Some(body) = body.take() {
+        let state = state.clone();
+        let path = path.to_owned();
+        tokio::spawn(async move { state.observe_served(&chain_of(&state, &path, &body)) });
+    }
 }
 
 /// Reads the head and the whole body (the entry node already holds it whole).
