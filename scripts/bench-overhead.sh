@@ -61,6 +61,11 @@ sidecar() { # NAME BACKEND [SEEDS [EXTRA FLAGS...]]
     SIDECAR_PID[$name]=$!
     wait_line "$WORK/$name.out" listening
 }
+cpu_ticks() { awk '{print $14 + $15}' "/proc/${SIDECAR_PID[$1]}/stat"; } # NAME: user + system
+cpu_per_request() { # NAME TICKS_BEFORE REQUESTS: CPU microseconds per request since TICKS_BEFORE
+    awk -v t="$(($(cpu_ticks "$1") - $2))" -v hz="$(getconf CLK_TCK)" -v n="$3" \
+        'BEGIN {printf "%.0f us", t * 1e6 / hz / n}'
+}
 memory() { # NAME: resident and peak resident memory of a sidecar
     awk '/VmRSS/ {rss=$2} /VmHWM/ {hwm=$2} END {printf "RSS %.1f MB, peak %.1f MB\n", rss/1024, hwm/1024}' \
         "/proc/${SIDECAR_PID[$1]}/status"
@@ -93,8 +98,12 @@ echo "open loop at $RATE req/s, $REQUESTS requests of 16+16 tokens, non-streamed
 echo "                       $(printf '%10s %10s %10s %10s %10s' mean p50 p90 p99 max)"
 COMMON=(--rate "$RATE" --requests "$REQUESTS" --no-scrape)
 load direct-to-engine "$B_ENGINE" "$B_ENGINE" mock-model "${COMMON[@]}"
+A0=$(cpu_ticks a); B0=$(cpu_ticks b)
 load kvmesh-a-to-b "$(http_of a)" "$B_ENGINE" mock-model "${COMMON[@]}"
+echo "    CPU per request: sidecar a $(cpu_per_request a "$A0" "$REQUESTS"), sidecar b $(cpu_per_request b "$B0" "$REQUESTS")"
+B0=$(cpu_ticks b)
 load kvmesh-b-local "$(http_of b)" "$B_ENGINE" mock-model "${COMMON[@]}"
+echo "    CPU per request: sidecar b $(cpu_per_request b "$B0" "$REQUESTS")"
 if [[ $WITH_ROUTER == 1 ]] || command -v vllm-router >/dev/null; then
     ROUTER=$(command -v vllm-router || true)
     if [[ -z $ROUTER ]]; then
@@ -141,7 +150,7 @@ if [[ $PEERS -gt 1 ]]; then
     echo "$PEERS peers: sidecar b sees $((joined - 1)) peers; gsp traffic (256+64 prompt, 16 output tokens) through all $((PEERS + 1)) sidecars:"
     "$BIN/kvmesh-sim" load --targets "$ENTRIES" --pick round-robin --model mock-model --workload gsp \
         --gsp-groups 128 --gsp-prompts-per-group 1000 --gsp-system-len 256 --gsp-question-len 64 \
-        --gsp-output-len 16 --rate 1000 --requests 20000 --no-scrape >"$WORK/peers.log" 2>&1
+        --gsp-output-len 16 --rate 500 --requests 10000 --no-scrape >"$WORK/peers.log" 2>&1
     grep -E '^E2E|requests:' "$WORK/peers.log"
     sleep 2 # summaries of what was just served reach every node
     echo "sidecar a ($PEERS peers): $(memory a)"
