@@ -6,18 +6,23 @@
 #   3. through vllm-router (round_robin, one worker: engine B), when --with-vllm-router
 #      installs it in a throwaway virtualenv or it is on PATH,
 # at a fixed open-loop rate; then the most one sidecar can serve (closed loop, local engine),
-# and the sidecars' resident memory. Figures go to BENCHMARKS.md by hand.
+# with the default single thread and with --worker-threads 2, and the sidecars' resident
+# memory; then, with --peers N (default 16), N-1 more sidecars with their own engines join,
+# traffic goes through every sidecar, and the resident memory of sidecars with N peers is read.
+# Figures go to BENCHMARKS.md by hand.
 #
-# Usage: scripts/bench-overhead.sh [--bin-dir DIR] [--rate 500] [--requests 15000] [--with-vllm-router]
+# Usage: scripts/bench-overhead.sh [--bin-dir DIR] [--rate 500] [--requests 15000]
+#                                  [--with-vllm-router] [--peers 16]
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-BIN=; RATE=500; REQUESTS=15000; WITH_ROUTER=0
+BIN=; RATE=500; REQUESTS=15000; WITH_ROUTER=0; PEERS=16
 while [[ $# -gt 0 ]]; do
     case $1 in
         --bin-dir) BIN=$2; shift 2 ;;
         --rate) RATE=$2; shift 2 ;;
         --requests) REQUESTS=$2; shift 2 ;;
         --with-vllm-router) WITH_ROUTER=1; shift ;;
+        --peers) PEERS=$2; shift 2 ;;
         *) echo "unknown option $1" >&2; exit 2 ;;
     esac
 done
@@ -27,6 +32,7 @@ if [[ -z $BIN ]]; then
 fi
 WORK=$(mktemp -d)
 PIDS=()
+declare -A SIDECAR_PID
 cleanup() {
     for pid in "${PIDS[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
     wait 2>/dev/null || true
@@ -44,12 +50,25 @@ engine() { # NAME MODEL: starts an engine; sets ENGINE_URL (not a subshell, so P
     wait_line "$WORK/$1.out" listening
     ENGINE_URL=$(grep -o 'http://[0-9.:]*' "$WORK/$1.out")
 }
-sidecar() { # NAME BACKEND [SEEDS]
-    "$BIN/kvmesh" cert issue --dir "$WORK/tls" --node "$1" >/dev/null
-    "$BIN/kvmesh" serve --backend "$2" --listen 127.0.0.1:0 --mesh 127.0.0.1:0 --node-id "$1" \
-        --tls-dir "$WORK/tls" ${3:+--seeds "$3"} >"$WORK/$1.out" 2>"$WORK/$1.err" &
+sidecar() { # NAME BACKEND [SEEDS [EXTRA FLAGS...]]
+    local name=$1 backend=$2 seeds=${3:-}
+    shift $(($# < 3 ? $# : 3))
+    "$BIN/kvmesh" cert issue --dir "$WORK/tls" --node "$name" >/dev/null
+    "$BIN/kvmesh" serve --backend "$backend" --listen 127.0.0.1:0 --mesh 127.0.0.1:0 \
+        --node-id "$name" --tls-dir "$WORK/tls" ${seeds:+--seeds "$seeds"} "$@" \
+        >"$WORK/$name.out" 2>"$WORK/$name.err" &
     PIDS+=($!)
-    wait_line "$WORK/$1.out" listening
+    SIDECAR_PID[$name]=$!
+    wait_line "$WORK/$name.out" listening
+}
+cpu_ticks() { awk '{print $14 + $15}' "/proc/${SIDECAR_PID[$1]}/stat"; } # NAME: user + system
+cpu_per_request() { # NAME TICKS_BEFORE REQUESTS: CPU microseconds per request since TICKS_BEFORE
+    awk -v t="$(($(cpu_ticks "$1") - $2))" -v hz="$(getconf CLK_TCK)" -v n="$3" \
+        'BEGIN {printf "%.0f us", t * 1e6 / hz / n}'
+}
+memory() { # NAME: resident and peak resident memory of a sidecar
+    awk '/VmRSS/ {rss=$2} /VmHWM/ {hwm=$2} END {printf "RSS %.1f MB, peak %.1f MB\n", rss/1024, hwm/1024}' \
+        "/proc/${SIDECAR_PID[$1]}/status"
 }
 http_of() { grep -o 'http://[0-9.:]*' "$WORK/$1.out"; }
 mesh_of() { grep -o ' mesh [0-9][0-9.:]*' "$WORK/$1.out" | cut -d' ' -f3; }
@@ -79,8 +98,12 @@ echo "open loop at $RATE req/s, $REQUESTS requests of 16+16 tokens, non-streamed
 echo "                       $(printf '%10s %10s %10s %10s %10s' mean p50 p90 p99 max)"
 COMMON=(--rate "$RATE" --requests "$REQUESTS" --no-scrape)
 load direct-to-engine "$B_ENGINE" "$B_ENGINE" mock-model "${COMMON[@]}"
+A0=$(cpu_ticks a); B0=$(cpu_ticks b)
 load kvmesh-a-to-b "$(http_of a)" "$B_ENGINE" mock-model "${COMMON[@]}"
+echo "    CPU per request: sidecar a $(cpu_per_request a "$A0" "$REQUESTS"), sidecar b $(cpu_per_request b "$B0" "$REQUESTS")"
+B0=$(cpu_ticks b)
 load kvmesh-b-local "$(http_of b)" "$B_ENGINE" mock-model "${COMMON[@]}"
+echo "    CPU per request: sidecar b $(cpu_per_request b "$B0" "$REQUESTS")"
 if [[ $WITH_ROUTER == 1 ]] || command -v vllm-router >/dev/null; then
     ROUTER=$(command -v vllm-router || true)
     if [[ -z $ROUTER ]]; then
@@ -97,7 +120,41 @@ fi
 echo "closed loop, concurrency 128, through sidecar b to its local engine:"
 load kvmesh-max-throughput "$(http_of b)" "$B_ENGINE" mock-model --concurrency 128 --requests 50000 --no-scrape
 grep -E 'requests:' "$WORK/kvmesh-max-throughput.log"
-for n in a b; do
-    pid=$(pgrep -f "node-id $n --tls-dir $WORK/tls" | head -n1)
-    echo "sidecar $n RSS: $(awk '/VmRSS/ {print $2, $3}' "/proc/$pid/status")"
-done
+# The same with two worker threads: a sidecar alone (no seeds) in front of its own engine.
+engine engine-c mock-model
+C_ENGINE=$ENGINE_URL
+sidecar c "$C_ENGINE" "" --worker-threads 2
+echo "closed loop, concurrency 128, through sidecar c (--worker-threads 2) to its local engine:"
+load kvmesh-max-throughput-2-threads "$(http_of c)" "$C_ENGINE" mock-model --concurrency 128 --requests 50000 --no-scrape
+grep -E 'requests:' "$WORK/kvmesh-max-throughput-2-threads.log"
+echo "sidecar a (1 peer, forwarding only): $(memory a)"
+echo "sidecar b (1 peer, served everything above): $(memory b)"
+echo "sidecar c (alone, 2 threads, served the 2-thread run): $(memory c)"
+
+if [[ $PEERS -gt 1 ]]; then
+    # N-1 more sidecars, each with its own instant engine, join through a: a and b then have N
+    # peers each (c stays alone).
+    for i in $(seq 2 "$PEERS"); do
+        engine "engine-p$i" mock-model
+        sidecar "p$i" "$ENGINE_URL" "$(mesh_of a)"
+    done
+    ENTRIES=$(http_of a)
+    for i in $(seq 2 "$PEERS"); do ENTRIES+=",$(http_of "p$i")"; done
+    ENTRIES+=",$(http_of b)"
+    joined=0
+    for _ in $(seq 600); do
+        joined=$(curl -s "$(http_of b)/debug/cluster" | grep -o '"node":' | wc -l)
+        [[ $joined -ge $((PEERS + 1)) ]] && break # b itself and its N peers
+        sleep 0.1
+    done
+    echo "$PEERS peers: sidecar b sees $((joined - 1)) peers; gsp traffic (256+64 prompt, 16 output tokens) through all $((PEERS + 1)) sidecars:"
+    "$BIN/kvmesh-sim" load --targets "$ENTRIES" --pick round-robin --model mock-model --workload gsp \
+        --gsp-groups 128 --gsp-prompts-per-group 1000 --gsp-system-len 256 --gsp-question-len 64 \
+        --gsp-output-len 16 --rate 500 --requests 10000 --no-scrape >"$WORK/peers.log" 2>&1
+    grep -E '^E2E|requests:' "$WORK/peers.log"
+    sleep 2 # summaries of what was just served reach every node
+    echo "sidecar a ($PEERS peers): $(memory a)"
+    echo "sidecar b ($PEERS peers): $(memory b)"
+    worst=$(for n in a b $(seq -f 'p%g' 2 "$PEERS"); do awk '/VmHWM/ {print $2}' "/proc/${SIDECAR_PID[$n]}/status"; done | sort -n | tail -n1)
+    echo "largest peak RSS of the $((PEERS + 1)) sidecars: $(awk -v k="$worst" 'BEGIN {printf "%.1f MB", k/1024}')"
+fi

@@ -27,10 +27,16 @@ enum Command {
 }
 
 fn serve(args: kvmesh_node::serve::config::ServeArgs) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    runtime.block_on(kvmesh_node::serve::run(args))
+    let config = kvmesh_node::serve::config::ServeConfig::resolve(args)?;
+    let mut builder = if config.worker_threads == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        builder.worker_threads(config.worker_threads);
+        builder
+    };
+    let runtime = builder.enable_all().build()?;
+    runtime.block_on(kvmesh_node::serve::run(config))
 }
 
 fn main() -> std::process::ExitCode {

@@ -6,7 +6,7 @@ use crate::metrics::NodeMetrics;
 use crate::serve::state::AppState;
 use bytes::{Bytes, BytesMut};
 use http::Method;
-use hyper::body::Incoming;
+use hyper::body::{Body, Incoming};
 use kvmesh_protocol::wire::{Frame, FrameDecoder, RequestHead, WireErrorCode};
 use quinn::{RecvStream, SendStream};
 use std::net::SocketAddr;
@@ -33,6 +33,8 @@ pub struct Upstream {
     pub status: u16,
     pub headers: Vec<(String, String)>,
     pub served_by: String,
+    /// The body's length, when the engine declared it (`content-length`).
+    pub content_length: Option<u64>,
     pub body: UpstreamBody,
 }
 
@@ -114,6 +116,7 @@ async fn attempt_local(
         status: response.status().as_u16(),
         headers: response_headers_from_engine(response.headers()),
         served_by: state.node_name.clone(),
+        content_length: response.body().size_hint().exact(),
         body: UpstreamBody::Local(response.into_body()),
     })
 }
@@ -151,11 +154,13 @@ async fn attempt_peer(
     let mut decoder = FrameDecoder::new();
     loop {
         match decoder.next_frame() {
-            Ok(Some(Frame::ResponseHead(response))) => {
+            Ok(Some(Frame::ResponseHead(mut response))) => {
+                let content_length = take_content_length(&mut response.headers);
                 return Ok(Upstream {
                     status: response.status,
                     headers: response.headers,
                     served_by: response.served_by,
+                    content_length,
                     body: UpstreamBody::Remote {
                         recv,
                         decoder,
@@ -201,5 +206,41 @@ async fn attempt_peer(
                 )));
             }
         }
+    }
+}
+
+/// Removes the `content-length` the serving peer passes on from its engine and returns it:
+/// the relay declares the length itself, from the body it relays.
+fn take_content_length(headers: &mut Vec<(String, String)>) -> Option<u64> {
+    let mut length = None;
+    headers.retain(|(name, value)| {
+        if !name.eq_ignore_ascii_case("content-length") {
+            return true;
+        }
+        length = value.trim().parse().ok();
+        false
+    });
+    length
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn content_length_is_taken_out_of_the_relayed_headers() {
+        let mut headers = vec![
+            ("content-type".to_owned(), "application/json".to_owned()),
+            ("Content-Length".to_owned(), "410".to_owned()),
+        ];
+        assert_eq!(take_content_length(&mut headers), Some(410));
+        assert_eq!(
+            headers,
+            vec![("content-type".to_owned(), "application/json".to_owned())]
+        );
+        assert_eq!(take_content_length(&mut headers), None);
+        let mut bad = vec![("content-length".to_owned(), "lots".to_owned())];
+        assert_eq!(take_content_length(&mut bad), None);
+        assert!(bad.is_empty());
     }
 }

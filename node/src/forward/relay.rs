@@ -1,11 +1,14 @@
 //! Relaying an upstream body to the client as it arrives.
 //!
-//! A pump task moves chunks from the engine (or the peer's QUIC stream) into the client's
-//! response body through a small channel, so SSE chunks are never held back. If the upstream
-//! breaks after the response started, an event stream ends with an OpenAI-style error event
-//! (`data: {"error": ...}`); any other body is aborted, which the client sees as a truncated
-//! response rather than a silently short one. If the client goes away, the pump stops and
-//! drops the upstream, which cancels the engine's request.
+//! The client's response body reads the upstream (the engine's body, or the peer's QUIC
+//! stream) directly when hyper polls it: no task or channel in between, so an SSE chunk goes
+//! out as soon as it arrives and a small answer already complete upstream leaves with its
+//! head in one write. When the upstream declared its length, the client gets that
+//! `content-length` (a chunked encoding would cost a second write and a second wake-up of
+//! the client). If the upstream breaks after the response started, an event stream ends with
+//! an OpenAI-style error event (`data: {"error": ...}`); any other body is aborted, which the
+//! client sees as a truncated response rather than a silently short one. If the client goes
+//! away, hyper drops the body, which drops the upstream and cancels the engine's request.
 
 use super::entry::{Upstream, UpstreamBody};
 use super::headers::is_event_stream;
@@ -14,23 +17,19 @@ use crate::front::errors::ApiError;
 use crate::metrics::Outcome;
 use crate::serve::state::SharedState;
 use bytes::Bytes;
+use futures::task::noop_waker_ref;
 use http::{HeaderName, HeaderValue, Response, StatusCode};
-use http_body_util::{BodyExt, StreamBody};
-use hyper::body::Frame as BodyFrame;
-use kvmesh_protocol::wire::Frame;
-use tokio::sync::mpsc;
+use http_body_util::BodyExt;
+use hyper::body::{Body, Frame as BodyFrame, SizeHint};
+use kvmesh_protocol::wire::{Frame, FrameDecoder};
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
 
-type Chunk = Result<BodyFrame<Bytes>, BodyError>;
+/// Bytes read from the peer's stream per poll.
+const READ_BUFFER: usize = 16 * 1024;
 
-/// How a relay ended.
-enum End {
-    Complete,
-    ClientGone,
-    Broken(String),
-}
-
-/// Builds the client response for `upstream` and starts the pump. `inflight` is decremented
-/// when the relay ends; `reason` labels the outcome metric.
+/// Builds the client response for `upstream`; its body relays the upstream. The `inflight`
+/// gauge is decremented when the relay ends; `reason` labels the outcome metric.
 pub fn relay(
     state: SharedState,
     upstream: Upstream,
@@ -38,10 +37,16 @@ pub fn relay(
     reason: &'static str,
 ) -> Response<ResponseBody> {
     let sse = is_event_stream(&upstream.headers);
-    let (tx, rx) = mpsc::channel::<Chunk>(16);
-    let body = StreamBody::new(futures::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|chunk| (chunk, rx))
-    }));
+    let body = RelayBody {
+        source: Some(upstream.body),
+        remaining: upstream.content_length,
+        sse,
+        ledger: Some(Ledger {
+            state,
+            reason,
+            served_by: upstream.served_by,
+        }),
+    };
     let mut response = Response::new(BodyExt::boxed(body));
     *response.status_mut() =
         StatusCode::from_u16(upstream.status).unwrap_or(StatusCode::BAD_GATEWAY);
@@ -57,101 +62,197 @@ pub fn relay(
     for (name, value) in extra_headers {
         headers.insert(name, value);
     }
-    let served_by = upstream.served_by.clone();
-    tokio::spawn(async move {
-        let end = pump(upstream.body, &tx).await;
-        let outcome = match &end {
-            End::Complete | End::ClientGone => Outcome::Answered,
-            End::Broken(why) => {
-                tracing::warn!(served_by, %why, "response broke after it started");
-                if sse {
-                    let event = ApiError::new(
-                        StatusCode::BAD_GATEWAY,
-                        format!("upstream failed mid-stream: {why}"),
-                    );
-                    let text = format!("data: {}\n\n", event.body_json());
-                    let _ = tx.send(Ok(BodyFrame::data(Bytes::from(text)))).await;
-                } else {
-                    let _ = tx.send(Err(why.clone().into())).await;
-                }
-                Outcome::Interrupted
-            }
-        };
-        if let End::ClientGone = end {
-            tracing::debug!(served_by, "client went away; upstream cancelled");
-        }
-        state.metrics.record_request(reason, outcome);
-        state.metrics.inflight.dec();
-    });
     response
 }
 
-async fn pump(body: UpstreamBody, tx: &mpsc::Sender<Chunk>) -> End {
-    match body {
-        UpstreamBody::Local(mut incoming) => loop {
-            match incoming.frame().await {
-                None => return End::Complete,
-                Some(Err(e)) => return End::Broken(format!("engine: {e}")),
-                Some(Ok(frame)) => {
-                    let Ok(data) = frame.into_data() else {
-                        continue;
+/// How a relay ended.
+enum End {
+    Complete,
+    ClientGone,
+    Broken(String),
+}
+
+/// Records the outcome of a relay, once.
+struct Ledger {
+    state: SharedState,
+    reason: &'static str,
+    served_by: String,
+}
+
+impl Ledger {
+    fn close(self, end: &End) {
+        let outcome = match end {
+            End::Complete => Outcome::Answered,
+            End::ClientGone => {
+                tracing::debug!(
+                    served_by = self.served_by,
+                    "client went away; upstream cancelled"
+                );
+                Outcome::Answered
+            }
+            End::Broken(why) => {
+                tracing::warn!(served_by = self.served_by, %why, "response broke after it started");
+                Outcome::Interrupted
+            }
+        };
+        self.state.metrics.record_request(self.reason, outcome);
+        self.state.metrics.inflight.dec();
+    }
+}
+
+struct RelayBody {
+    /// `None` once the upstream ended (or broke).
+    source: Option<UpstreamBody>,
+    /// Bytes still to come when the upstream declared its length.
+    remaining: Option<u64>,
+    sse: bool,
+    /// `None` once the outcome is recorded.
+    ledger: Option<Ledger>,
+}
+
+impl RelayBody {
+    fn end(&mut self, end: End) {
+        if let Some(ledger) = self.ledger.take() {
+            ledger.close(&end);
+        }
+    }
+
+    fn broke(&mut self, why: String) -> Poll<Option<Result<BodyFrame<Bytes>, BodyError>>> {
+        self.source = None;
+        self.end(End::Broken(why.clone()));
+        // An event stream of unknown length can still carry an error event; anything else
+        // must look truncated to the client.
+        if self.sse && self.remaining.is_none() {
+            let event = ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                format!("upstream failed mid-stream: {why}"),
+            );
+            return Poll::Ready(Some(Ok(BodyFrame::data(Bytes::from(format!(
+                "data: {}\n\n",
+                event.body_json()
+            ))))));
+        }
+        Poll::Ready(Some(Err(why.into())))
+    }
+}
+
+impl Body for RelayBody {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<BodyFrame<Bytes>, BodyError>>> {
+        let this = self.get_mut();
+        let Some(source) = this.source.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let next = match source {
+            UpstreamBody::Local(incoming) => ready!(poll_local(incoming, cx)),
+            UpstreamBody::Remote { recv, decoder, .. } => ready!(poll_remote(recv, decoder, cx)),
+        };
+        match next {
+            Ok(Some(data)) => {
+                if let Some(remaining) = this.remaining.as_mut() {
+                    let Some(left) = remaining.checked_sub(data.len() as u64) else {
+                        return this.broke("upstream sent more than its declared length".into());
                     };
-                    if tx.send(Ok(BodyFrame::data(data))).await.is_err() {
-                        return End::ClientGone;
+                    *remaining = left;
+                    if *remaining == 0 {
+                        // hyper stops polling once the declared length is written.
+                        this.end(End::Complete);
                     }
                 }
+                Poll::Ready(Some(Ok(BodyFrame::data(data))))
             }
-        },
-        UpstreamBody::Remote {
-            mut recv,
-            mut decoder,
-            mut send,
-        } => {
-            let end = pump_remote(&mut recv, &mut decoder, tx).await;
-            if let End::ClientGone = end {
-                // Tell the serving peer at once, so it cancels the engine's request.
-                let _ = recv.stop(quinn::VarInt::from_u32(1));
-                let _ = send.reset(quinn::VarInt::from_u32(1));
+            Ok(None) => {
+                if this.remaining.is_some_and(|left| left > 0) {
+                    return this.broke("upstream ended before its declared length".into());
+                }
+                this.source = None;
+                this.end(End::Complete);
+                Poll::Ready(None)
             }
-            end
+            Err(why) => this.broke(why),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.source.is_none() || self.remaining == Some(0)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.remaining {
+            Some(remaining) => SizeHint::with_exact(remaining),
+            None => SizeHint::default(),
         }
     }
 }
 
-async fn pump_remote(
-    recv: &mut quinn::RecvStream,
-    decoder: &mut kvmesh_protocol::wire::FrameDecoder,
-    tx: &mpsc::Sender<Chunk>,
-) -> End {
-    loop {
-        loop {
-            match decoder.next_frame() {
-                Ok(Some(Frame::Data(data))) => {
-                    if tx.send(Ok(BodyFrame::data(data))).await.is_err() {
-                        return End::ClientGone;
-                    }
-                }
-                Ok(Some(Frame::Error(error))) => {
-                    return End::Broken(format!("{:?}: {}", error.code, error.message));
-                }
-                Ok(Some(other)) => return End::Broken(format!("unexpected frame {other:?}")),
-                Ok(None) => break,
-                Err(e) => return End::Broken(format!("invalid frame: {e}")),
+impl Drop for RelayBody {
+    fn drop(&mut self) {
+        let complete = self.remaining == Some(0);
+        if let Some(UpstreamBody::Remote {
+            mut recv, mut send, ..
+        }) = self.source.take()
+        {
+            if complete {
+                // Take the peer's end-of-stream if it is here already, so dropping the stream
+                // does not ask the peer to stop a stream it has finished.
+                let mut cx = Context::from_waker(noop_waker_ref());
+                let _ = recv.poll_read(&mut cx, &mut [0u8; 1]);
+            } else {
+                // Tell the serving peer at once, so it cancels the engine's request.
+                let _ = recv.stop(quinn::VarInt::from_u32(1));
+                let _ = send.reset(quinn::VarInt::from_u32(1));
             }
         }
-        let read = tokio::select! {
-            read = recv.read_chunk(64 * 1024, true) => read,
-            _ = tx.closed() => return End::ClientGone,
-        };
-        match read {
-            Ok(Some(chunk)) => decoder.push(&chunk.bytes),
-            Ok(None) => {
-                return match decoder.finish() {
-                    Ok(()) => End::Complete,
-                    Err(e) => End::Broken(e.to_string()),
-                };
+        self.end(End::ClientGone);
+    }
+}
+
+/// The next data chunk of the engine's body; `None` at its end.
+fn poll_local(
+    incoming: &mut hyper::body::Incoming,
+    cx: &mut Context<'_>,
+) -> Poll<Result<Option<Bytes>, String>> {
+    loop {
+        match ready!(Pin::new(&mut *incoming).poll_frame(cx)) {
+            None => return Poll::Ready(Ok(None)),
+            Some(Err(e)) => return Poll::Ready(Err(format!("engine: {e}"))),
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    return Poll::Ready(Ok(Some(data)));
+                }
             }
-            Err(e) => return End::Broken(format!("peer stream: {e}")),
+        }
+    }
+}
+
+/// The next data frame of the peer's stream; `None` when the peer finished it cleanly.
+fn poll_remote(
+    recv: &mut quinn::RecvStream,
+    decoder: &mut FrameDecoder,
+    cx: &mut Context<'_>,
+) -> Poll<Result<Option<Bytes>, String>> {
+    loop {
+        match decoder.next_frame() {
+            Ok(Some(Frame::Data(data))) => return Poll::Ready(Ok(Some(data))),
+            Ok(Some(Frame::Error(error))) => {
+                return Poll::Ready(Err(format!("{:?}: {}", error.code, error.message)));
+            }
+            Ok(Some(other)) => return Poll::Ready(Err(format!("unexpected frame {other:?}"))),
+            Ok(None) => {}
+            Err(e) => return Poll::Ready(Err(format!("invalid frame: {e}"))),
+        }
+        let mut buffer = [0u8; READ_BUFFER];
+        match ready!(recv.poll_read(cx, &mut buffer)) {
+            Ok(0) => {
+                return Poll::Ready(decoder.finish().map(|()| None).map_err(|e| e.to_string()));
+            }
+            Ok(read) => decoder.push(&buffer[..read]),
+            Err(e) => return Poll::Ready(Err(format!("peer stream: {e}"))),
         }
     }
 }

@@ -12,8 +12,10 @@ use crate::metrics::NodeMetrics;
 use crate::serve::state::{InflightGuard, SharedState};
 use crate::view::unix_ms;
 use bytes::{Bytes, BytesMut};
+use futures::FutureExt;
 use http::Method;
 use http_body_util::BodyExt;
+use hyper::body::Body;
 use kvmesh_protocol::hashing::{Endpoint, hash_request};
 use kvmesh_protocol::wire::{
     Frame, FrameDecoder, MAX_HOPS, RequestHead, ResponseHead, WireError, WireErrorCode,
@@ -89,34 +91,51 @@ async fn handle(
         .served
         .get_or_create(&NodeMetrics::target_labels(false))
         .inc();
-    if response.status().is_success() {
-        state.observe_served(&chain_of(state, &head.path, &body_for_index));
+    // What the engine now caches is indexed once the answer's first bytes are on their way:
+    // hashing the body is not on the request's path.
+    let mut to_index = response.status().is_success().then_some(body_for_index);
+    let (parts, mut body) = response.into_parts();
+    let mut headers = response_headers_from_engine(&parts.headers);
+    // The entry relays the engine's length to its client (see `relay`).
+    if let Some(length) = body.size_hint().exact() {
+        headers.push(("content-length".to_owned(), length.to_string()));
     }
-    let head_frame = Frame::ResponseHead(ResponseHead {
-        status: response.status().as_u16(),
-        headers: response_headers_from_engine(response.headers()),
+    let mut out = BytesMut::new();
+    Frame::ResponseHead(ResponseHead {
+        status: parts.status.as_u16(),
+        headers,
         served_by: state.node_name.clone(),
-    });
-    send.write_all(&head_frame.encode())
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut body = response.into_body();
+    })
+    .encode_into(&mut out);
     loop {
-        // Stop at once when the entry node stops reading (its client went away): dropping the
-        // engine's body closes that connection, and vLLM aborts the request.
-        let frame = tokio::select! {
-            frame = body.frame() => frame,
-            _ = send.stopped() => return Err("entry stopped reading".into()),
+        // What the engine has already sent leaves with what is pending in one write (a small
+        // answer goes out as one QUIC packet, end of stream included); nothing waits for
+        // more: when the engine has nothing ready, what is pending is written first.
+        let frame = match body.frame().now_or_never() {
+            Some(frame) => frame,
+            None if !out.is_empty() => {
+                send.write_all(&out).await.map_err(|e| e.to_string())?;
+                out.clear();
+                index_later(state, &head.path, &mut to_index);
+                continue;
+            }
+            // Stop at once when the entry node stops reading (its client went away):
+            // dropping the engine's body closes that connection, and vLLM aborts.
+            None => tokio::select! {
+                frame = body.frame() => frame,
+                _ = send.stopped() => {
+                    index_later(state, &head.path, &mut to_index);
+                    return Err("entry stopped reading".into());
+                }
+            },
         };
         match frame {
             None => break,
             Some(Ok(frame)) => {
                 if let Ok(data) = frame.into_data() {
-                    let mut out = BytesMut::with_capacity(data.len() + 5);
                     for frame in Frame::data_frames(data) {
                         frame.encode_into(&mut out);
                     }
-                    send.write_all(&out).await.map_err(|e| e.to_string())?;
                 }
             }
             Some(Err(error)) => {
@@ -124,11 +143,31 @@ async fn handle(
                     WireErrorCode::Interrupted,
                     &format!("engine: {}", error_chain(&error)),
                 );
-                return reply_error(&mut send, error).await;
+                let message = error.message.clone();
+                Frame::Error(error).encode_into(&mut out);
+                let _ = send.write_all(&out).await;
+                let _ = send.finish();
+                index_later(state, &head.path, &mut to_index);
+                return Err(message);
             }
         }
     }
-    send.finish().map_err(|e| e.to_string())
+    if !out.is_empty() {
+        send.write_all(&out).await.map_err(|e| e.to_string())?;
+    }
+    let finished = send.finish().map_err(|e| e.to_string());
+    index_later(state, &head.path, &mut to_index);
+    finished
+}
+
+/// Records, in a task of its own, the chain of `body` in this node's cache index (once):
+/// spawned after a write, it runs after the QUIC connection has sent that write.
+fn index_later(state: &SharedState, path: &str, body: &mut Option<Bytes>) {
+    if let Some(body) = body.take() {
+        let state = state.clone();
+        let path = path.to_owned();
+        tokio::spawn(async move { state.observe_served(&chain_of(&state, &path, &body)) });
+    }
 }
 
 /// Reads the head and the whole body (the entry node already holds it whole).

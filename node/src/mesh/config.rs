@@ -85,9 +85,13 @@ impl Default for GossipConfig {
 #[derive(Debug, Clone)]
 pub struct QuicConfig {
     /// Concurrent bidirectional streams a peer may open (forwarded requests); quinn's default
-    /// of 100 would cap in-flight forwards between two nodes.
+    /// of 100 would cap in-flight forwards between two nodes. quinn keeps a table entry for
+    /// every stream a peer may open, on every connection (two per peer: one dialed, one
+    /// accepted), so the limit costs memory: 4096 bidirectional plus 4096 unidirectional
+    /// streams took about 0.4 MB per connection, 1.2 MB per peer.
     pub max_concurrent_bidi_streams: u32,
-    /// Concurrent unidirectional streams a peer may open (one per gossip datagram).
+    /// Concurrent unidirectional streams a peer may open (one per gossip datagram, read at
+    /// once: a handful are open at a time).
     pub max_concurrent_uni_streams: u32,
     /// Keep-alive pings keep idle connections (and NAT mappings) open and detect a silent
     /// peer before the idle timeout.
@@ -105,8 +109,8 @@ pub struct QuicConfig {
 impl Default for QuicConfig {
     fn default() -> Self {
         Self {
-            max_concurrent_bidi_streams: 4096,
-            max_concurrent_uni_streams: 4096,
+            max_concurrent_bidi_streams: 1024,
+            max_concurrent_uni_streams: 128,
             keep_alive_interval: Duration::from_secs(1),
             idle_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(2),

@@ -96,6 +96,11 @@ pub struct ServeArgs {
     /// summary's byte budget [default: 1024].
     #[arg(long, env = "KVMESH_SUMMARY_SHARD_BYTES")]
     pub summary_shard_bytes: Option<u32>,
+    /// Threads serving requests [default: 1]. One thread forwards a request with the fewest
+    /// wake-ups and the least CPU (no hand-offs between threads); more raise the most one
+    /// sidecar can serve when it has cores to itself (figures in BENCHMARKS.md).
+    #[arg(long, env = "KVMESH_WORKER_THREADS")]
+    pub worker_threads: Option<usize>,
     /// Routing weights (TOML file only).
     #[arg(skip)]
     pub route: Option<RouteConfig>,
@@ -128,6 +133,7 @@ pub struct ServeConfig {
     pub drain_timeout: Duration,
     pub digest_interval: Duration,
     pub gossip_interval: Duration,
+    pub worker_threads: usize,
     pub route: RouteConfig,
     pub hashing: HashConfig,
     pub summary: SummaryConfig,
@@ -248,6 +254,7 @@ impl ServeConfig {
             ),
             digest_interval: millis(cli.digest_interval_ms.or(file.digest_interval_ms), 100),
             gossip_interval: millis(cli.gossip_interval_ms.or(file.gossip_interval_ms), 200),
+            worker_threads: cli.worker_threads.or(file.worker_threads).unwrap_or(1),
             route,
             hashing,
             summary,
@@ -255,6 +262,9 @@ impl ServeConfig {
         };
         if config.max_body_bytes == 0 {
             bail!("--max-body-bytes must be positive");
+        }
+        if config.worker_threads == 0 {
+            bail!("--worker-threads must be at least 1");
         }
         Ok(config)
     }
@@ -282,6 +292,7 @@ mod tests {
         assert_eq!(config.summary, SummaryConfig::default());
         assert_eq!(config.retries, 2);
         assert_eq!(config.max_body_bytes, 32 * 1024 * 1024);
+        assert_eq!(config.worker_threads, 1);
         assert_eq!(config.route, RouteConfig::default());
     }
 
@@ -291,7 +302,7 @@ mod tests {
         let path = dir.path().join("kvmesh.toml");
         std::fs::write(
             &path,
-            "retries = 5\npolicy = \"cost\"\ncluster-id = \"prod\"\n[route]\nalpha = 2.0\n",
+            "retries = 5\npolicy = \"cost\"\ncluster-id = \"prod\"\nworker-threads = 2\n[route]\nalpha = 2.0\n",
         )
         .unwrap();
         let mut cli = args();
@@ -300,6 +311,7 @@ mod tests {
         let config = ServeConfig::resolve(cli).unwrap();
         assert_eq!(config.retries, 1);
         assert_eq!(config.cluster_id, "prod");
+        assert_eq!(config.worker_threads, 2);
         assert_eq!(config.route.policy, Policy::Cost);
         assert_eq!(config.route.alpha, 2.0);
     }
@@ -339,6 +351,14 @@ mod tests {
                 .unwrap_err()
                 .to_string()
                 .contains("--backend")
+        );
+        let mut cli = args();
+        cli.worker_threads = Some(0);
+        assert!(
+            ServeConfig::resolve(cli)
+                .unwrap_err()
+                .to_string()
+                .contains("--worker-threads")
         );
         let mut cli = args();
         cli.policy = Some("fastest".into());

@@ -19,7 +19,7 @@ use crate::prefix::{IndexMode, LocalPrefixes};
 use crate::tls::NodeIdentity;
 use crate::view::{HTTP_KEY, SharedView};
 use anyhow::Context;
-use config::{ServeArgs, ServeConfig};
+use config::ServeConfig;
 use kvmesh_protocol::route::{PendingLedger, RecentSends, node_key};
 use prometheus_client::registry::Registry;
 use state::{AppState, SharedState};
@@ -40,8 +40,9 @@ const RECENT_TTL_MS: u64 = 3_000;
 /// Bound on block hashes remembered for optimistic matches (~40 MB at most).
 const RECENT_MAX_ENTRIES: usize = 1_000_000;
 
-pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
-    let config = ServeConfig::resolve(args)?;
+/// Runs the sidecar until SIGTERM or Ctrl-C has drained it. The caller resolves the
+/// configuration first: it says how many threads the runtime gets.
+pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
     let identity = NodeIdentity::load(&config.tls_dir, &config.node_id)
         .with_context(|| format!("loading the TLS identity of node `{}`", config.node_id))?;
     let client = EngineClient::new(&config.backend, config.backend_api_key.clone())?;
