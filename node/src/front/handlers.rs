@@ -2,7 +2,7 @@
 
 use super::body::{ResponseBody, full};
 use super::errors::ApiError;
-use super::inference;
+use super::{debug_match, inference};
 use crate::serve::routing::served_models;
 use crate::serve::state::SharedState;
 use hyper::body::Incoming;
@@ -18,26 +18,32 @@ pub async fn handle(
     let response = match (request.method(), path.as_str()) {
         (&Method::GET, "/health") => health(&state),
         (&Method::GET, "/metrics") => metrics(&state),
-        (method, "/v1/completions" | "/v1/chat/completions" | "/v1/models" | "/debug/cluster") => {
-            match authorize(&state, &request) {
-                Err(error) => error.into_response(),
-                Ok(()) => match (method, path.as_str()) {
-                    (&Method::POST, "/v1/completions") => {
-                        inference::handle(state, request, Endpoint::Completions).await
-                    }
-                    (&Method::POST, "/v1/chat/completions") => {
-                        inference::handle(state, request, Endpoint::ChatCompletions).await
-                    }
-                    (&Method::GET, "/v1/models") => models(&state),
-                    (&Method::GET, "/debug/cluster") => debug_cluster(&state),
-                    _ => ApiError::new(
-                        StatusCode::METHOD_NOT_ALLOWED,
-                        format!("{method} is not allowed on {path}"),
-                    )
-                    .into_response(),
-                },
-            }
-        }
+        (
+            method,
+            "/v1/completions"
+            | "/v1/chat/completions"
+            | "/v1/models"
+            | "/debug/cluster"
+            | "/debug/match",
+        ) => match authorize(&state, &request) {
+            Err(error) => error.into_response(),
+            Ok(()) => match (method, path.as_str()) {
+                (&Method::POST, "/v1/completions") => {
+                    inference::handle(state, request, Endpoint::Completions).await
+                }
+                (&Method::POST, "/v1/chat/completions") => {
+                    inference::handle(state, request, Endpoint::ChatCompletions).await
+                }
+                (&Method::GET, "/v1/models") => models(&state),
+                (&Method::GET, "/debug/cluster") => debug_cluster(&state),
+                (&Method::POST, "/debug/match") => debug_match::handle(state, request).await,
+                _ => ApiError::new(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    format!("{method} is not allowed on {path}"),
+                )
+                .into_response(),
+            },
+        },
         _ => ApiError::new(
             StatusCode::NOT_FOUND,
             format!("no route for {} {path}", request.method()),
@@ -72,7 +78,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-fn json(status: StatusCode, value: serde_json::Value) -> Response<ResponseBody> {
+pub(super) fn json(status: StatusCode, value: serde_json::Value) -> Response<ResponseBody> {
     let mut response = Response::new(full(value.to_string()));
     *response.status_mut() = status;
     response.headers_mut().insert(

@@ -190,7 +190,7 @@ fn response_headers(
 
 /// Reads the whole body, refusing more than `limit` bytes (413) before reading it when the
 /// client declares its length.
-async fn read_body(
+pub(super) async fn read_body(
     headers: &http::HeaderMap,
     body: Incoming,
     limit: usize,
@@ -217,7 +217,7 @@ async fn read_body(
     }
 }
 
-fn parse_json(body: &[u8]) -> Result<serde_json::Value, ApiError> {
+pub(super) fn parse_json(body: &[u8]) -> Result<serde_json::Value, ApiError> {
     serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("malformed JSON body: {e}")))
 }

@@ -4,9 +4,11 @@
 //! - [`handlers`]: one function per endpoint.
 //! - [`inference`]: the request path of `/v1/completions` and `/v1/chat/completions`:
 //!   parse → hash → decide → forward → relay.
+//! - [`debug_match`]: `POST /debug/match`, which nodes this node believes hold a prefix.
 //! - [`errors`], [`body`]: the OpenAI error shape and response bodies.
 
 pub mod body;
+pub mod debug_match;
 pub mod errors;
 pub mod handlers;
 pub mod inference;
