@@ -29,7 +29,7 @@ bin_args=()
 
 for ((run = 1; run <= RUNS; run++)); do
     echo "== run $run of $RUNS: $(date -u '+%Y-%m-%d %H:%M:%S UTC'), load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
-    "$ROOT/scripts/demo.sh" "${bin_args[@]}" --with-vllm-router --workload "$WORKLOADS" \
+    bash "$ROOT/scripts/demo.sh" "${bin_args[@]}" --with-vllm-router --workload "$WORKLOADS" \
         --duration "$DURATION" --out "$OUT/run-$run" >"$OUT-run-$run.log" 2>&1 ||
         { tail -n 30 "$OUT-run-$run.log" >&2; exit 1; }
 done
