@@ -11,6 +11,7 @@
 //! - [`front`]: the client-facing HTTP server and the inference request path.
 //! - [`forward`]: attempts, retries and relays; serving what peers forward.
 //! - [`prefix`]: this node's own engine cache index and the summary it gossips.
+//! - [`kv_events`]: exact mode, the local engine's KV events over ZMQ.
 //! - [`metrics`]: the sidecar's Prometheus metrics.
 //! - [`serve`]: configuration and assembly of `kvmesh serve`.
 
@@ -18,6 +19,7 @@ pub mod cert;
 pub mod engine;
 pub mod forward;
 pub mod front;
+pub mod kv_events;
 pub mod mesh;
 pub mod metrics;
 pub mod prefix;

@@ -47,6 +47,16 @@ pub struct TargetLabels {
     pub target: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: String,
+}
+
 /// Cheap to clone: every field is a shared handle.
 #[derive(Clone, Debug)]
 pub struct NodeMetrics {
@@ -67,6 +77,14 @@ pub struct NodeMetrics {
     /// Blocks in this node's approximate index of its engine's cache, and its capacity.
     pub index_blocks: Gauge,
     pub index_capacity_blocks: Gauge,
+    /// Exact mode: blocks the engine holds in CPU or storage tiers (not advertised).
+    pub index_offload_blocks: Gauge,
+    /// Exact mode: KV-event batches by outcome.
+    pub kv_event_batches: Family<OutcomeLabels, Counter>,
+    /// Exact mode: stored blocks that got no mesh hash, by reason.
+    pub kv_event_blocks_skipped: Family<ReasonLabels, Counter>,
+    /// Exact mode: prompts the engine could not tokenize for routing (routed by load).
+    pub tokenize_failures: Counter,
 }
 
 impl Default for NodeMetrics {
@@ -90,6 +108,10 @@ impl Default for NodeMetrics {
             summary_false_match_rate: Gauge::default(),
             index_blocks: Gauge::default(),
             index_capacity_blocks: Gauge::default(),
+            index_offload_blocks: Gauge::default(),
+            kv_event_batches: Family::default(),
+            kv_event_blocks_skipped: Family::default(),
+            tokenize_failures: Counter::default(),
         }
     }
 }
@@ -163,13 +185,34 @@ impl NodeMetrics {
         );
         registry.register(
             "index_blocks",
-            "Blocks in the approximate index of this node's engine cache",
+            "Blocks this node advertises: its approximate index, or in exact mode the GPU tier",
             self.index_blocks.clone(),
         );
         registry.register(
             "index_capacity_blocks",
             "Capacity of that index: the engine's KV capacity in hash blocks",
             self.index_capacity_blocks.clone(),
+        );
+        registry.register(
+            "index_offload_blocks",
+            "Exact mode: blocks the engine holds in CPU or storage tiers (not advertised yet)",
+            self.index_offload_blocks.clone(),
+        );
+        registry.register(
+            "kv_event_batches",
+            "Exact mode: KV-event batches by outcome (applied, replayed, lost, before_start, \
+             undecodable, malformed)",
+            self.kv_event_batches.clone(),
+        );
+        registry.register(
+            "kv_event_blocks_skipped",
+            "Exact mode: stored blocks that got no mesh hash, by reason",
+            self.kv_event_blocks_skipped.clone(),
+        );
+        registry.register(
+            "tokenize_failures",
+            "Exact mode: prompts the engine could not tokenize, routed by load alone",
+            self.tokenize_failures.clone(),
         );
     }
 }

@@ -3,7 +3,7 @@
 
 use crate::mesh::{Membership, Peer};
 use crate::metrics::NodeMetrics;
-use crate::prefix::{SHARD_KEY_PREFIX, decode_shard_value};
+use crate::prefix::{OFFLOAD_KEY_PREFIX, SHARD_KEY_PREFIX, decode_shard_value};
 use base64::Engine as _;
 use kvmesh_protocol::LoadDigest;
 use kvmesh_protocol::route::node_key;
@@ -29,11 +29,14 @@ pub struct PeerView {
     pub digest: Option<Arc<LoadDigest>>,
     /// When the current digest value arrived, in this node's monotonic milliseconds.
     pub digest_received_ms: u64,
-    /// The peer's prefix summary, assembled from its gossiped shards.
+    /// The peer's prefix summary (its engine's GPU), assembled from its gossiped shards.
     pub summary: Arc<PeerSummary>,
+    /// What its engine holds in offload tiers (CPU, storage): exact mode only.
+    pub offload: Arc<PeerSummary>,
     generation: u64,
     digest_raw: String,
     shards_raw: BTreeMap<String, String>,
+    offload_raw: BTreeMap<String, String>,
 }
 
 /// Every live peer, this node excluded.
@@ -77,13 +80,22 @@ impl SharedView {
                     }
                     _ => (decode_digest(&peer.name, &raw, metrics), now_ms),
                 };
-                let shards_raw: BTreeMap<String, String> = peer
-                    .key_values
-                    .range(SHARD_KEY_PREFIX.to_owned()..)
-                    .take_while(|(key, _)| key.starts_with(SHARD_KEY_PREFIX))
-                    .map(|(key, value)| (key.clone(), value.clone()))
-                    .collect();
-                let summary = updated_summary(peer, old.copied(), &shards_raw, metrics);
+                let shards_raw = keys_with_prefix(peer, SHARD_KEY_PREFIX);
+                let offload_raw = keys_with_prefix(peer, OFFLOAD_KEY_PREFIX);
+                let summary = updated_summary(
+                    peer,
+                    old.map(|old| (&old.summary, &old.shards_raw)),
+                    &shards_raw,
+                    SHARD_KEY_PREFIX,
+                    metrics,
+                );
+                let offload = updated_summary(
+                    peer,
+                    old.map(|old| (&old.offload, &old.offload_raw)),
+                    &offload_raw,
+                    OFFLOAD_KEY_PREFIX,
+                    metrics,
+                );
                 PeerView {
                     name: peer.name.clone(),
                     key: node_key(&peer.name),
@@ -92,9 +104,11 @@ impl SharedView {
                     digest,
                     digest_received_ms: received,
                     summary,
+                    offload,
                     generation: peer.generation,
                     digest_raw: raw,
                     shards_raw,
+                    offload_raw,
                 }
             })
             .collect();
@@ -102,17 +116,28 @@ impl SharedView {
     }
 }
 
-/// The peer's summary after applying the shards whose gossip value changed. The summary is
-/// shared with older views, so it is copied only when one of its shards changed.
+/// A peer's gossip values under one key prefix.
+fn keys_with_prefix(peer: &Peer, prefix: &str) -> BTreeMap<String, String> {
+    peer.key_values
+        .range(prefix.to_owned()..)
+        .take_while(|(key, _)| key.starts_with(prefix))
+        .map(|(key, value)| (key.clone(), value.clone()))
+        .collect()
+}
+
+/// A peer's summary (of one tier, keys under `prefix`) after applying the shards whose gossip
+/// value changed. The summary is shared with older views, so it is copied only when one of its
+/// shards changed.
 fn updated_summary(
     peer: &Peer,
-    old: Option<&PeerView>,
+    old: Option<(&Arc<PeerSummary>, &BTreeMap<String, String>)>,
     shards_raw: &BTreeMap<String, String>,
+    prefix: &str,
     metrics: &NodeMetrics,
 ) -> Arc<PeerSummary> {
     let (mut summary, old_raw) = match old {
-        Some(old) if old.shards_raw == *shards_raw => return old.summary.clone(),
-        Some(old) => (old.summary.clone(), Some(&old.shards_raw)),
+        Some((summary, raw)) if raw == shards_raw => return summary.clone(),
+        Some((summary, raw)) => (summary.clone(), Some(raw)),
         None => (Arc::new(PeerSummary::new()), None),
     };
     let target = Arc::make_mut(&mut summary);
@@ -130,10 +155,7 @@ fn updated_summary(
     }
     if let Some(old_raw) = old_raw {
         for key in old_raw.keys().filter(|key| !shards_raw.contains_key(*key)) {
-            if let Some(index) = key
-                .strip_prefix(SHARD_KEY_PREFIX)
-                .and_then(|i| i.parse().ok())
-            {
+            if let Some(index) = key.strip_prefix(prefix).and_then(|i| i.parse().ok()) {
                 target.remove_shard(index);
             }
         }

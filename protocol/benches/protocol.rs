@@ -111,6 +111,7 @@ fn deciding(c: &mut Criterion) {
         tokens_per_block: 16.0,
         session: None,
         role: Role::Mixed,
+        spread: None,
     };
     let config = RouteConfig::default();
     let mut group = c.benchmark_group("decide");
@@ -122,6 +123,7 @@ fn deciding(c: &mut Criterion) {
                 node_key: names[n],
                 digest: &digest,
                 summary: Some(&summaries[n]),
+                offload: None,
                 digest_received_ms: 1_000,
                 pending: 0,
                 recent_match: 0,

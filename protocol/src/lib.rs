@@ -5,6 +5,7 @@
 //!   the whole prefix up to and including its block.
 //! - [`digest`]: the compact load report each node gossips about its engine.
 //! - [`index`]: the approximate LRU index of a node's own engine cache.
+//! - [`kv_events`]: the exact state of an engine's cache, from vLLM's KV events.
 //! - [`summary`]: a bounded-size, sharded encoding of the set of chain hashes an engine holds.
 //! - [`wire`]: the framed, validated messages sidecars exchange when forwarding a request.
 //! - [`route`]: the routing decision, a pure function of a view of the cluster and `now`.
@@ -16,6 +17,7 @@ pub mod codec;
 pub mod digest;
 pub mod hashing;
 pub mod index;
+pub mod kv_events;
 pub mod route;
 pub mod summary;
 pub mod wire;

@@ -68,6 +68,7 @@ fn allocations_do_not_grow_with_candidates() {
         tokens_per_block: 16.0,
         session: Some(5),
         role: Role::Mixed,
+        spread: None,
     };
     let config = RouteConfig::default();
     let mut counts = Vec::new();
@@ -77,6 +78,7 @@ fn allocations_do_not_grow_with_candidates() {
                 node_key: node_key(&n.to_string()),
                 digest: &digest,
                 summary: Some(&summary),
+                offload: None,
                 digest_received_ms: 0,
                 pending: 0,
                 recent_match: 0,

@@ -274,6 +274,7 @@ fn candidates<'a>(cluster: &'a Cluster, order: &[usize]) -> Vec<Candidate<'a>> {
             node_key: node_key(&cluster.names[i]),
             digest: &cluster.digests[i],
             summary: Some(&cluster.summaries[i]),
+            offload: None,
             digest_received_ms: 1_000,
             pending: cluster.pending[i],
             recent_match: 0,
@@ -291,6 +292,7 @@ proptest! {
         chain_len in 0usize..12,
         cost in any::<bool>(),
         rotate in any::<usize>(),
+        spread in any::<Option<u64>>(),
     ) {
         let chain: Vec<u64> = (0..chain_len as u64).map(|i| kvmesh_protocol::route::rendezvous_weight(i, chain_seed)).collect();
         let cluster = build_cluster(&spec, &chain);
@@ -300,7 +302,7 @@ proptest! {
         if cost {
             config.policy = kvmesh_protocol::route::Policy::Cost;
         }
-        let request = RouteRequest { model: "m", chain: &chain, prompt_tokens: chain_len as u32 * 16, tokens_per_block: 16.0, session: None, role: Role::Mixed };
+        let request = RouteRequest { model: "m", chain: &chain, prompt_tokens: chain_len as u32 * 16, tokens_per_block: 16.0, session: None, role: Role::Mixed, spread };
         let eligible: Vec<usize> = (0..spec.len()).filter(|&i| spec[i].3 && spec[i].4).collect();
         match decide(&cands, &request, &config, 1_500) {
             Err(RouteError::NoCandidate(_)) => prop_assert!(eligible.is_empty()),
@@ -331,6 +333,7 @@ proptest! {
         loads in prop::collection::vec(0u32..4, 2..16),
         first_block in any::<u64>(),
         rotate in any::<usize>(),
+        spread in any::<Option<u64>>(),
     ) {
         // Entry nodes see the same digests but list peers in their own order, and each has
         // its own pending counts of zero for a brand-new prefix.
@@ -340,7 +343,7 @@ proptest! {
         let order: Vec<usize> = (0..spec.len()).collect();
         let mut rotated = order.clone();
         rotated.rotate_left(rotate % spec.len());
-        let request = RouteRequest { model: "m", chain: &chain, prompt_tokens: 32, tokens_per_block: 16.0, session: None, role: Role::Mixed };
+        let request = RouteRequest { model: "m", chain: &chain, prompt_tokens: 32, tokens_per_block: 16.0, session: None, role: Role::Mixed, spread };
         let config = RouteConfig::default();
         let a = decide(&candidates(&cluster, &order), &request, &config, 1_500).unwrap();
         let b = decide(&candidates(&cluster, &rotated), &request, &config, 1_500).unwrap();

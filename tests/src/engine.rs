@@ -112,6 +112,20 @@ impl Engine {
         &mut self.process
     }
 
+    /// The endpoint the engine printed after `prefix` (e.g. `kv events on `), waiting briefly:
+    /// it prints its optional endpoints right after its readiness line.
+    pub fn printed_endpoint(&self, prefix: &str) -> String {
+        let (line, _) = crate::wait::wait_for(
+            Duration::from_secs(5),
+            &format!(
+                "{} prints a line starting with {prefix:?}",
+                self.process.name()
+            ),
+            || self.process.output_line(prefix).ok_or_else(String::new),
+        );
+        line[prefix.len()..].trim().to_owned()
+    }
+
     /// Stops the engine abruptly (SIGKILL).
     pub fn kill9(&mut self) {
         self.process.kill9();

@@ -6,6 +6,7 @@
 //! - [`certs`]: a cluster CA and node certificates from `kvmesh cert`.
 //! - [`engine`], [`sidecar`], [`cluster`]: the mock engine, `kvmesh serve`, and both together.
 //! - [`http`], [`sse`], [`openai`], [`metrics`]: talking to them and checking the answers.
+//! - [`load`]: the real load generator and its JSON report.
 //! - [`traffic`]: inference calls through a sidecar, checked, with who served them.
 //! - [`wait`]: polling with a bound instead of sleeping.
 
@@ -14,6 +15,7 @@ pub mod certs;
 pub mod cluster;
 pub mod engine;
 pub mod http;
+pub mod load;
 pub mod metrics;
 pub mod openai;
 pub mod process;

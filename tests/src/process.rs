@@ -169,18 +169,34 @@ impl ManagedProcess {
 
     /// Sends SIGTERM (a graceful stop request) without waiting; see [`Self::wait_exit`].
     pub fn sigterm(&mut self) {
+        self.signal("TERM");
+    }
+
+    /// Freezes the process (SIGSTOP), as a long GC pause or a starved CPU would.
+    pub fn sigstop(&mut self) {
+        self.signal("STOP");
+    }
+
+    /// Resumes a process frozen by [`Self::sigstop`].
+    pub fn sigcont(&mut self) {
+        self.signal("CONT");
+    }
+
+    fn signal(&mut self, signal: &str) {
         // The child is not reaped until `exit` is set, so its pid cannot have been reused.
         if self.is_running() {
             let status = Command::new("kill")
-                .arg("-TERM")
+                .arg(format!("-{signal}"))
                 .arg(self.pid().to_string())
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .status()
-                .unwrap_or_else(|error| panic!("{}: cannot run `kill -TERM`: {error}", self.name));
+                .unwrap_or_else(|error| {
+                    panic!("{}: cannot run `kill -{signal}`: {error}", self.name)
+                });
             assert!(
                 status.success() || !self.is_running(),
-                "{}: `kill -TERM` failed",
+                "{}: `kill -{signal}` failed",
                 self.name
             );
         }
@@ -203,6 +219,19 @@ impl ManagedProcess {
     /// The last `lines` lines of output, both pipes, tagged.
     pub fn output_tail(&self, lines: usize) -> String {
         self.output.tail(lines)
+    }
+
+    /// The first output line so far that starts with `prefix`.
+    pub fn output_line(&self, prefix: &str) -> Option<String> {
+        let lines = self
+            .output
+            .lines
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        lines
+            .iter()
+            .find(|(_, line)| line.starts_with(prefix))
+            .map(|(_, line)| line.clone())
     }
 
     /// Whether any output line so far contains `needle`.

@@ -4,6 +4,7 @@
 pub mod client;
 pub mod metrics;
 pub mod poller;
+pub mod tokenize;
 
 pub use client::{EngineClient, EngineError};
 pub use poller::{EngineState, LocalEngine};

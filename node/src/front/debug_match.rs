@@ -4,18 +4,19 @@
 //! `messages` is hashed as a chat completion, any other as a completion); nothing is routed or
 //! forwarded. The answer lists, for this node and every live peer, the longest leading run of
 //! the request's chain its gossiped summary holds (this node's own summary as last published,
-//! i.e. as its peers see it). Optimistic matches from this node's recent sends are left out:
+//! i.e. as its peers see it), on the GPU and, in exact mode, in offload tiers. Optimistic matches from this node's recent sends are left out:
 //! the endpoint shows what gossip has taught this node, which is what an operator (or the
 //! convergence benchmark, `scripts/bench-prefix.sh`) wants to observe.
 
 use super::body::ResponseBody;
 use super::errors::ApiError;
+use super::hashing::hash_for_routing;
 use super::inference::{parse_json, read_body};
 use crate::serve::state::{SharedState, lock};
 use http::StatusCode;
 use hyper::body::Incoming;
 use hyper::{Request, Response};
-use kvmesh_protocol::hashing::{Endpoint, hash_request};
+use kvmesh_protocol::hashing::Endpoint;
 
 pub async fn handle(state: SharedState, request: Request<Incoming>) -> Response<ResponseBody> {
     match matches(&state, request).await {
@@ -36,20 +37,24 @@ async fn matches(
     } else {
         Endpoint::Completions
     };
-    let hashes = hash_request(endpoint, &json, &state.config.hashing)
-        .map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let own = lock(&state.prefixes).own_summary();
+    let hashes = hash_for_routing(state, endpoint, &json).await?;
+    let (own, own_offload) = {
+        let prefixes = lock(&state.prefixes);
+        (prefixes.own_summary(), prefixes.own_offload())
+    };
     let view = state.view.load();
     let mut nodes = vec![serde_json::json!({
         "node": state.node_name,
         "self": true,
         "matched_blocks": own.longest_match(&hashes.chain),
+        "offload_matched_blocks": own_offload.longest_match(&hashes.chain),
     })];
     nodes.extend(view.peers.iter().map(|peer| {
         serde_json::json!({
             "node": peer.name,
             "self": false,
             "matched_blocks": peer.summary.longest_match(&hashes.chain),
+            "offload_matched_blocks": peer.offload.longest_match(&hashes.chain),
         })
     }));
     Ok(serde_json::json!({

@@ -3,6 +3,7 @@
 
 use super::body::ResponseBody;
 use super::errors::ApiError;
+use super::hashing::hash_for_routing;
 use crate::forward::entry;
 use crate::forward::headers::request_headers_for_engine;
 use crate::forward::relay::relay;
@@ -15,7 +16,7 @@ use http::{HeaderName, HeaderValue, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use hyper::{Request, Response};
-use kvmesh_protocol::hashing::{Endpoint, hash_request};
+use kvmesh_protocol::hashing::Endpoint;
 use kvmesh_protocol::route::node_key;
 use kvmesh_protocol::wire::RequestHead;
 use kvmesh_protocol::{RequestHashes, RouteReason};
@@ -35,8 +36,7 @@ pub async fn handle(
     let prepared = async {
         let body = read_body(&parts.headers, body, state.config.max_body_bytes).await?;
         let json = parse_json(&body)?;
-        let hashes = hash_request(endpoint, &json, &state.config.hashing)
-            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        let hashes = hash_for_routing(&state, endpoint, &json).await?;
         Ok::<_, ApiError>((body, hashes))
     };
     let (body, hashes) = match prepared.await {
@@ -47,7 +47,7 @@ pub async fn handle(
         }
     };
     let session = session_key(&parts.headers, &hashes);
-    let routed = match route(&state, &hashes, session) {
+    let routed = match route(&state, &hashes, session, &request_id) {
         Ok(routed) => routed,
         Err(RouteFailure::UnknownModel(available)) => {
             state.metrics.record_request("none", Outcome::Rejected);

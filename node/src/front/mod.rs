@@ -5,11 +5,13 @@
 //! - [`inference`]: the request path of `/v1/completions` and `/v1/chat/completions`:
 //!   parse → hash → decide → forward → relay.
 //! - [`debug_match`]: `POST /debug/match`, which nodes this node believes hold a prefix.
+//! - [`hashing`]: a body into its prefix chain (asking the engine's tokenizer in token mode).
 //! - [`errors`], [`body`]: the OpenAI error shape and response bodies.
 
 pub mod body;
 pub mod debug_match;
 pub mod errors;
 pub mod handlers;
+pub mod hashing;
 pub mod inference;
 pub mod server;

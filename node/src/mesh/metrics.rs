@@ -27,6 +27,11 @@ pub struct MeshMetrics {
     pub handshakes_rejected: Counter,
     /// Incoming streams refused: unknown kind, malformed, nobody accepting forwards.
     pub streams_rejected: Counter,
+    /// Peers gossip declared dead whose connection stayed silent, so it was closed.
+    pub dead_peer_connections_closed: Counter,
+    /// Peers gossip declared dead whose connection kept answering (a gossip hiccup, e.g. a
+    /// starved CPU): the connection and its streams were kept.
+    pub dead_peer_connections_kept: Counter,
 }
 
 impl MeshMetrics {
@@ -72,6 +77,16 @@ impl MeshMetrics {
             "streams_rejected",
             "Incoming QUIC streams refused",
             self.streams_rejected.clone(),
+        );
+        registry.register(
+            "dead_peer_connections_closed",
+            "Connections to peers declared dead by gossip that stayed silent and were closed",
+            self.dead_peer_connections_closed.clone(),
+        );
+        registry.register(
+            "dead_peer_connections_kept",
+            "Connections to peers declared dead by gossip that kept answering and were kept",
+            self.dead_peer_connections_kept.clone(),
         );
     }
 }

@@ -89,6 +89,7 @@ pub struct Mesh {
     incoming_forwards: Mutex<Option<mpsc::Receiver<IncomingForward>>>,
     metrics: MeshMetrics,
     stream_open_timeout: Duration,
+    keep_alive_interval: Duration,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -173,6 +174,7 @@ impl Mesh {
             incoming_forwards: Mutex::new(Some(forward_rx)),
             metrics,
             stream_open_timeout: config.quic.stream_open_timeout,
+            keep_alive_interval: config.quic.keep_alive_interval,
             tasks,
         })
     }
@@ -255,10 +257,13 @@ impl Mesh {
         }
     }
 
-    /// Closes the pooled connection to a peer gossip declared dead, so requests in flight on
-    /// it fail (and are retried elsewhere) at once instead of after the idle timeout.
-    pub async fn close_peer(&self, peer_addr: SocketAddr) {
-        self.pool.close(peer_addr).await;
+    /// Closes the pooled connection to a peer gossip declared dead, unless it keeps answering
+    /// for two keep-alive intervals, so requests in flight on a dead peer fail (and are retried
+    /// elsewhere) well before the idle timeout, while a peer gossip misjudged keeps its streams.
+    pub async fn close_peer(&self, peer_addr: SocketAddr) -> bool {
+        self.pool
+            .close_if_silent(peer_addr, self.keep_alive_interval * 2)
+            .await
     }
 
     /// Stops gossip and closes the endpoint, waiting (bounded) for peers to be told.

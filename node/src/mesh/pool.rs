@@ -93,14 +93,36 @@ impl ConnectionPool {
         }
     }
 
-    /// Closes the pooled connection to `addr`, if any: every stream on it fails at once
-    /// instead of waiting out the idle timeout (used when gossip declares the peer dead).
-    pub async fn close(&self, addr: SocketAddr) {
+    /// Closes the pooled connection to `addr` if the peer stays silent for `listen`: every
+    /// stream on it then fails at once instead of waiting out the idle timeout. Used when
+    /// gossip declares the peer dead; gossip can be wrong (a starved CPU delays heartbeats),
+    /// and a live peer answers our keep-alives, so a connection that received anything while
+    /// we listened is kept with its streams. Returns whether it was closed.
+    pub async fn close_if_silent(&self, addr: SocketAddr, listen: Duration) -> bool {
         let slot = self.slot(addr);
-        if let Some(peer) = slot.lock().await.take() {
-            peer.conn
-                .close(codes::PEER_DEAD, b"declared dead by gossip");
+        let Some(peer) = slot.lock().await.clone() else {
+            return false;
+        };
+        let received = || peer.conn.stats().udp_rx.datagrams;
+        let before = received();
+        tokio::time::sleep(listen).await;
+        if received() != before && peer.is_open() {
+            self.metrics.dead_peer_connections_kept.inc();
+            tracing::info!(peer = %peer.peer_name, %addr, "peer declared dead still answers; keeping its connection");
+            return false;
         }
+        let mut guard = slot.lock().await;
+        if guard
+            .as_ref()
+            .is_some_and(|c| c.conn.stable_id() == peer.conn.stable_id())
+        {
+            *guard = None;
+        }
+        drop(guard);
+        peer.conn
+            .close(codes::PEER_DEAD, b"declared dead by gossip");
+        self.metrics.dead_peer_connections_closed.inc();
+        true
     }
 
     /// Drops slots that hold no open connection and that nobody is dialing, so addresses of

@@ -2,24 +2,31 @@
 //!
 //! Approximate mode (the default): every chain this node's engine served is inserted into an
 //! LRU [`PrefixIndex`] bounded by the engine's real capacity (`num_gpu_blocks × block_size`
-//! from `vllm:cache_config_info`, in hash blocks). Changes flow into a [`SummaryBuilder`], whose
-//! changed shards are gossiped as keys `s/NN` (base64 of the validated shard envelope), and
+//! from `vllm:cache_config_info`, in hash blocks). Changes flow into a summary builder, whose
+//! changed shards are gossiped as keys `s/NNN` (base64 of the validated shard envelope), and
 //! into this node's own [`PeerSummary`], so this node judges itself exactly as peers judge it.
+//!
+//! Exact mode (`--kv-events`): the engine's KV events say what it holds (see
+//! [`crate::kv_events`]); served chains are ignored. The GPU tier feeds the same `s/` summary;
+//! the offload tier (CPU, storage) a second one under `o/NNN`, which routing weighs lower.
+
+mod tier;
 
 use base64::Engine as _;
 use kvmesh_protocol::index::{IndexChanges, PrefixIndex};
-use kvmesh_protocol::summary::{EncodedShard, PeerSummary, SummaryBuilder, SummaryConfig};
+use kvmesh_protocol::kv_events::TierChanges;
+use kvmesh_protocol::summary::{PeerSummary, SummaryConfig};
 use std::sync::Arc;
+pub use tier::GossipShard;
+use tier::TierSummary;
 
-/// Gossip key prefix of summary shards.
+/// Gossip key prefix of summary shards (the engine's GPU).
 pub const SHARD_KEY_PREFIX: &str = "s/";
+/// Gossip key prefix of the offload tier's summary shards (exact mode).
+pub const OFFLOAD_KEY_PREFIX: &str = "o/";
 
 /// Capacity assumed until the engine reports its own (blocks of the hash chain).
 const DEFAULT_CAPACITY: usize = 8192;
-
-pub fn shard_key(index: u16) -> String {
-    format!("{SHARD_KEY_PREFIX}{index:03}")
-}
 
 pub fn encode_shard_value(bytes: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(bytes)
@@ -29,29 +36,72 @@ pub fn decode_shard_value(value: &str) -> Option<Vec<u8>> {
     base64::engine::general_purpose::STANDARD.decode(value).ok()
 }
 
+/// Where this node's knowledge of its engine's cache comes from.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum IndexMode {
+    /// From the requests it served.
+    Approximate,
+    /// From the engine's KV events.
+    Exact,
+}
+
 /// The local index, the summary built from it, and this node's view of its own summary.
 #[derive(Debug)]
 pub struct LocalPrefixes {
+    mode: IndexMode,
+    /// Approximate mode's LRU; in exact mode it stays empty and only records the capacity.
     index: PrefixIndex,
-    builder: SummaryBuilder,
-    own: Arc<PeerSummary>,
-    published_bytes: Vec<usize>,
+    /// Exact mode: blocks the engine holds on its GPU and in offload tiers.
+    exact_blocks: usize,
+    exact_offload_blocks: usize,
+    gpu: TierSummary,
+    offload: TierSummary,
 }
 
 impl LocalPrefixes {
-    pub fn new(config: SummaryConfig, generation: u64) -> Result<Self, String> {
+    pub fn new(config: SummaryConfig, generation: u64, mode: IndexMode) -> Result<Self, String> {
         Ok(Self {
+            mode,
             index: PrefixIndex::new(DEFAULT_CAPACITY),
-            builder: SummaryBuilder::new(config, generation)?,
-            own: Arc::new(PeerSummary::new()),
-            published_bytes: vec![0; config.num_shards as usize],
+            exact_blocks: 0,
+            exact_offload_blocks: 0,
+            gpu: TierSummary::new(SHARD_KEY_PREFIX, config, generation)?,
+            offload: TierSummary::new(OFFLOAD_KEY_PREFIX, config, generation)?,
         })
     }
 
-    /// The engine served a request with this chain.
+    pub fn mode(&self) -> IndexMode {
+        self.mode
+    }
+
+    /// The engine served a request with this chain (approximate mode; exact mode waits for
+    /// the engine's own events).
     pub fn observe_chain(&mut self, chain: &[u64]) {
-        let changes = self.index.insert_chain(chain);
-        self.apply(changes);
+        if self.mode == IndexMode::Approximate {
+            let changes = self.index.insert_chain(chain);
+            self.apply(changes);
+        }
+    }
+
+    /// The engine's KV events changed its tiers; `gpu_blocks` and `offload_blocks` are the
+    /// tiers' sizes afterwards.
+    pub fn apply_events(
+        &mut self,
+        gpu: &TierChanges,
+        offload: &TierChanges,
+        gpu_blocks: usize,
+        offload_blocks: usize,
+    ) {
+        for (tier, changes) in [(&mut self.gpu, gpu), (&mut self.offload, offload)] {
+            for &hash in &changes.added {
+                tier.insert(hash);
+            }
+            for &hash in &changes.removed {
+                tier.remove(hash);
+            }
+        }
+        self.exact_blocks = gpu_blocks;
+        self.exact_offload_blocks = offload_blocks;
     }
 
     /// The engine reported its capacity, in hash blocks.
@@ -64,49 +114,56 @@ impl LocalPrefixes {
 
     fn apply(&mut self, changes: IndexChanges) {
         for hash in changes.added {
-            self.builder.insert(hash);
+            self.gpu.insert(hash);
         }
         for hash in changes.evicted {
-            self.builder.remove(hash);
+            self.gpu.remove(hash);
         }
     }
 
-    /// Encodes the changed shards for gossip and applies them to this node's own summary.
-    pub fn publish(&mut self) -> Vec<EncodedShard> {
-        let shards = self.builder.publish_dirty();
-        if shards.is_empty() {
-            return shards;
-        }
-        // Copy-on-write: routing threads may still hold the previous summary.
-        let own = Arc::make_mut(&mut self.own);
-        for shard in &shards {
-            if own.apply_bytes(&shard.bytes).is_ok() {
-                self.published_bytes[shard.index as usize] = shard.bytes.len();
-            }
-        }
+    /// Encodes the changed shards of both tiers for gossip and applies them to this node's
+    /// own summaries.
+    pub fn publish(&mut self) -> Vec<GossipShard> {
+        let mut shards = self.gpu.publish();
+        shards.extend(self.offload.publish());
         shards
     }
 
-    /// This node's summary as its peers see it (as of the last publish).
+    /// This node's GPU-tier summary as its peers see it (as of the last publish).
     pub fn own_summary(&self) -> Arc<PeerSummary> {
-        self.own.clone()
+        self.gpu.own()
     }
 
+    /// This node's offload-tier summary as its peers see it.
+    pub fn own_offload(&self) -> Arc<PeerSummary> {
+        self.offload.own()
+    }
+
+    /// Blocks this node advertises (on the engine's GPU).
     pub fn blocks(&self) -> usize {
-        self.index.len()
+        match self.mode {
+            IndexMode::Approximate => self.index.len(),
+            IndexMode::Exact => self.exact_blocks,
+        }
+    }
+
+    /// Exact mode: blocks in the engine's CPU and storage tiers.
+    pub fn offload_blocks(&self) -> usize {
+        self.exact_offload_blocks
     }
 
     pub fn capacity(&self) -> usize {
         self.index.capacity()
     }
 
-    /// Bytes of every shard as last published.
+    /// Bytes of every shard of both tiers as last published.
     pub fn summary_bytes(&self) -> usize {
-        self.published_bytes.iter().sum()
+        self.gpu.bytes() + self.offload.bytes()
     }
 
+    /// Of the GPU tier's summary, the one routing leans on.
     pub fn estimated_false_match_rate(&self) -> f64 {
-        self.builder.estimated_false_match_rate()
+        self.gpu.estimated_false_match_rate()
     }
 }
 
@@ -116,7 +173,8 @@ mod tests {
 
     #[test]
     fn served_chains_become_published_shards_and_a_matching_own_summary() {
-        let mut local = LocalPrefixes::new(SummaryConfig::default(), 1).unwrap();
+        let mut local =
+            LocalPrefixes::new(SummaryConfig::default(), 1, IndexMode::Approximate).unwrap();
         let chain: Vec<u64> = (1..=20u64)
             .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
             .collect();
@@ -126,9 +184,9 @@ mod tests {
         assert_eq!(local.own_summary().longest_match(&chain), 20);
         let mut peer = PeerSummary::new();
         for shard in &shards {
-            let value = encode_shard_value(&shard.bytes);
-            assert!(value.len() < 2048);
-            peer.apply_bytes(&decode_shard_value(&value).unwrap())
+            assert!(shard.key.starts_with(SHARD_KEY_PREFIX));
+            assert!(shard.value.len() < 2048);
+            peer.apply_bytes(&decode_shard_value(&shard.value).unwrap())
                 .unwrap();
         }
         assert_eq!(peer.longest_match(&chain), 20);
@@ -141,5 +199,37 @@ mod tests {
             5,
             "the prefix outlives the tail"
         );
+    }
+
+    #[test]
+    fn exact_mode_advertises_each_tier_under_its_own_keys() {
+        let mut local = LocalPrefixes::new(SummaryConfig::default(), 1, IndexMode::Exact).unwrap();
+        local.observe_chain(&[1, 2, 3]);
+        assert!(
+            local.publish().is_empty(),
+            "served chains do not count in exact mode"
+        );
+        let gpu = TierChanges {
+            added: vec![10, 11],
+            removed: Vec::new(),
+        };
+        let offload = TierChanges {
+            added: vec![10, 11, 12],
+            removed: Vec::new(),
+        };
+        local.apply_events(&gpu, &offload, 2, 3);
+        let shards = local.publish();
+        assert!(shards.iter().any(|s| s.key.starts_with(SHARD_KEY_PREFIX)));
+        assert!(shards.iter().any(|s| s.key.starts_with(OFFLOAD_KEY_PREFIX)));
+        assert_eq!(local.own_summary().longest_match(&[10, 11, 12]), 2);
+        assert_eq!(local.own_offload().longest_match(&[10, 11, 12]), 3);
+        assert_eq!((local.blocks(), local.offload_blocks()), (2, 3));
+        let evicted = TierChanges {
+            added: Vec::new(),
+            removed: vec![11],
+        };
+        local.apply_events(&evicted, &TierChanges::default(), 1, 3);
+        local.publish();
+        assert_eq!(local.own_summary().longest_match(&[10, 11, 12]), 1);
     }
 }

@@ -3,8 +3,9 @@
 //! documented on each flag.
 
 use anyhow::{Context, bail};
+use kvmesh_protocol::hashing::{DEFAULT_BLOCK_TOKENS, HashMode};
 use kvmesh_protocol::route::Policy;
-use kvmesh_protocol::{HashConfig, RouteConfig};
+use kvmesh_protocol::{HashConfig, RouteConfig, SummaryBuilder, SummaryConfig};
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -74,9 +75,38 @@ pub struct ServeArgs {
     /// Gossip round period [default: 200 ms].
     #[arg(long, env = "KVMESH_GOSSIP_INTERVAL_MS")]
     pub gossip_interval_ms: Option<u64>,
+    /// Exact mode: the local vLLM's KV-event publisher, e.g. tcp://127.0.0.1:5557 (vLLM's
+    /// `--kv-events-config` endpoint). Without it, the node learns its engine's cache from the
+    /// requests it serves (approximate mode). Every node of a cluster must use the same mode.
+    #[arg(long, env = "KVMESH_KV_EVENTS")]
+    pub kv_events: Option<String>,
+    /// The publisher's replay endpoint (vLLM's `replay_endpoint`), to recover lost batches.
+    #[arg(long, env = "KVMESH_KV_EVENTS_REPLAY")]
+    pub kv_events_replay: Option<String>,
+    /// Topic to subscribe to [default: "", every topic].
+    #[arg(long, env = "KVMESH_KV_EVENTS_TOPIC")]
+    pub kv_events_topic: Option<String>,
+    /// Exact mode's hash block in tokens; must equal vLLM's `--block-size` [default: 16].
+    #[arg(long, env = "KVMESH_BLOCK_TOKENS")]
+    pub block_tokens: Option<usize>,
+    /// Prefix-summary shards gossiped per node, a power of two [default: 32].
+    #[arg(long, env = "KVMESH_SUMMARY_SHARDS")]
+    pub summary_shards: Option<u16>,
+    /// Bytes of each summary shard's Bloom filter, a power of two; shards × bytes is the
+    /// summary's byte budget [default: 1024].
+    #[arg(long, env = "KVMESH_SUMMARY_SHARD_BYTES")]
+    pub summary_shard_bytes: Option<u32>,
     /// Routing weights (TOML file only).
     #[arg(skip)]
     pub route: Option<RouteConfig>,
+}
+
+/// Where exact mode reads the engine's KV events.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KvEventsConfig {
+    pub endpoint: String,
+    pub replay_endpoint: Option<String>,
+    pub topic: String,
 }
 
 /// The resolved configuration.
@@ -100,6 +130,9 @@ pub struct ServeConfig {
     pub gossip_interval: Duration,
     pub route: RouteConfig,
     pub hashing: HashConfig,
+    pub summary: SummaryConfig,
+    /// Exact mode, when set.
+    pub kv_events: Option<KvEventsConfig>,
 }
 
 impl ServeConfig {
@@ -138,6 +171,46 @@ impl ServeConfig {
         }
         let millis =
             |v: Option<u64>, default: u64| Duration::from_millis(v.unwrap_or(default).max(1));
+        let kv_events = cli
+            .kv_events
+            .or(file.kv_events)
+            .map(|endpoint| KvEventsConfig {
+                endpoint,
+                replay_endpoint: cli.kv_events_replay.or(file.kv_events_replay),
+                topic: cli
+                    .kv_events_topic
+                    .or(file.kv_events_topic)
+                    .unwrap_or_default(),
+            });
+        let block_tokens = cli
+            .block_tokens
+            .or(file.block_tokens)
+            .unwrap_or(DEFAULT_BLOCK_TOKENS);
+        if block_tokens == 0 {
+            bail!("--block-tokens must be positive");
+        }
+        // Exact mode hashes the engine's token ids, so queries must be hashed in tokens too.
+        let hashing = match kv_events {
+            Some(_) => HashConfig {
+                mode: HashMode::Token { block_tokens },
+                token_prompt_block_tokens: block_tokens,
+            },
+            None => HashConfig::default(),
+        };
+        let defaults = SummaryConfig::default();
+        let summary = SummaryConfig {
+            num_shards: cli
+                .summary_shards
+                .or(file.summary_shards)
+                .unwrap_or(defaults.num_shards),
+            shard_bytes: cli
+                .summary_shard_bytes
+                .or(file.summary_shard_bytes)
+                .unwrap_or(defaults.shard_bytes),
+        };
+        if let Err(why) = SummaryBuilder::new(summary, 0) {
+            bail!("--summary-shards / --summary-shard-bytes: {why}");
+        }
         let config = Self {
             backend,
             backend_api_key: cli.backend_api_key.or(file.backend_api_key),
@@ -176,7 +249,9 @@ impl ServeConfig {
             digest_interval: millis(cli.digest_interval_ms.or(file.digest_interval_ms), 100),
             gossip_interval: millis(cli.gossip_interval_ms.or(file.gossip_interval_ms), 200),
             route,
-            hashing: HashConfig::default(),
+            hashing,
+            summary,
+            kv_events,
         };
         if config.max_body_bytes == 0 {
             bail!("--max-body-bytes must be positive");
@@ -202,6 +277,9 @@ mod tests {
     fn defaults_fill_what_is_not_given() {
         let config = ServeConfig::resolve(args()).unwrap();
         assert_eq!(config.listen, "0.0.0.0:8000".parse::<SocketAddr>().unwrap());
+        assert_eq!(config.kv_events, None);
+        assert_eq!(config.hashing, HashConfig::default());
+        assert_eq!(config.summary, SummaryConfig::default());
         assert_eq!(config.retries, 2);
         assert_eq!(config.max_body_bytes, 32 * 1024 * 1024);
         assert_eq!(config.route, RouteConfig::default());
@@ -227,7 +305,33 @@ mod tests {
     }
 
     #[test]
+    fn exact_mode_hashes_in_token_blocks_of_the_engine() {
+        let mut cli = args();
+        cli.kv_events = Some("tcp://127.0.0.1:5557".into());
+        cli.block_tokens = Some(32);
+        let config = ServeConfig::resolve(cli).unwrap();
+        assert_eq!(
+            config.kv_events,
+            Some(KvEventsConfig {
+                endpoint: "tcp://127.0.0.1:5557".into(),
+                replay_endpoint: None,
+                topic: String::new(),
+            })
+        );
+        assert_eq!(config.hashing.mode, HashMode::Token { block_tokens: 32 });
+        assert_eq!(config.hashing.token_prompt_block_tokens, 32);
+    }
+
+    #[test]
     fn clear_errors_for_missing_or_bad_values() {
+        let mut cli = args();
+        cli.summary_shard_bytes = Some(1000);
+        assert!(
+            ServeConfig::resolve(cli)
+                .unwrap_err()
+                .to_string()
+                .contains("--summary-shard-bytes")
+        );
         let mut cli = args();
         cli.backend = None;
         assert!(

@@ -15,13 +15,12 @@ use crate::engine::{EngineClient, LocalEngine};
 use crate::front;
 use crate::mesh::{Mesh, MeshConfig};
 use crate::metrics::NodeMetrics;
-use crate::prefix::LocalPrefixes;
+use crate::prefix::{IndexMode, LocalPrefixes};
 use crate::tls::NodeIdentity;
 use crate::view::{HTTP_KEY, SharedView};
 use anyhow::Context;
 use config::{ServeArgs, ServeConfig};
 use kvmesh_protocol::route::{PendingLedger, RecentSends, node_key};
-use kvmesh_protocol::summary::SummaryConfig;
 use prometheus_client::registry::Registry;
 use state::{AppState, SharedState};
 use std::io::Write;
@@ -78,8 +77,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         recent: Mutex::new(RecentSends::new(RECENT_TTL_MS, RECENT_MAX_ENTRIES)),
         prefixes: Mutex::new(
             LocalPrefixes::new(
-                SummaryConfig::default(),
+                config.summary,
                 mesh.gossip().self_node().generation,
+                match config.kv_events {
+                    Some(_) => IndexMode::Exact,
+                    None => IndexMode::Approximate,
+                },
             )
             .map_err(anyhow::Error::msg)?,
         ),
@@ -100,6 +103,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let incoming = mesh
         .take_incoming_forwards()
         .context("forward streams already taken")?;
+    if let Some(kv_events) = state.config.kv_events.clone() {
+        let block_tokens = state.config.hashing.token_prompt_block_tokens;
+        tasks.push(crate::kv_events::spawn(
+            state.clone(),
+            kv_events,
+            block_tokens,
+        ));
+    }
     tasks.push(tokio::spawn(crate::forward::serving::serve_forwards(
         state.clone(),
         incoming,
@@ -151,7 +162,9 @@ async fn view_loop(state: SharedState) {
             .filter(|p| snapshot.get(&p.name).is_none())
         {
             tracing::info!(peer = gone.name, "peer left or was declared dead");
-            state.mesh.close_peer(gone.mesh_addr).await;
+            // Listening for the peer takes a while: not in the way of the next view.
+            let (mesh, addr) = (state.mesh.clone(), gone.mesh_addr);
+            tokio::spawn(async move { mesh.close_peer(addr).await });
         }
         if membership.changed().await.is_err() {
             return;

@@ -2,7 +2,6 @@
 //! interval, used locally at once, and gossiped when it changed (or once a second, so peers
 //! can tell a quiet node from a stuck one).
 
-use crate::prefix::{encode_shard_value, shard_key};
 use crate::serve::state::{SharedState, lock};
 use crate::view::{DIGEST_KEY, encode_digest};
 use kvmesh_protocol::hashing::HASH_VERSION;
@@ -79,7 +78,7 @@ async fn publish_summary(state: &SharedState) {
         let tokens = blocks * u64::from(engine.metrics.block_size.unwrap_or(16));
         (tokens as f32 / state.config.hashing.tokens_per_block()).floor() as usize
     });
-    let (shards, bytes, blocks, capacity, false_match) = {
+    let (shards, bytes, blocks, offload_blocks, capacity, false_match) = {
         let mut prefixes = lock(&state.prefixes);
         if let Some(capacity) = capacity {
             prefixes.set_capacity(capacity);
@@ -89,6 +88,7 @@ async fn publish_summary(state: &SharedState) {
             shards,
             prefixes.summary_bytes(),
             prefixes.blocks(),
+            prefixes.offload_blocks(),
             prefixes.capacity(),
             prefixes.estimated_false_match_rate(),
         )
@@ -96,18 +96,13 @@ async fn publish_summary(state: &SharedState) {
     let metrics = &state.metrics;
     metrics.summary_bytes.set(bytes as i64);
     metrics.index_blocks.set(blocks as i64);
+    metrics.index_offload_blocks.set(offload_blocks as i64);
     metrics.index_capacity_blocks.set(capacity as i64);
     metrics.summary_false_match_rate.set(false_match);
     for shard in shards {
         metrics.summary_shards_published.inc();
-        let value = encode_shard_value(&shard.bytes);
-        if let Err(error) = state
-            .mesh
-            .gossip()
-            .set(&shard_key(shard.index), &value)
-            .await
-        {
-            tracing::error!(%error, shard = shard.index, "publishing a summary shard");
+        if let Err(error) = state.mesh.gossip().set(&shard.key, &shard.value).await {
+            tracing::error!(%error, shard = shard.key, "publishing a summary shard");
         }
     }
 }

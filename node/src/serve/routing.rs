@@ -3,7 +3,7 @@
 
 use crate::forward::entry::Target;
 use crate::serve::state::{AppState, lock};
-use kvmesh_protocol::route::{RouteError, decide};
+use kvmesh_protocol::route::{RouteError, decide, node_key};
 use kvmesh_protocol::{Candidate, LoadDigest, RequestHashes, Role, RouteReason, RouteRequest};
 
 /// A routed request: targets in rank order.
@@ -21,15 +21,20 @@ pub enum RouteFailure {
     NoTarget(String),
 }
 
+/// `request_id` keys the spread of this request among near-equal engines.
 pub fn route(
     state: &AppState,
     hashes: &RequestHashes,
     session: Option<u64>,
+    request_id: &str,
 ) -> Result<Routed, RouteFailure> {
     let now = state.now_ms();
     let view = state.view.load();
     let own = state.self_digest();
-    let own_summary = lock(&state.prefixes).own_summary();
+    let (own_summary, own_offload) = {
+        let prefixes = lock(&state.prefixes);
+        (prefixes.own_summary(), prefixes.own_offload())
+    };
     let ledger = lock(&state.ledger);
     let recent = lock(&state.recent);
     // Only nodes recently sent this chain's first block can have an optimistic match.
@@ -49,6 +54,7 @@ pub fn route(
             node_key: state.node_key,
             digest,
             summary: Some(&own_summary),
+            offload: Some(&own_offload),
             digest_received_ms: *received,
             pending: ledger.pending(state.node_key, *received, now),
             recent_match: recent_match(state.node_key),
@@ -61,6 +67,7 @@ pub fn route(
             node_key: peer.key,
             digest,
             summary: Some(&peer.summary),
+            offload: Some(&peer.offload),
             digest_received_ms: peer.digest_received_ms,
             pending: ledger.pending(peer.key, peer.digest_received_ms, now),
             recent_match: recent_match(peer.key),
@@ -80,6 +87,7 @@ pub fn route(
         tokens_per_block: hashes.tokens_per_block,
         session,
         role: Role::Mixed,
+        spread: Some(node_key(request_id)),
     };
     match decide(&candidates, &request, &state.config.route, now) {
         Ok(decision) => Ok(Routed {

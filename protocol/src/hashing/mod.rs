@@ -23,7 +23,7 @@ mod request;
 
 pub use chain::{ChainBuilder, ChainSeed, chain_from_text, chain_from_tokens, extend_with_tokens};
 pub use media::media_digest;
-pub use request::{Endpoint, HashError, RequestHashes, hash_request};
+pub use request::{Endpoint, HashError, RequestHashes, hash_request, hash_tokenized};
 
 /// The hash of a whole prefix, up to and including one block.
 pub type BlockHash = u64;

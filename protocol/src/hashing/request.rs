@@ -58,30 +58,11 @@ pub fn hash_request(
     config: &HashConfig,
 ) -> Result<RequestHashes, HashError> {
     let object = body.as_object().ok_or(HashError::NotAnObject)?;
-    let model = match object.get("model") {
-        Some(Value::String(model)) => model.clone(),
-        Some(_) => {
-            return Err(HashError::WrongType {
-                field: "model",
-                expected: "a string",
-            });
-        }
-        None => return Err(HashError::Missing("model")),
-    };
-    let cache_salt = match object.get("cache_salt") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(salt)) => Some(salt.as_str()),
-        Some(_) => {
-            return Err(HashError::WrongType {
-                field: "cache_salt",
-                expected: "a string",
-            });
-        }
-    };
-    let user = match object.get("user") {
-        Some(Value::String(user)) if !user.is_empty() => Some(user.clone()),
-        _ => None,
-    };
+    let Meta {
+        model,
+        cache_salt,
+        user,
+    } = Meta::parse(object)?;
     let seed = ChainSeed::new(&model, cache_salt);
     let prompt = match endpoint {
         Endpoint::Completions => completions_prompt(object.get("prompt"))?,
@@ -116,6 +97,96 @@ pub fn hash_request(
         tokens_per_block,
         user,
     })
+}
+
+/// Hashes a request whose prompt the engine tokenized (token mode, for `/tokenize`'s `tokens`):
+/// the chain of those ids in blocks of `block_tokens`, seeded like every chain, so it matches
+/// the chains exact mode builds from the engine's KV events.
+///
+/// A chat with media parts gets an empty chain: its placeholder tokens are the same for every
+/// image, vLLM tells images apart by extra keys the events do not carry, so any match would be
+/// a false one. Such requests are routed by load.
+pub fn hash_tokenized(
+    endpoint: Endpoint,
+    body: &Value,
+    tokens: &[u32],
+    block_tokens: usize,
+) -> Result<RequestHashes, HashError> {
+    let object = body.as_object().ok_or(HashError::NotAnObject)?;
+    let meta = Meta::parse(object)?;
+    let block_tokens = block_tokens.max(1);
+    let has_media = endpoint == Endpoint::ChatCompletions && chat_has_media(object);
+    let chain = if has_media {
+        Vec::new()
+    } else {
+        chain_from_tokens(
+            ChainSeed::new(&meta.model, meta.cache_salt),
+            tokens,
+            block_tokens,
+        )
+    };
+    Ok(RequestHashes {
+        model: meta.model,
+        chain,
+        prompt_tokens: tokens.len() as u32,
+        tokens_per_block: block_tokens as f32,
+        user: meta.user,
+    })
+}
+
+/// The fields of a body every chain depends on.
+struct Meta<'a> {
+    model: String,
+    cache_salt: Option<&'a str>,
+    user: Option<String>,
+}
+
+impl<'a> Meta<'a> {
+    fn parse(object: &'a serde_json::Map<String, Value>) -> Result<Self, HashError> {
+        let model = match object.get("model") {
+            Some(Value::String(model)) => model.clone(),
+            Some(_) => {
+                return Err(HashError::WrongType {
+                    field: "model",
+                    expected: "a string",
+                });
+            }
+            None => return Err(HashError::Missing("model")),
+        };
+        let cache_salt = match object.get("cache_salt") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(salt)) => Some(salt.as_str()),
+            Some(_) => {
+                return Err(HashError::WrongType {
+                    field: "cache_salt",
+                    expected: "a string",
+                });
+            }
+        };
+        let user = match object.get("user") {
+            Some(Value::String(user)) if !user.is_empty() => Some(user.clone()),
+            _ => None,
+        };
+        Ok(Self {
+            model,
+            cache_salt,
+            user,
+        })
+    }
+}
+
+fn chat_has_media(object: &serde_json::Map<String, Value>) -> bool {
+    let Some(Value::Array(messages)) = object.get("messages") else {
+        return false;
+    };
+    messages
+        .iter()
+        .filter_map(|message| message.get("content")?.as_array())
+        .flatten()
+        .any(|part| {
+            let kind = part.get("type").and_then(Value::as_str).unwrap_or("");
+            !matches!(kind, "text" | "")
+        })
 }
 
 fn text_result(builder: ChainBuilder, block_bytes: usize) -> (Vec<BlockHash>, u32, f32) {
@@ -264,6 +335,32 @@ mod tests {
 
     fn chat(body: Value) -> RequestHashes {
         hash_request(Endpoint::ChatCompletions, &body, &HashConfig::default()).unwrap()
+    }
+
+    #[test]
+    fn tokenized_requests_chain_their_tokens_and_media_chats_get_none() {
+        let tokens: Vec<u32> = (0..40).collect();
+        let body = json!({"model": "m", "cache_salt": "s", "user": "u",
+            "messages": [{"role": "user", "content": "hi"}]});
+        let hashes = hash_tokenized(Endpoint::ChatCompletions, &body, &tokens, 16).unwrap();
+        assert_eq!(
+            hashes.chain,
+            chain_from_tokens(ChainSeed::new("m", Some("s")), &tokens, 16)
+        );
+        assert_eq!(
+            (hashes.prompt_tokens, hashes.user.as_deref()),
+            (40, Some("u"))
+        );
+        let with_image = json!({"model": "m", "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "what is this"},
+            {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}},
+        ]}]});
+        let media = hash_tokenized(Endpoint::ChatCompletions, &with_image, &tokens, 16).unwrap();
+        assert!(media.chain.is_empty());
+        assert_eq!(
+            hash_tokenized(Endpoint::Completions, &json!({"prompt": "x"}), &tokens, 16),
+            Err(HashError::Missing("model"))
+        );
     }
 
     #[test]

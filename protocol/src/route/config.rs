@@ -32,6 +32,14 @@ pub struct RouteConfig {
     /// and moving a prefix away from its cache costs more than it balances. 0 gives the pure
     /// CHWBL bound. Default 2.
     pub load_slack: f64,
+    /// Width of the spread band: candidates whose score is within this of the best (score
+    /// units; in the cost form, this fraction of the best estimated TTFT) are near-equal, and
+    /// a request that carries a spread key goes to one of them by rendezvous on that key
+    /// rather than always to the best. Without it, every entry node sends all of a hot
+    /// prefix's requests to the same holder until the load bound stops it. Default 0.05 (in
+    /// the score form: the queue term of 0.8 requests, or a twentieth of the prompt matched;
+    /// 0.1 lost more hit rate in the simulator for no better tail).
+    pub spread_margin: f64,
     /// Bonus for the session's preferred node: score units, or in the cost form that fraction
     /// of the prompt's whole prefill time. Default 0.3.
     pub session_weight: f64,
@@ -43,6 +51,10 @@ pub struct RouteConfig {
     pub ranked_len: usize,
     /// Cost form: prefill speed assumed when a digest reports none. Default 5000 tokens/s.
     pub default_prefill_tokens_per_s: f64,
+    /// Worth of a block an engine holds only in an offload tier (CPU, storage), as a fraction
+    /// of one on its GPU: the engine loads it instead of computing it, at a transfer's cost.
+    /// Default 0.5.
+    pub offload_weight: f64,
 }
 
 impl Default for RouteConfig {
@@ -55,11 +67,13 @@ impl Default for RouteConfig {
             waiting_threshold: 16.0,
             load_epsilon: 0.25,
             load_slack: 2.0,
+            spread_margin: 0.05,
             session_weight: 0.3,
             min_hit_blocks: 1,
             max_digest_age_ms: 3_000,
             ranked_len: 4,
             default_prefill_tokens_per_s: 5_000.0,
+            offload_weight: 0.5,
         }
     }
 }

@@ -16,6 +16,8 @@ pub struct Candidate<'a> {
     pub digest: &'a LoadDigest,
     /// The node's gossiped prefix summary, if any has arrived.
     pub summary: Option<&'a PeerSummary>,
+    /// What the node's engine holds in offload tiers (CPU, storage), from exact mode.
+    pub offload: Option<&'a PeerSummary>,
     /// When this node received `digest` (its own clock), for staleness.
     pub digest_received_ms: u64,
     /// Requests this node sent there that the digest does not reflect yet.
@@ -36,6 +38,12 @@ pub struct RouteRequest<'a> {
     pub session: Option<u64>,
     /// The role the request needs: [`Role::Mixed`] for whole requests.
     pub role: Role,
+    /// A key of this request alone (e.g. a hash of its id). Candidates whose score is within
+    /// [`RouteConfig::spread_margin`] of the best share such requests by rendezvous on this
+    /// key, so that entry nodes with the same view do not all pick the same one of several
+    /// near-equal engines (the holders of a hot prefix, say). `None`: near-equal candidates
+    /// are ranked by score and node key alone.
+    pub spread: Option<u64>,
 }
 
 /// The ranked outcome.
@@ -61,6 +69,7 @@ pub enum RouteError {
 #[derive(Debug, Default)]
 pub struct DecideScratch {
     entries: Vec<Entry>,
+    scored: Vec<Scored>,
 }
 
 #[derive(Copy, Clone, Debug)]
@@ -72,11 +81,15 @@ struct Entry {
     fresh: bool,
 }
 
-/// A ranking key: under the load bound first, then the score, then the node key, so that the
-/// order is total and identical on every node.
+/// A ranking key: under the load bound first, then inside the spread band (near-equal to the
+/// best, ordered by the request's rendezvous weight), then the score, then the node key, so
+/// that the order is total and identical on every node.
 #[derive(Copy, Clone, Debug)]
 struct Ranked {
     under_bound: bool,
+    /// The request's rendezvous weight on this node, if its score is within the spread
+    /// margin of the best.
+    band: Option<u64>,
     score: f64,
     node_key: u64,
     entry: usize,
@@ -85,8 +98,37 @@ struct Ranked {
 impl Ranked {
     fn cmp_rank(&self, other: &Self) -> Ordering {
         (self.under_bound.cmp(&other.under_bound))
+            .then(self.band.is_some().cmp(&other.band.is_some()))
+            .then(self.band.cmp(&other.band))
             .then(self.score.total_cmp(&other.score))
             .then(self.node_key.cmp(&other.node_key))
+    }
+}
+
+/// One candidate's scores, before the band is known.
+#[derive(Copy, Clone, Debug)]
+struct Scored {
+    under_bound: bool,
+    /// Score without the session bonus.
+    base: f64,
+    bonus: f64,
+}
+
+/// Which ranking is built: the real one, or the counterfactuals that name the reason.
+#[derive(Copy, Clone, Debug, PartialEq)]
+enum View {
+    Real,
+    IgnoringBound,
+    IgnoringSession,
+}
+
+impl View {
+    fn key(self, scored: &Scored) -> (bool, f64) {
+        match self {
+            View::Real => (scored.under_bound, scored.base + scored.bonus),
+            View::IgnoringBound => (true, scored.base + scored.bonus),
+            View::IgnoringSession => (scored.under_bound, scored.base),
+        }
     }
 }
 
@@ -126,16 +168,23 @@ pub fn decide_with(
         }
         let fresh = now_ms.saturating_sub(candidate.digest_received_ms) <= config.max_digest_age_ms;
         any_fresh |= fresh;
-        let summarized = match candidate.summary {
+        let matched_in = |summary: Option<&PeerSummary>| match summary {
             Some(summary) if digest.hash_version == HASH_VERSION => {
-                summary.longest_match(request.chain) as u32
+                (summary.longest_match(request.chain) as u32).min(chain_len)
             }
             _ => 0,
         };
+        let on_gpu = matched_in(candidate.summary)
+            .max(candidate.recent_match)
+            .min(chain_len);
+        // Blocks past the GPU match that an offload tier holds count at a discount.
+        let offloaded = matched_in(candidate.offload).saturating_sub(on_gpu);
+        let offload_worth =
+            (f64::from(offloaded) * config.offload_weight.clamp(0.0, 1.0)).round() as u32;
         entries.push(Entry {
             index,
             node_key: candidate.node_key,
-            matched: summarized.max(candidate.recent_match).min(chain_len),
+            matched: on_gpu + offload_worth,
             load: digest.load().saturating_add(candidate.pending),
             fresh,
         });
@@ -162,12 +211,9 @@ pub fn decide_with(
             .map_or(0, |e| e.node_key)
     });
 
-    let keep = config.ranked_len.max(1);
-    let mut top: Vec<Ranked> = Vec::with_capacity(keep + 1);
-    // The winner ignoring the load bound, and ignoring the session bonus, to name the reason.
-    let mut best_unbounded: Option<Ranked> = None;
-    let mut best_without_session: Option<Ranked> = None;
-    for (position, entry) in entries.iter().enumerate() {
+    let scored = &mut scratch.scored;
+    scored.clear();
+    for entry in entries.iter() {
         let candidate = &candidates[entry.index];
         let base = if cold {
             // Rendezvous on the first block: every entry node agrees on a new prefix's home.
@@ -179,29 +225,32 @@ pub fn decide_with(
             Some(node) if !cold && node == entry.node_key => session_bonus(request, config),
             _ => 0.0,
         };
-        let under_bound = f64::from(entry.load) + 1.0 <= cap;
-        let ranked = Ranked {
-            under_bound,
-            score: base + bonus,
-            node_key: entry.node_key,
-            entry: position,
-        };
-        let unbounded = Ranked {
-            under_bound: true,
-            ..ranked
-        };
-        if best_unbounded.is_none_or(|b| unbounded.cmp_rank(&b).is_gt()) {
-            best_unbounded = Some(unbounded);
-        }
-        let plain = Ranked {
-            score: base,
-            ..ranked
-        };
-        if best_without_session.is_none_or(|b| plain.cmp_rank(&b).is_gt()) {
-            best_without_session = Some(plain);
-        }
-        insert_top(&mut top, ranked, keep);
+        scored.push(Scored {
+            under_bound: f64::from(entry.load) + 1.0 <= cap,
+            base,
+            bonus,
+        });
     }
+    // A new prefix must land where every entry node sends it: no spreading on cold requests.
+    let spread = request.spread.filter(|_| !cold);
+
+    let keep = config.ranked_len.max(1);
+    let mut top: Vec<Ranked> = Vec::with_capacity(keep + 1);
+    rank(entries, scored, View::Real, spread, config, |ranked| {
+        insert_top(&mut top, ranked, keep)
+    });
+    // The winner ignoring the load bound, and ignoring the session bonus, to name the reason.
+    let best_of = |view: View| {
+        let mut best: Option<Ranked> = None;
+        rank(entries, scored, view, spread, config, |ranked| {
+            if best.is_none_or(|b| ranked.cmp_rank(&b).is_gt()) {
+                best = Some(ranked);
+            }
+        });
+        best
+    };
+    let best_unbounded = best_of(View::IgnoringBound);
+    let best_without_session = best_of(View::IgnoringSession);
 
     let chosen = top[0];
     let chosen_entry = entries[chosen.entry];
@@ -226,6 +275,51 @@ pub fn decide_with(
         matched_blocks: chosen_entry.matched,
         best_matched_blocks: best_matched,
     })
+}
+
+/// Calls `each` with every entry's ranking key under `view`: candidates within the spread
+/// margin of the best (among those with the best's bound status) are in the band.
+fn rank(
+    entries: &[Entry],
+    scored: &[Scored],
+    view: View,
+    spread: Option<u64>,
+    config: &RouteConfig,
+    mut each: impl FnMut(Ranked),
+) {
+    let best = scored
+        .iter()
+        .map(|s| view.key(s))
+        .max_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)));
+    let floor = best.map(|(bound, score)| (bound, band_floor(score, config)));
+    for (position, (entry, s)) in entries.iter().zip(scored).enumerate() {
+        let (under_bound, score) = view.key(s);
+        let band = match (spread, floor) {
+            (Some(key), Some((best_bound, floor)))
+                if under_bound == best_bound && score >= floor =>
+            {
+                Some(rendezvous_weight(key, entry.node_key))
+            }
+            _ => None,
+        };
+        each(Ranked {
+            under_bound,
+            band,
+            score,
+            node_key: entry.node_key,
+            entry: position,
+        });
+    }
+}
+
+/// The lowest score still near-equal to `best`: `spread_margin` score units below it, or (cost
+/// form, where the score is minus the estimated TTFT) that fraction of the best TTFT.
+fn band_floor(best: f64, config: &RouteConfig) -> f64 {
+    let margin = config.spread_margin.max(0.0);
+    match config.policy {
+        Policy::Score => best - margin,
+        Policy::Cost => best - margin * best.abs(),
+    }
 }
 
 /// Keeps `top` sorted best first and at most `keep` long.

@@ -52,6 +52,7 @@ fn candidate<'a>(
         node_key: node_key(name),
         digest,
         summary,
+        offload: None,
         digest_received_ms: NOW - 50,
         pending: 0,
         recent_match: 0,
@@ -66,6 +67,7 @@ fn request(chain: &[u64]) -> RouteRequest<'_> {
         tokens_per_block: 16.0,
         session: None,
         role: Role::Mixed,
+        spread: None,
     }
 }
 
@@ -84,6 +86,32 @@ fn the_engine_holding_the_prefix_wins() {
     assert_eq!(decision.reason, RouteReason::PrefixHit);
     assert_eq!(decision.matched_blocks, 24);
     assert_eq!(decision.ranked.len(), 3);
+}
+
+#[test]
+fn an_offloaded_prefix_counts_less_than_one_on_the_gpu() {
+    let prompt = chain(32, 11);
+    let on_gpu = summary_of(&prompt[..16]);
+    let offloaded = summary_of(&prompt);
+    let idle = digest(0);
+    let mut gpu_only = candidate("gpu", &idle, Some(&on_gpu));
+    let mut offload_only = candidate("cpu", &idle, None);
+    offload_only.offload = Some(&offloaded);
+    // The GPU holder also has the whole prompt offloaded: 16 on the GPU + 16 × 0.5.
+    gpu_only.offload = Some(&offloaded);
+    let candidates = [offload_only, gpu_only, candidate("none", &idle, None)];
+    let config = RouteConfig::default();
+    let decision = decide(&candidates, &request(&prompt), &config, NOW).unwrap();
+    assert_eq!(decision.ranked[0], 1, "16 + 0.5 × 16 beats 0.5 × 32");
+    assert_eq!(decision.matched_blocks, 24);
+    assert_eq!(decision.ranked[1], 0, "an offload hit still beats no hit");
+
+    let ignored = RouteConfig {
+        offload_weight: 0.0,
+        ..config
+    };
+    let decision = decide(&candidates, &request(&prompt), &ignored, NOW).unwrap();
+    assert_eq!(decision.matched_blocks, 16);
 }
 
 #[test]
@@ -264,4 +292,73 @@ fn cost_policy_trades_cached_prefill_against_queueing() {
         decide(&candidates, &request, &config, NOW).unwrap().ranked[0],
         0
     );
+}
+
+#[test]
+fn requests_spread_over_near_equal_holders_of_a_hot_prefix() {
+    let prompt = chain(16, 8);
+    let held = summary_of(&prompt[..12]);
+    let load = digest(0);
+    let names = ["a", "b", "c", "d"];
+    // a, b and c hold the prefix; d does not.
+    let candidates: Vec<Candidate> = names
+        .iter()
+        .map(|n| candidate(n, &load, (*n != "d").then_some(&held)))
+        .collect();
+    let config = RouteConfig::default();
+    let mut counts = [0u32; 4];
+    for id in 0..3_000u64 {
+        let mut request = request(&prompt);
+        request.spread = Some(rendezvous_weight(id, 99));
+        let decision = decide(&candidates, &request, &config, NOW).unwrap();
+        assert_eq!(decision.reason, RouteReason::PrefixHit);
+        counts[decision.ranked[0]] += 1;
+    }
+    assert_eq!(
+        counts[3], 0,
+        "the node without the prefix is not near-equal"
+    );
+    assert!(
+        counts[..3].iter().all(|&c| (800..1_200).contains(&c)),
+        "{counts:?}"
+    );
+    // Without a spread key every request goes to the same holder.
+    let fixed = decide(&candidates, &request(&prompt), &config, NOW).unwrap();
+    let again = decide(&candidates, &request(&prompt), &config, NOW).unwrap();
+    assert_eq!(fixed.ranked, again.ranked);
+}
+
+#[test]
+fn the_spread_leaves_clear_winners_and_cold_prefixes_alone() {
+    let prompt = chain(16, 9);
+    let held = summary_of(&prompt);
+    let (idle, queued) = (digest(0), digest(4));
+    let config = RouteConfig::default();
+    // A holder with a queue of 4 (0.25 below in score) is not near-equal to an idle one.
+    let candidates = [
+        candidate("a", &queued, Some(&held)),
+        candidate("b", &idle, Some(&held)),
+    ];
+    for id in 0..200u64 {
+        let mut request = request(&prompt);
+        request.spread = Some(id);
+        assert_eq!(
+            decide(&candidates, &request, &config, NOW).unwrap().ranked[0],
+            1
+        );
+    }
+    // A new prefix goes to its rendezvous home whatever the request's key.
+    let cold = chain(8, 10);
+    let names = ["a", "b", "c", "d"];
+    let fresh: Vec<Candidate> = names.iter().map(|n| candidate(n, &idle, None)).collect();
+    let home = decide(&fresh, &request(&cold), &config, NOW)
+        .unwrap()
+        .ranked[0];
+    for id in 0..200u64 {
+        let mut request = request(&cold);
+        request.spread = Some(id);
+        let decision = decide(&fresh, &request, &config, NOW).unwrap();
+        assert_eq!(decision.ranked[0], home);
+        assert_eq!(decision.reason, RouteReason::ColdHash);
+    }
 }

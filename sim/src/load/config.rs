@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use super::workload::Api;
 use super::workload::chat::ChatArgs;
 use super::workload::gsp::GspArgs;
+use super::workload::hot::HotArgs;
 use super::workload::rag::RagArgs;
 use super::workload::trace::TraceArgs;
 
@@ -28,6 +29,8 @@ pub enum WorkloadKind {
     Chat,
     /// Retrieval-augmented prompts over a Zipf-popular corpus.
     Rag,
+    /// One system prompt in a share of the traffic (a hot prefix), the rest distinct.
+    Hot,
     /// Trace replay (Mooncake JSONL or Azure CSV).
     Trace,
 }
@@ -51,7 +54,7 @@ pub struct LoadArgs {
     /// without --rate, which follows the trace's timestamps.
     #[arg(long)]
     pub concurrency: Option<usize>,
-    /// Requests to send (default: one pass over gsp/trace, 1000 for chat/rag; unbounded with
+    /// Requests to send (default: one pass over gsp/trace, 1000 for chat/rag/hot; unbounded with
     /// --duration alone).
     #[arg(long)]
     pub requests: Option<u64>,
@@ -98,6 +101,9 @@ pub struct LoadArgs {
     #[command(flatten)]
     #[allow(missing_docs)]
     pub rag: RagArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub hot: HotArgs,
     #[command(flatten)]
     #[allow(missing_docs)]
     pub trace: TraceArgs,

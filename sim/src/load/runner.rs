@@ -13,6 +13,7 @@ use super::report::{self, Report};
 use super::scrape::{self, EngineCounters};
 use super::workload::chat::Chat;
 use super::workload::gsp::Gsp;
+use super::workload::hot::Hot;
 use super::workload::rag::Rag;
 use super::workload::trace::{self, Trace};
 use super::workload::{BodySettings, Workload};
@@ -52,6 +53,7 @@ pub fn build_workload(args: &LoadArgs) -> anyhow::Result<Arc<dyn Workload>> {
         WorkloadKind::Gsp => Arc::new(Gsp::new(args.gsp.clone(), body)),
         WorkloadKind::Chat => Arc::new(Chat::new(args.chat.clone(), body)),
         WorkloadKind::Rag => Arc::new(Rag::new(args.rag.clone(), body)),
+        WorkloadKind::Hot => Arc::new(Hot::new(args.hot.clone(), body)),
         WorkloadKind::Trace => {
             let entries = trace::load(&args.trace.trace)?;
             Arc::new(Trace::new(

@@ -12,6 +12,7 @@ use super::policy::PolicyKind;
 use crate::engine::model::{EngineConfig, TimingModel};
 use crate::load::workload::chat::ChatArgs;
 use crate::load::workload::gsp::GspArgs;
+use crate::load::workload::hot::HotArgs;
 use crate::load::workload::rag::RagArgs;
 
 /// Synthetic workloads.
@@ -21,6 +22,7 @@ pub enum WorkloadName {
     Gsp,
     Chat,
     Rag,
+    Hot,
 }
 
 /// What a node's own candidate carries.
@@ -102,6 +104,10 @@ pub struct SimulateArgs {
     /// Scoring form of `decide`.
     #[arg(long, value_enum, default_value_t = ScoreFormArg::Score)]
     pub route_form: ScoreFormArg,
+    /// Spread band of `decide` (RouteConfig::spread_margin); 0 ranks near-equal candidates by
+    /// score and node key alone.
+    #[arg(long, default_value_t = RouteConfig::default().spread_margin)]
+    pub spread_margin: f64,
     /// KV cache blocks per engine.
     #[arg(long, default_value_t = 8192)]
     pub kv_blocks: u32,
@@ -126,6 +132,8 @@ pub struct SimulateArgs {
     pub chat: ChatArgs,
     #[command(flatten)]
     pub rag: RagArgs,
+    #[command(flatten)]
+    pub hot: HotArgs,
     /// Run at each of these node counts (comma separated) instead of --nodes.
     #[arg(long, value_delimiter = ',')]
     pub sweep_nodes: Vec<usize>,
@@ -165,6 +173,7 @@ impl SimulateArgs {
                 ScoreFormArg::Score => ScoreForm::Score,
                 ScoreFormArg::Cost => ScoreForm::Cost,
             },
+            spread_margin: self.spread_margin.max(0.0),
             ..RouteConfig::default()
         };
         ClusterConfig {

@@ -7,7 +7,9 @@ use super::args::{SimulateArgs, WorkloadName};
 use super::cluster;
 use super::policy::PolicyKind;
 use super::results::PolicyResult;
-use super::workload::{Arrivals, ChatGen, Generator, GspGen, RagGen, RequestStream, TraceGen};
+use super::workload::{
+    Arrivals, ChatGen, Generator, GspGen, HotGen, RagGen, RequestStream, TraceGen,
+};
 
 /// Default request count of synthetic workloads.
 const DEFAULT_REQUESTS: u64 = 2_000;
@@ -122,6 +124,7 @@ pub fn stream(args: &SimulateArgs, inputs: &Inputs, nodes: usize) -> RequestStre
                 None,
             ),
             WorkloadName::Rag => (Box::new(RagGen::new(args.rag.clone(), seed)), None),
+            WorkloadName::Hot => (Box::new(HotGen::new(args.hot.clone(), seed)), None),
         },
     };
     let arrivals = match (args.rate, args.rate_per_node, natural) {

@@ -6,6 +6,7 @@
 
 pub mod chat;
 pub mod gsp;
+pub mod hot;
 pub mod rag;
 pub mod trace;
 

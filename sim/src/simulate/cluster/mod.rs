@@ -17,6 +17,8 @@ mod sequential;
 
 use std::collections::BTreeMap;
 
+use crate::rng::mix64;
+
 use kvmesh_protocol::{Decision, Role, RouteConfig, RouteRequest, SummaryConfig};
 
 use super::gossip::epidemic::{DelayDistribution, GossipParams};
@@ -235,6 +237,7 @@ impl<'c> Sim<'c> {
             tokens_per_block: BLOCK_TOKENS as f32,
             session: prepared.session,
             role: Role::Mixed,
+            spread: Some(mix64(id)),
         };
         let config = self.config;
         let target = match &mut self.router {
@@ -277,6 +280,7 @@ impl<'c> Sim<'c> {
                 chain: &p.chain,
                 prompt_tokens: p.tokens.len() as u32,
                 session: p.session,
+                spread: mix64(p.id),
                 now_ns: p.now,
             })
             .collect();

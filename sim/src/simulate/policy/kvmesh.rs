@@ -90,6 +90,8 @@ pub struct Pending<'a> {
     pub chain: &'a [u64],
     pub prompt_tokens: u32,
     pub session: Option<u64>,
+    /// The request's own key, for the spread among near-equal candidates.
+    pub spread: u64,
     pub now_ns: u64,
 }
 
@@ -235,6 +237,8 @@ fn decide_one(
             } else {
                 None
             },
+            // The modelled engines have no offload tier.
+            offload: None,
             digest_received_ms: received_ms,
             pending: if me.sent_to.iter().any(|&(n, _)| n == p) {
                 me.ledger.pending(node_key, received_ms, now_ms)
@@ -252,6 +256,7 @@ fn decide_one(
         tokens_per_block: BLOCK_TOKENS as f32,
         session: request.session,
         role: Role::Mixed,
+        spread: Some(request.spread),
     };
     let decision = decide_with(
         &mut scratch.decide,

@@ -75,6 +75,7 @@ impl Oracle {
                 node_key: node.key,
                 digest,
                 summary: None,
+                offload: None,
                 digest_received_ms: now_ms,
                 pending: 0,
                 recent_match: if holders.contains(&(i as u32)) {

@@ -7,11 +7,13 @@
 
 mod chat;
 mod gsp;
+mod hot;
 mod rag;
 mod trace;
 
 pub use chat::ChatGen;
 pub use gsp::GspGen;
+pub use hot::HotGen;
 pub use rag::RagGen;
 pub use trace::TraceGen;
 

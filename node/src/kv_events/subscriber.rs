@@ -1,0 +1,186 @@
+//! The subscription task: connect, receive, judge, replay, apply.
+
+use super::replay::replay;
+use crate::metrics::{OutcomeLabels, ReasonLabels};
+use crate::serve::config::KvEventsConfig;
+use crate::serve::state::{SharedState, lock};
+use bytes::Bytes;
+use kvmesh_protocol::kv_events::{
+    EventChanges, ExactCache, SeqTracker, SeqVerdict, Tier, decode_batch,
+};
+use std::time::Duration;
+use tokio::task::JoinHandle;
+use zeromq::{Socket, SocketRecv, SubSocket};
+
+/// Bound on one connection attempt (the engine may not be up yet).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Pause between connection attempts.
+const RETRY_PAUSE: Duration = Duration::from_secs(1);
+/// Bound on one replay exchange.
+const REPLAY_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Starts exact mode; the task runs until aborted.
+pub fn spawn(state: SharedState, config: KvEventsConfig, block_tokens: usize) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut subscription = Subscription {
+            cache: ExactCache::new(block_tokens),
+            seq: SeqTracker::new(),
+            state,
+            config,
+        };
+        subscription.run().await;
+    })
+}
+
+struct Subscription {
+    state: SharedState,
+    config: KvEventsConfig,
+    cache: ExactCache,
+    seq: SeqTracker,
+}
+
+impl Subscription {
+    async fn run(&mut self) {
+        // Root blocks are seeded with the served model's name: wait until the engine said it.
+        let mut engine = self.state.engine.watch();
+        let _ = engine.wait_for(|s| !s.models.is_empty()).await;
+        let mut socket = self.connect().await;
+        loop {
+            let message = match socket.recv().await {
+                Ok(message) => message.into_vec(),
+                Err(error) => {
+                    // zeromq reconnects a SUB by itself; an error here is the socket's end.
+                    tracing::warn!(%error, "KV-event subscription failed; reconnecting");
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                    socket = self.connect().await;
+                    continue;
+                }
+            };
+            let [_topic, seq, payload] = &message[..] else {
+                self.count("malformed", 1);
+                continue;
+            };
+            let Ok(seq) = <[u8; 8]>::try_from(&seq[..]).map(u64::from_be_bytes) else {
+                self.count("malformed", 1);
+                continue;
+            };
+            self.receive(seq, payload).await;
+        }
+    }
+
+    async fn connect(&self) -> SubSocket {
+        let endpoint = &self.config.endpoint;
+        loop {
+            let mut socket = SubSocket::new();
+            let attempt = async {
+                socket.connect(endpoint).await?;
+                socket.subscribe(&self.config.topic).await
+            };
+            match tokio::time::timeout(CONNECT_TIMEOUT, attempt).await {
+                Ok(Ok(())) => {
+                    tracing::info!(endpoint, "subscribed to the engine's KV events");
+                    return socket;
+                }
+                Ok(Err(error)) => tracing::warn!(endpoint, %error, "KV-event subscription"),
+                Err(_) => tracing::warn!(endpoint, "KV-event publisher not reachable yet"),
+            }
+            tokio::time::sleep(RETRY_PAUSE).await;
+        }
+    }
+
+    async fn receive(&mut self, seq: u64, payload: &Bytes) {
+        let first = !self.seq.started();
+        match self.seq.live(seq) {
+            SeqVerdict::InOrder => {}
+            SeqVerdict::Gap { from, to } => self.fill_gap(from, to, first).await,
+            SeqVerdict::Restarted => {
+                tracing::warn!(seq, "KV-event publisher restarted; forgetting its cache");
+                let cleared = self.cache.clear();
+                self.publish(&cleared);
+            }
+        }
+        self.apply(payload, "applied");
+    }
+
+    async fn fill_gap(&mut self, from: u64, to: u64, first: bool) {
+        let missing = to - from;
+        let mut recovered = 0;
+        if let Some(endpoint) = self.config.replay_endpoint.clone() {
+            match replay(&endpoint, from, to, REPLAY_TIMEOUT).await {
+                Ok(batches) => {
+                    for (seq, payload) in &batches {
+                        if SeqTracker::replayed(*seq, from, to) {
+                            self.apply(payload, "replayed");
+                            recovered += 1;
+                        }
+                    }
+                }
+                Err(error) => tracing::warn!(%error, from, to, "KV-event replay failed"),
+            }
+        }
+        let lost = missing.saturating_sub(recovered);
+        if lost > 0 {
+            // Before the first batch the engine may simply have been running a while; later,
+            // a lost batch may hide an eviction, which the capacity bound does not correct.
+            let outcome = if first { "before_start" } else { "lost" };
+            self.count(outcome, lost);
+            if !first {
+                tracing::warn!(from, to, lost, "KV-event batches lost");
+            }
+        }
+    }
+
+    fn apply(&mut self, payload: &[u8], outcome: &str) {
+        let batch = match decode_batch(payload) {
+            Ok(batch) => batch,
+            Err(error) => {
+                tracing::warn!(%error, "undecodable KV-event batch");
+                self.count("undecodable", 1);
+                return;
+            }
+        };
+        let model = self.state.engine.state().models.first().cloned();
+        let model = model.unwrap_or_default();
+        let metrics = &self.state.metrics;
+        let mut prefixes = lock(&self.state.prefixes);
+        for event in &batch.events {
+            let changes = self.cache.apply(event, &model);
+            if let Some((reason, blocks)) = changes.skipped {
+                metrics
+                    .kv_event_blocks_skipped
+                    .get_or_create(&ReasonLabels {
+                        reason: reason.as_str().to_owned(),
+                    })
+                    .inc_by(blocks as u64);
+            }
+            prefixes.apply_events(
+                &changes.gpu,
+                &changes.offload,
+                self.cache.len(Tier::Gpu),
+                self.cache.len(Tier::Offload),
+            );
+        }
+        drop(prefixes);
+        self.count(outcome, 1);
+    }
+
+    /// Hands changes to the summary (gossiped by the publish loop).
+    fn publish(&self, changes: &EventChanges) {
+        lock(&self.state.prefixes).apply_events(
+            &changes.gpu,
+            &changes.offload,
+            self.cache.len(Tier::Gpu),
+            self.cache.len(Tier::Offload),
+        );
+    }
+
+    fn count(&self, outcome: &str, batches: u64) {
+        self.state
+            .metrics
+            .kv_event_batches
+            .get_or_create(&OutcomeLabels {
+                outcome: outcome.to_owned(),
+            })
+            .inc_by(batches);
+    }
+}

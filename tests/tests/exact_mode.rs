@@ -1,0 +1,288 @@
+//! Issue 5, exact mode, over real processes: four mock engines publish vLLM KV events over ZMQ
+//! (two in the positional-array shape, two in the map shape), and their sidecars run with
+//! `--kv-events`. Prompts are sent straight to the engines, bypassing the sidecars, so only the
+//! events can tell the mesh about them; what the mesh believes is read, without side effects,
+//! from `POST /debug/match` on another node.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use kvmesh_tests::certs::ClusterCa;
+use kvmesh_tests::openai::{chat_body, completion_body, served_by};
+use kvmesh_tests::{
+    CONVERGENCE_TIMEOUT, Engine, EngineConfig, Request, Sidecar, SidecarConfig, wait_for,
+    wait_until,
+};
+use serde_json::{Value, json};
+
+const MODEL: &str = "mock-model";
+const NODES: usize = 4;
+/// The engines' KV capacity: 64 blocks of 16 tokens (the mock's 4-byte tokens: 4 KiB of text).
+const KV_BLOCKS: usize = 64;
+/// Prompts of 1,200 bytes: 300 tokens, 18 full blocks.
+const PROMPT_BYTES: usize = 1_200;
+const PROMPT_BLOCKS: u64 = 18;
+/// How long the acceptance allows for the mesh to learn of a stored or evicted block.
+const ADVERTISE_BOUND: Duration = Duration::from_secs(1);
+/// How long the test waits before failing outright (the machine may be loaded; a time over
+/// `ADVERTISE_BOUND` but under this fails with the measured time in the message).
+const WAIT_LIMIT: Duration = Duration::from_secs(15);
+
+fn engine(i: usize) -> Engine {
+    let format = if i.is_multiple_of(2) { "array" } else { "map" };
+    EngineConfig::new(&format!("engine {i}"), &[MODEL])
+        .arg("--kv-blocks")
+        .arg(&KV_BLOCKS.to_string())
+        .arg("--kv-events")
+        .arg("tcp://127.0.0.1:0")
+        .arg("--kv-events-replay")
+        .arg("tcp://127.0.0.1:0")
+        .arg("--kv-events-format")
+        .arg(format)
+        .arg("--seed")
+        .arg(&i.to_string())
+        .start()
+}
+
+fn sidecar(ca: &ClusterCa, i: usize, engine: &Engine, seeds: &[SocketAddr]) -> Sidecar {
+    SidecarConfig::new(&format!("n{i}"), &engine.url(), ca)
+        .seeds(seeds)
+        .arg("--kv-events")
+        .arg(&engine.printed_endpoint("kv events on "))
+        .arg("--kv-events-replay")
+        .arg(&engine.printed_endpoint("kv events replay on "))
+        .start()
+}
+
+fn mesh(ca: &ClusterCa, engines: &[Engine]) -> Vec<Sidecar> {
+    let mut sidecars: Vec<Sidecar> = Vec::new();
+    for (i, engine) in engines.iter().enumerate() {
+        let seeds: Vec<SocketAddr> = sidecars.iter().map(Sidecar::mesh_addr).collect();
+        sidecars.push(sidecar(ca, i, engine, &seeds));
+    }
+    wait_until(CONVERGENCE_TIMEOUT, "the mesh to converge", || {
+        sidecars
+            .iter()
+            .all(|s| s.peer_ids().is_ok_and(|peers| peers.len() == NODES - 1))
+    });
+    sidecars
+}
+
+/// A prompt of `PROMPT_BYTES` unique to `key`.
+fn prompt(key: &str) -> String {
+    let mut text = String::new();
+    let mut i = 0;
+    while text.len() < PROMPT_BYTES {
+        text.push_str(&format!("{key} sentence {i} of a long shared context. "));
+        i += 1;
+    }
+    text.truncate(PROMPT_BYTES);
+    text
+}
+
+/// Sends a prompt straight to an engine (no sidecar sees it).
+fn send_direct(engine: &Engine, prompt: &str) {
+    let response = Request::post_json("/v1/completions", &completion_body(MODEL, prompt, 1, false))
+        .send(engine.addr())
+        .expect("engine answers");
+    assert_eq!(response.status, 200, "{}", response.describe());
+}
+
+/// Blocks of `prompt` that `observer` believes `holder` holds.
+fn believed(observer: &Sidecar, holder: &str, prompt: &str) -> Result<u64, String> {
+    believed_body(observer, holder, &json!({"model": MODEL, "prompt": prompt}))
+}
+
+/// Blocks of the request `body` that `observer` believes `holder` holds.
+fn believed_body(observer: &Sidecar, holder: &str, body: &Value) -> Result<u64, String> {
+    let response = observer
+        .try_send(Request::post_json("/debug/match", body))
+        .map_err(|e| e.to_string())?;
+    if response.status != 200 {
+        return Err(response.describe());
+    }
+    let body = response.json();
+    body["nodes"]
+        .as_array()
+        .and_then(|nodes| nodes.iter().find(|n| n["node"] == holder))
+        .and_then(|n| n["matched_blocks"].as_u64())
+        .ok_or_else(|| format!("no entry for {holder} in {body}"))
+}
+
+/// Waits until `observer` believes `holder` holds `want(blocks)`; returns how long it took.
+fn time_until(
+    observer: &Sidecar,
+    holder: &str,
+    prompt: &str,
+    what: &str,
+    want: impl Fn(u64) -> bool,
+) -> Duration {
+    let (_, took) = wait_for(WAIT_LIMIT, what, || {
+        match believed(observer, holder, prompt) {
+            Ok(blocks) if want(blocks) => Ok(()),
+            Ok(blocks) => Err(format!("{blocks} blocks")),
+            Err(error) => Err(error),
+        }
+    });
+    took
+}
+
+fn counter(sidecar: &Sidecar, name: &str, labels: &[(&str, &str)]) -> f64 {
+    sidecar.metric(name, labels).unwrap().unwrap_or(0.0)
+}
+
+#[test]
+fn stored_blocks_are_advertised_and_evicted_ones_withdrawn() {
+    let ca = ClusterCa::init("exact");
+    let engines: Vec<Engine> = (0..NODES).map(engine).collect();
+    let sidecars = mesh(&ca, &engines);
+
+    // Stored: each engine caches its own prompt; every other node learns it from the events.
+    let mut stored_times = Vec::new();
+    for (i, engine) in engines.iter().enumerate() {
+        let text = prompt(&format!("stored-{i}"));
+        let holder = format!("n{i}");
+        let started = Instant::now();
+        send_direct(engine, &text);
+        for observer in sidecars.iter().filter(|s| s.node_id() != holder) {
+            time_until(
+                observer,
+                &holder,
+                &text,
+                &format!(
+                    "{} learns that {holder} holds its prompt",
+                    observer.node_id()
+                ),
+                |blocks| blocks == PROMPT_BLOCKS,
+            );
+        }
+        stored_times.push(started.elapsed());
+        // What the mesh believes is what routing uses: another node sends a continuation there.
+        let entry = &sidecars[(i + 2) % NODES];
+        let continued = format!("{text} and a question about it");
+        let response = entry.send(Request::post_json(
+            "/v1/completions",
+            &completion_body(MODEL, &continued, 1, false),
+        ));
+        assert_eq!(response.status, 200, "{}", response.describe());
+        assert_eq!(served_by(&response), holder, "{}", response.describe());
+        assert_eq!(response.header("x-kvmesh-reason"), Some("prefix-hit"));
+    }
+
+    // A chat goes through the engine's chat template: entry nodes hash what `/tokenize` with
+    // `messages` returns, which are the ids the engine caches.
+    let chat = chat_body(MODEL, &prompt("chat"), 1, false);
+    let response = Request::post_json("/v1/chat/completions", &chat)
+        .send(engines[1].addr())
+        .expect("engine answers");
+    assert_eq!(response.status, 200, "{}", response.describe());
+    let tokens = Request::post_json(
+        "/tokenize",
+        &json!({"model": MODEL, "messages": chat["messages"]}),
+    )
+    .send(engines[1].addr())
+    .expect("engine tokenizes")
+    .json()["count"]
+        .as_u64()
+        .expect("a token count");
+    let chat_blocks = tokens / 16;
+    assert!(chat_blocks > PROMPT_BLOCKS, "the template adds tokens");
+    let chat_match = json!({"model": MODEL, "messages": chat["messages"]});
+    wait_for(
+        WAIT_LIMIT,
+        "n3 learns that n1 holds the chat",
+        || match believed_body(&sidecars[3], "n1", &chat_match) {
+            Ok(blocks) if blocks == chat_blocks => Ok(()),
+            Ok(blocks) => Err(format!("{blocks} of {chat_blocks} blocks")),
+            Err(error) => Err(error),
+        },
+    );
+
+    // Evicted: engine 0 gets six more prompts of 18 blocks into its 64; the first is gone.
+    let first = prompt("stored-0");
+    let evicting_started = Instant::now();
+    for k in 0..6 {
+        send_direct(&engines[0], &prompt(&format!("evictor-{k}")));
+    }
+    let evict_sent = evicting_started.elapsed();
+    let evicted_at = Instant::now();
+    for observer in &sidecars[1..] {
+        time_until(
+            observer,
+            "n0",
+            &first,
+            &format!(
+                "{} learns that n0 evicted its first prompt",
+                observer.node_id()
+            ),
+            |blocks| blocks == 0,
+        );
+    }
+    let withdrawn = evicted_at.elapsed();
+    let index_blocks = counter(&sidecars[0], "kvmesh_index_blocks", &[]);
+    assert!(
+        index_blocks <= KV_BLOCKS as f64,
+        "exact mode never advertises more blocks ({index_blocks}) than the engine holds"
+    );
+    for sidecar in &sidecars {
+        assert!(
+            counter(
+                sidecar,
+                "kvmesh_kv_event_batches_total",
+                &[("outcome", "applied")]
+            ) > 0.0
+        );
+        assert_eq!(
+            counter(
+                sidecar,
+                "kvmesh_kv_event_batches_total",
+                &[("outcome", "lost")]
+            ),
+            0.0
+        );
+        assert_eq!(counter(sidecar, "kvmesh_tokenize_failures_total", &[]), 0.0);
+    }
+    println!(
+        "stored -> advertised on another node: {stored_times:?}; evicted -> withdrawn: \
+         {withdrawn:?} after the evicting requests ({evict_sent:?} to send), on every node"
+    );
+    let slowest = stored_times.iter().max().copied().unwrap_or_default();
+    assert!(
+        slowest <= ADVERTISE_BOUND && withdrawn <= ADVERTISE_BOUND,
+        "the mesh must learn of stored ({stored_times:?}) and evicted ({withdrawn:?}) blocks \
+         within {ADVERTISE_BOUND:?}"
+    );
+}
+
+#[test]
+fn a_late_sidecar_replays_what_its_engine_cached_before_it_started() {
+    let ca = ClusterCa::init("exact-replay");
+    let engines: Vec<Engine> = (0..2).map(engine).collect();
+    // Engine 0 caches a prompt while no sidecar listens: its events are only in the replay
+    // buffer.
+    let early = prompt("before-the-sidecar");
+    send_direct(&engines[0], &early);
+    let n0 = sidecar(&ca, 0, &engines[0], &[]);
+    let n1 = sidecar(&ca, 1, &engines[1], &[n0.mesh_addr()]);
+    wait_until(CONVERGENCE_TIMEOUT, "the two nodes to meet", || {
+        n1.peer_ids().is_ok_and(|peers| peers.len() == 1)
+    });
+    // The first live batch shows the gap (its sequence number is not 0); the gap is replayed.
+    send_direct(&engines[0], &prompt("after-the-sidecar"));
+    time_until(
+        &n1,
+        "n0",
+        &early,
+        "n1 learns, through n0's replay, that n0 holds the early prompt",
+        |blocks| blocks == PROMPT_BLOCKS,
+    );
+    assert!(
+        counter(
+            &n0,
+            "kvmesh_kv_event_batches_total",
+            &[("outcome", "replayed")]
+        ) > 0.0
+    );
+    let body: Value = n1.debug_cluster().unwrap();
+    assert_eq!(body["node"], "n1");
+}

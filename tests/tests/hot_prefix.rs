@@ -1,0 +1,395 @@
+//! Issue 5 acceptance, hot prefix, over real processes: 4 modelled engines and 4 sidecars,
+//! requests sent to random entry nodes by the real load generator (`kvmesh-sim load
+//! --workload hot`).
+//!
+//! One system prompt is in 80% of the traffic, at a rate one engine cannot carry. Asserted:
+//! no engine's waiting queue stays above 2× the mean, the hot prefix is cached on at least 2
+//! engines, and p99 TTFT is within 1.5× of the same load spread over distinct prefixes (the
+//! control run: same seed, so the same arrivals, questions and other 20%, with the shared 80%
+//! spread over `CONTROL_PREFIXES` system prompts instead of one). The control keeps the cache's
+//! value: a control in which every request had a prefix of its own (`--hot-fraction 0`) would
+//! prefill 2.1× the tokens of the hot run and make the ratio easy to meet.
+//!
+//! `without_the_load_bound_…` (ignored; run with `--ignored`) runs the same checks with the
+//! load bound switched off and asserts that they catch the herding that follows.
+//!
+//! # Why one engine cannot carry the hot share, but four can
+//!
+//! Every hot request finds the system prompt cached (after its first request on an engine) and
+//! prefills its own `QUESTION_LEN` tokens; the engine model prefills at most
+//! `PREFILL_TOKENS_PER_S` uncached tokens per second whatever else it does, so one engine
+//! serves at most `PREFILL_TOKENS_PER_S / QUESTION_LEN` = 6000 / 512 = 11.7 hot requests per
+//! second, before counting its decode steps (each 12 ms plus 0.15 ms per sequence). The hot
+//! share arrives at `HOT_FRACTION × RATE` = 0.8 × 16 = 12.8 requests/s: more than one engine's
+//! bound. Over the cluster, the prefill work per second is 12.8 × 512 (hot) + 3.2 × 1536 (the
+//! other 20%, whose prefixes are all new) = 11,469 tokens, 48% of the 4 engines' 24,000
+//! tokens/s, which leaves room for the decode steps. A step computes at most `STEP_TOKENS`
+//! tokens (4 new questions), so an engine that falls behind shows it as waiting requests
+//! (`vllm:num_requests_waiting`), not only as longer steps.
+//!
+//! The rates are modest on purpose: every request crosses debug-build sidecars on a shared
+//! 2-core machine, and the comparison is between two runs of the same test.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use kvmesh_tests::certs::ClusterCa;
+use kvmesh_tests::load::{number, run_load};
+use kvmesh_tests::metrics::metric_sum;
+use kvmesh_tests::{
+    CONVERGENCE_TIMEOUT, Engine, EngineConfig, Request, Sidecar, SidecarConfig, Timing, wait_until,
+};
+use serde_json::Value;
+
+const NODES: usize = 4;
+const LOAD_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The engine's prefill speed (its default, passed explicitly because the arithmetic above
+/// depends on it).
+const PREFILL_TOKENS_PER_S: u32 = 6_000;
+/// Token budget of one engine step (vLLM's `max_num_batched_tokens`).
+const STEP_TOKENS: u32 = 2048;
+const SYSTEM_LEN: u32 = 1024;
+const QUESTION_LEN: u32 = 512;
+const OUTPUT_LEN: u32 = 16;
+const HOT_FRACTION: f64 = 0.8;
+/// Cluster arrival rate, requests/s.
+const RATE: f64 = 16.0;
+const REQUESTS: u64 = 240;
+/// System prompts the control spreads the same 80% over.
+const CONTROL_PREFIXES: u32 = 16;
+/// How often each engine's waiting queue is read.
+const SAMPLE_EVERY: Duration = Duration::from_millis(100);
+/// An engine serving at least this many requests from the cached system prompt holds it.
+const HOLDER_HITS: f64 = 10.0;
+
+fn engines() -> Vec<Engine> {
+    (0..NODES)
+        .map(|i| {
+            EngineConfig::new(&format!("engine {i}"), &["mock-model"])
+                .timing(Timing::Scaled(1.0))
+                .arg("--prefill-tokens-per-s")
+                .arg(&PREFILL_TOKENS_PER_S.to_string())
+                .arg("--max-num-batched-tokens")
+                .arg(&STEP_TOKENS.to_string())
+                .arg("--seed")
+                .arg(&i.to_string())
+                .start()
+        })
+        .collect()
+}
+
+/// A sidecar in front of each engine (with extra `kvmesh serve` flags), seeded with the earlier
+/// ones; waits until every node sees all the others.
+fn sidecars(ca: &ClusterCa, engines: &[Engine], extra: &[&str]) -> Vec<Sidecar> {
+    let mut sidecars: Vec<Sidecar> = Vec::new();
+    for (i, engine) in engines.iter().enumerate() {
+        let seeds: Vec<SocketAddr> = sidecars.iter().map(Sidecar::mesh_addr).collect();
+        let mut config = SidecarConfig::new(&format!("n{i}"), &engine.url(), ca).seeds(&seeds);
+        for arg in extra {
+            config = config.arg(arg);
+        }
+        sidecars.push(config.start());
+    }
+    wait_until(CONVERGENCE_TIMEOUT, "the mesh to converge", || {
+        sidecars
+            .iter()
+            .all(|s| s.peer_ids().is_ok_and(|peers| peers.len() == NODES - 1))
+    });
+    sidecars
+}
+
+fn urls(addrs: impl Iterator<Item = String>) -> String {
+    addrs.collect::<Vec<_>>().join(",")
+}
+
+/// Each engine's `vllm:num_requests_waiting`, read every [`SAMPLE_EVERY`].
+#[derive(Debug, Default)]
+struct QueueSamples {
+    /// One row per sampling instant at which every engine answered.
+    rows: Vec<Vec<f64>>,
+    /// Instants at which some engine did not answer.
+    missed: usize,
+}
+
+impl QueueSamples {
+    /// Samples `engines` until `stop` is set.
+    fn collect(engines: &[SocketAddr], stop: &AtomicBool) -> Self {
+        let mut samples = QueueSamples::default();
+        let mut next = Instant::now();
+        while !stop.load(Ordering::Relaxed) {
+            let row: Option<Vec<f64>> = engines.iter().map(|&addr| waiting(addr)).collect();
+            match row {
+                Some(row) => samples.rows.push(row),
+                None => samples.missed += 1,
+            }
+            next += SAMPLE_EVERY;
+            std::thread::sleep(next.saturating_duration_since(Instant::now()));
+        }
+        samples
+    }
+
+    /// Each engine's time-averaged queue (samples are evenly spaced).
+    fn averages(&self) -> Vec<f64> {
+        let n = self.rows.len().max(1) as f64;
+        (0..NODES)
+            .map(|engine| self.rows.iter().map(|row| row[engine]).sum::<f64>() / n)
+            .collect()
+    }
+
+    /// Each engine's longest run of consecutive samples in which its queue was above
+    /// `2 × the mean of that sample + slack`.
+    fn longest_excess(&self, slack: f64) -> Vec<Duration> {
+        let mut longest = [0usize; NODES];
+        let mut current = [0usize; NODES];
+        for row in &self.rows {
+            let mean = row.iter().sum::<f64>() / NODES as f64;
+            for engine in 0..NODES {
+                current[engine] = if row[engine] > 2.0 * mean + slack {
+                    current[engine] + 1
+                } else {
+                    0
+                };
+                longest[engine] = longest[engine].max(current[engine]);
+            }
+        }
+        longest.iter().map(|&n| SAMPLE_EVERY * n as u32).collect()
+    }
+}
+
+fn waiting(engine: SocketAddr) -> Option<f64> {
+    let response = Request::get("/metrics")
+        .timeout(Duration::from_secs(2))
+        .send(engine)
+        .ok()?;
+    (response.status == 200)
+        .then(|| metric_sum(&response.text(), "vllm:num_requests_waiting", &[]))
+        .flatten()
+}
+
+/// One run on a fresh cluster: the load report and the engines' queues during it.
+struct Run {
+    report: Value,
+    queues: QueueSamples,
+}
+
+fn run(name: &str, out: &Path, prefixes: u32, sidecar_flags: &[&str]) -> Run {
+    let ca = ClusterCa::init(name);
+    let engines = engines();
+    let nodes = sidecars(&ca, &engines, sidecar_flags);
+    let engine_addrs: Vec<SocketAddr> = engines.iter().map(Engine::addr).collect();
+    let (rate, requests, fraction) = (
+        RATE.to_string(),
+        REQUESTS.to_string(),
+        HOT_FRACTION.to_string(),
+    );
+    let (system, question, output, prefixes) = (
+        SYSTEM_LEN.to_string(),
+        QUESTION_LEN.to_string(),
+        OUTPUT_LEN.to_string(),
+        prefixes.to_string(),
+    );
+    let args = [
+        "--workload",
+        "hot",
+        "--hot-fraction",
+        &fraction,
+        "--hot-prefixes",
+        &prefixes,
+        "--hot-system-len",
+        &system,
+        "--hot-question-len",
+        &question,
+        "--hot-output-len",
+        &output,
+        "--rate",
+        &rate,
+        "--requests",
+        &requests,
+        "--stream",
+        "--seed",
+        "11",
+    ];
+    let stop = AtomicBool::new(false);
+    let (report, queues) = std::thread::scope(|scope| {
+        let sampler = scope.spawn(|| QueueSamples::collect(&engine_addrs, &stop));
+        let report = run_load(
+            &urls(nodes.iter().map(|s| format!("http://{}", s.http_addr()))),
+            "random",
+            &urls(engines.iter().map(Engine::url)),
+            out,
+            &args,
+            LOAD_TIMEOUT,
+        );
+        stop.store(true, Ordering::Relaxed);
+        (report, sampler.join().expect("queue sampler"))
+    });
+    if number(&report, "/requests/failed") > 0.0 {
+        // What the sidecars said about the failures.
+        let mut nodes = nodes;
+        for node in &mut nodes {
+            let name = node.node_id().to_owned();
+            println!("--- {name} ---\n{}", node.process().output_tail(400));
+        }
+    }
+    Run { report, queues }
+}
+
+/// What the hot run must show, compared with the control; each violation described.
+fn violations(hot: &Run, control: &Run) -> Vec<String> {
+    let mut found = Vec::new();
+    // Lost requests are the failure tests' subject; here a few are tolerated because on a
+    // starved 2-core machine the mesh's failure detector can declare a live peer dead and its
+    // connection is closed under the streams in flight (seen as `connection lost: closed`
+    // in the sidecars' logs, which are printed when it happens).
+    for (name, run) in [("hot", hot), ("control", control)] {
+        let failed = number(&run.report, "/requests/failed");
+        if failed > (REQUESTS / 20) as f64 {
+            found.push(format!(
+                "{name}: {failed} requests failed: {}",
+                run.report["errors"]
+            ));
+        }
+    }
+
+    // Queues "stay above 2× the mean" if an engine's time-averaged queue is above twice the
+    // mean of all engines' (plus a quarter request, so that a queue of nearly nothing against
+    // a mean of nearly nothing is not an imbalance), or if an engine spends more than 2 s on
+    // end above twice the instantaneous mean plus one request.
+    let averages = hot.queues.averages();
+    let mean = averages.iter().sum::<f64>() / NODES as f64;
+    for (engine, &average) in averages.iter().enumerate() {
+        if average > 2.0 * mean + 0.25 {
+            found.push(format!(
+                "engine {engine}'s queue averaged {average:.2}, above 2 × the mean {mean:.2} \
+                 + 0.25"
+            ));
+        }
+    }
+    for (engine, stretch) in hot.queues.longest_excess(1.0).iter().enumerate() {
+        if *stretch > Duration::from_secs(2) {
+            found.push(format!(
+                "engine {engine}'s queue stayed above 2 × the mean + 1 for {stretch:?}"
+            ));
+        }
+    }
+    let sampled = hot.queues.rows.len();
+    if sampled < 20 || hot.queues.missed > sampled / 4 {
+        found.push(format!(
+            "queues sampled {sampled} times, missed {} times",
+            hot.queues.missed
+        ));
+    }
+
+    // Holders: in the hot run, only the hot system prompt is ever shared (questions and the
+    // other 20% are each request's own), so an engine's prefix-cache hits count the requests
+    // it served from the cached hot prompt, `SYSTEM_LEN` tokens each.
+    let hits: Vec<f64> = (0..NODES)
+        .map(|engine| number(&hot.report, &format!("/engines/{engine}/prefix_cache_hits")))
+        .collect();
+    let holders = hits
+        .iter()
+        .filter(|&&h| h >= HOLDER_HITS * f64::from(SYSTEM_LEN))
+        .count();
+    if holders < 2 {
+        found.push(format!(
+            "the hot prefix was served from cache on {holders} engine(s) (hits per engine: \
+             {hits:?})"
+        ));
+    }
+
+    let (p99, control_p99) = (
+        number(&hot.report, "/ttft_s/p99"),
+        number(&control.report, "/ttft_s/p99"),
+    );
+    if p99 > 1.5 * control_p99 {
+        found.push(format!(
+            "p99 TTFT {:.0} ms, above 1.5 × the control's {:.0} ms",
+            p99 * 1e3,
+            control_p99 * 1e3
+        ));
+    }
+    found
+}
+
+fn describe(hot: &Run, control: &Run) {
+    let hits: Vec<String> = (0..NODES)
+        .map(|engine| {
+            let hits = number(&hot.report, &format!("/engines/{engine}/prefix_cache_hits"));
+            format!("{:.0}", hits / f64::from(SYSTEM_LEN))
+        })
+        .collect();
+    let averages: Vec<String> = hot
+        .queues
+        .averages()
+        .iter()
+        .map(|a| format!("{a:.2}"))
+        .collect();
+    let control_averages: Vec<String> = control
+        .queues
+        .averages()
+        .iter()
+        .map(|a| format!("{a:.2}"))
+        .collect();
+    println!(
+        "hot: p99 TTFT {:.0} ms (mean {:.0}), control: p99 {:.0} ms (mean {:.0}), ratio {:.2}; \
+         time-averaged waiting queues hot [{}], control [{}]; longest stretch above 2 × mean \
+         + 1: {:?}; hot-prompt hits per engine [{}]; placements {}",
+        number(&hot.report, "/ttft_s/p99") * 1e3,
+        number(&hot.report, "/ttft_s/mean") * 1e3,
+        number(&control.report, "/ttft_s/p99") * 1e3,
+        number(&control.report, "/ttft_s/mean") * 1e3,
+        number(&hot.report, "/ttft_s/p99") / number(&control.report, "/ttft_s/p99"),
+        averages.join(", "),
+        control_averages.join(", "),
+        hot.queues.longest_excess(1.0),
+        hits.join(", "),
+        hot.report["placements"],
+    );
+}
+
+#[test]
+fn a_hot_prefix_spreads_over_engines_without_hurting_the_tail() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let control = run(
+        "hot-control",
+        &dir.path().join("control.json"),
+        CONTROL_PREFIXES,
+        &[],
+    );
+    let hot = run("hot-e2e", &dir.path().join("hot.json"), 1, &[]);
+    describe(&hot, &control);
+    let found = violations(&hot, &control);
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}
+
+/// The checks above catch herding: with the load bound switched off (ε and slack huge), the
+/// engine that first caches the hot prompt keeps every hot request until its queue outweighs
+/// the cached prefix. Ignored by default (it exists to show the acceptance test can fail);
+/// run it with `--ignored`.
+#[test]
+#[ignore = "a negative control of the acceptance test; run with --ignored"]
+fn without_the_load_bound_the_hot_prefix_herds_and_the_checks_fail() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("unbounded.toml");
+    std::fs::write(
+        &config,
+        "[route]\nload_epsilon = 1000000.0\nload_slack = 1000000.0\n",
+    )
+    .expect("config file");
+    let config = config.to_str().expect("utf-8 path").to_owned();
+    let flags = ["--config", config.as_str()];
+    let control = run(
+        "herd-control",
+        &dir.path().join("control.json"),
+        CONTROL_PREFIXES,
+        &flags,
+    );
+    let hot = run("herd-hot", &dir.path().join("hot.json"), 1, &flags);
+    describe(&hot, &control);
+    let found = violations(&hot, &control);
+    println!("violations:\n{}", found.join("\n"));
+    assert!(!found.is_empty(), "herding went unnoticed");
+}
