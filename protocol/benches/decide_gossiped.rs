@@ -359,6 +359,7 @@ fn bench_workload(c: &mut Criterion, workload: &str, target: Target) {
         tokens_per_block: target.request.tokens_per_block,
         session: None,
         role: Role::Mixed,
+        spread: None,
     };
     let mut group = c.benchmark_group(format!("decide_gossiped_{workload}"));
     for (holders, summaries) in summaries_for(workload, &target, &[0, 1, 16, PEERS]) {
@@ -370,6 +371,7 @@ fn bench_workload(c: &mut Criterion, workload: &str, target: Target) {
                 digest_received_ms: 1_000,
                 pending: 0,
                 recent_match: 0,
+                offload: None,
             })
             .collect();
         let decision = decide(&candidates, &request, &config, 1_500).expect("a target");
