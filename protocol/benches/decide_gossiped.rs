@@ -223,7 +223,7 @@ struct Target {
 }
 
 fn gsp_target() -> Target {
-    let system = text(0x5157_e3, 2048 * BYTES_PER_TOKEN);
+    let system = text(0x0051_57e3, 2048 * BYTES_PER_TOKEN);
     Target {
         held: chat(&system, &text(1, 128 * BYTES_PER_TOKEN)),
         request: chat(&system, &text(2, 128 * BYTES_PER_TOKEN)),
