@@ -9,14 +9,12 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::Command;
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-use kvmesh_tests::binaries::KVMESH_SIM;
 use kvmesh_tests::certs::ClusterCa;
+use kvmesh_tests::load::{number, run_load};
 use kvmesh_tests::openai::{completion_body, served_by};
-use kvmesh_tests::process::run_to_completion;
 use kvmesh_tests::{
     CONVERGENCE_TIMEOUT, Engine, EngineConfig, Request, Sidecar, SidecarConfig, Timing, wait_until,
 };
@@ -65,33 +63,7 @@ fn urls(addrs: impl Iterator<Item = String>) -> String {
 
 /// Runs the load generator to completion and returns its JSON report.
 fn load(targets: &str, pick: &str, engines: &str, out: &Path, args: &[&str]) -> Value {
-    let mut command = Command::new(KVMESH_SIM.path());
-    command.env("NO_COLOR", "1").args([
-        "load",
-        "--targets",
-        targets,
-        "--pick",
-        pick,
-        "--engines",
-        engines,
-    ]);
-    command.arg("--json").arg(out).args(args);
-    let finished = run_to_completion(command, LOAD_TIMEOUT);
-    assert!(
-        finished.status.success(),
-        "kvmesh-sim load failed:\n{}\n{}",
-        finished.stdout,
-        finished.stderr
-    );
-    println!("{}", finished.stdout);
-    serde_json::from_slice(&std::fs::read(out).expect("load report")).expect("report JSON")
-}
-
-fn number(report: &Value, pointer: &str) -> f64 {
-    report
-        .pointer(pointer)
-        .and_then(Value::as_f64)
-        .unwrap_or_else(|| panic!("no number at {pointer} in the load report"))
+    run_load(targets, pick, engines, out, args, LOAD_TIMEOUT)
 }
 
 /// Generated shared prefix, sized so that the 4 engines' KV caches can hold every group's
