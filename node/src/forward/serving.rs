@@ -161,9 +161,11 @@ async fn handle(
 }
 
 /// Records, in a task of its own, the chain of `body` in this node's cache index (once):
-/// spawned after a write, it runs after the QUIC connection has sent that write.
+/// spawned after a write, it runs after the QUIC connection has sent that write. In exact mode
+/// the engine's own events index it, so the body is not parsed again.
 fn index_later(state: &SharedState, path: &str, body: &mut Option<Bytes>) {
-    if let Some(body) = body.take() {
+    let exact = state.config.kv_events.is_some();
+    if let Some(body) = body.take().filter(|_| !exact) {
         let state = state.clone();
         let path = path.to_owned();
         tokio::spawn(async move { state.observe_served(&chain_of(&state, &path, &body)) });
