@@ -49,33 +49,11 @@ T0=$(date +%s)
 log() { printf '[bench-prefix %4ss] %s\n' "$(($(date +%s) - T0))" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
-# --- processes (as in scripts/demo.sh) ------------------------------------------------------
+# --- processes (scripts/lib/processes.sh) ------------------------------------------------------
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/kvmesh-bench-prefix.XXXXXX")
 mkdir -p "$WORK/logs"
-GROUPS_ALIVE=()
-spawn() { # NAME CMD...: background, own process group, output to $WORK/logs/NAME.log
-    local name=$1
-    shift
-    setsid "$@" >"$WORK/logs/$name.log" 2>&1 </dev/null &
-    SPAWNED_PID=$!
-    GROUPS_ALIVE+=("$SPAWNED_PID")
-}
-kill_groups() { # PID...: TERM, up to 5 s of grace, then KILL
-    local pid deadline keep=() g k
-    for pid in "$@"; do kill -TERM -- "-$pid" 2>/dev/null || true; done
-    deadline=$(($(date +%s) + 5))
-    for pid in "$@"; do
-        while kill -0 "$pid" 2>/dev/null && [[ $(date +%s) -lt $deadline ]]; do sleep 0.1; done
-        kill -KILL -- "-$pid" 2>/dev/null || true
-        wait "$pid" 2>/dev/null || true
-    done
-    for g in "${GROUPS_ALIVE[@]+"${GROUPS_ALIVE[@]}"}"; do
-        k=1
-        for pid in "$@"; do [[ $g == "$pid" ]] && k=0; done
-        [[ $k == 1 ]] && keep+=("$g")
-    done
-    GROUPS_ALIVE=("${keep[@]+"${keep[@]}"}")
-}
+# shellcheck source=lib/processes.sh
+source "$ROOT/scripts/lib/processes.sh"
 cleanup() {
     local rc=$?
     trap - EXIT INT TERM
