@@ -201,7 +201,7 @@ start_engines() {
     ENGINE_PIDS=()
     for ((i = 1; i <= NODES; i++)); do
         spawn "$tag-engine-$i" "$SIM" engine --port 0 --model mock-model --engine-index "$i" \
-            --seed "$i" "${ENGINE_ARGS[@]}"
+            --seed "$i" --enable-prompt-tokens-details "${ENGINE_ARGS[@]}"
         ENGINE_PIDS+=("$SPAWNED_PID")
     done
     for ((i = 1; i <= NODES; i++)); do
@@ -342,12 +342,12 @@ run_load() {
     engines=$(IFS=,; echo "${ENGINE_URLS[*]}")
     local slug=${policy// /-}
     local json="$RUNS_DIR/$w-$slug.json"
-    rm -f "$json" "$RUNS_DIR/$w-$slug.samples.jsonl"
+    rm -f "$json" "$RUNS_DIR/$w-$slug.samples.jsonl" "$RUNS_DIR/$w-$slug.records.jsonl"
     spawn "$w-$slug-sampler" "$SIM" report sample --engines "$engines" --interval 0.5 \
         --out "$RUNS_DIR/$w-$slug.samples.jsonl"
     local sampler=$SPAWNED_PID
     spawn "$w-$slug-load" "$SIM" load --targets "$targets" --pick "$pick" --engines "$engines" \
-        --json "$json" "${LOAD_ARGS[@]}"
+        --json "$json" --records "$RUNS_DIR/$w-$slug.records.jsonl" "${LOAD_ARGS[@]}"
     local load=$SPAWNED_PID start
     start=$(date +%s)
     while kill -0 "$load" 2>/dev/null; do

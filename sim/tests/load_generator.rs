@@ -256,3 +256,66 @@ fn placements_are_counted_from_the_node_header() {
     );
     assert_eq!(r["cluster"]["hit_rate"], Value::Null);
 }
+
+#[test]
+fn records_file_has_one_line_per_request_with_cached_tokens() {
+    let engine = EngineProc::start(&["--time-scale", "0.02", "--enable-prompt-tokens-details"]);
+    let dir = std::env::temp_dir().join(format!(
+        "kvmesh-sim-records-{}-{}",
+        std::process::id(),
+        rand_suffix()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let records = dir.join("records.jsonl");
+    let records_arg = records.to_str().unwrap().to_owned();
+    let r = run_load(&[
+        "--targets",
+        &engine.url,
+        "--workload",
+        "gsp",
+        "--gsp-groups",
+        "2",
+        "--gsp-prompts-per-group",
+        "4",
+        "--gsp-system-len",
+        "512",
+        "--gsp-question-len",
+        "32",
+        "--gsp-output-len",
+        "4",
+        "--stream",
+        "--concurrency",
+        "1",
+        "--records",
+        &records_arg,
+    ]);
+    assert_eq!(r["requests"]["ok"], 8, "{r}");
+    let lines: Vec<Value> = std::fs::read_to_string(&records)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 8);
+    let mut last_sent = 0.0;
+    for (i, line) in lines.iter().enumerate() {
+        assert_eq!(line["index"], i as u64, "send order");
+        let sent = line["sent_at_s"].as_f64().unwrap();
+        assert!(sent >= last_sent, "one at a time, in order: {line}");
+        last_sent = sent;
+        assert_eq!(line["status"], 200);
+        assert!(line["error"].is_null());
+        assert!(line["ttft_s"].as_f64().unwrap() <= line["e2e_s"].as_f64().unwrap());
+        assert_eq!(line["target"], engine.url.trim_end_matches('/'));
+        assert!(line["node"].is_null(), "no sidecar in between");
+        assert_eq!(line["output_tokens"], 4);
+    }
+    // One engine, one request at a time: each group's first prompt computes its 512-token
+    // system prompt, the other three find it cached.
+    let cached: Vec<u64> = lines
+        .iter()
+        .map(|l| l["cached_tokens"].as_u64().expect("cached tokens reported"))
+        .collect();
+    let hits = cached.iter().filter(|&&c| c >= 512).count();
+    assert_eq!(hits, 6, "{cached:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -11,10 +11,12 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde::Deserialize;
 
-use super::sse::{SseEvent, SseParser};
+use super::sse::{SseEvent, SseParser, StreamUsage};
 
 /// The response header a kvmesh sidecar adds to name the node that served a request.
 pub const NODE_HEADER: &str = "x-kvmesh-node";
+/// Why kvmesh chose that node.
+pub const REASON_HEADER: &str = "x-kvmesh-reason";
 
 /// Why a request failed.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -57,12 +59,16 @@ pub struct Outcome {
     pub e2e: Duration,
     /// `usage.prompt_tokens`, when reported.
     pub prompt_tokens: Option<u64>,
+    /// `usage.prompt_tokens_details.cached_tokens`, when reported.
+    pub cached_tokens: Option<u64>,
     /// Generated tokens (`usage.completion_tokens`, else text chunks).
     pub output_tokens: u64,
     /// Generated text, when asked for.
     pub text: String,
     /// Value of the `x-kvmesh-node` response header.
     pub node: Option<String>,
+    /// Value of the `x-kvmesh-reason` response header.
+    pub reason: Option<String>,
     /// Set when the request failed.
     pub error: Option<ErrorKind>,
 }
@@ -183,6 +189,11 @@ impl LoadClient {
             .get(NODE_HEADER)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
+        out.reason = resp
+            .headers()
+            .get(REASON_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
         let ok = resp.status().is_success();
         let mut body = resp.into_body();
         if !ok {
@@ -231,9 +242,10 @@ impl LoadClient {
                             out.text.push_str(&t);
                         }
                     }
-                    SseEvent::Usage(p, c) => {
-                        out.prompt_tokens = Some(p);
-                        usage_out = Some(c);
+                    SseEvent::Usage(usage) => {
+                        out.prompt_tokens = Some(usage.prompt_tokens);
+                        out.cached_tokens = usage.cached_tokens;
+                        usage_out = Some(usage.completion_tokens);
                     }
                     SseEvent::Done => done = true,
                     SseEvent::Empty => {}
@@ -253,7 +265,7 @@ struct FullResponse {
     #[serde(default)]
     choices: Vec<FullChoice>,
     #[serde(default)]
-    usage: Option<FullUsage>,
+    usage: Option<StreamUsage>,
 }
 
 #[derive(Deserialize)]
@@ -270,12 +282,6 @@ struct FullMessage {
     content: Option<String>,
 }
 
-#[derive(Deserialize)]
-struct FullUsage {
-    prompt_tokens: u64,
-    completion_tokens: u64,
-}
-
 fn parse_full(bytes: &[u8], keep_text: bool, out: &mut Outcome) {
     let Ok(r) = serde_json::from_slice::<FullResponse>(bytes) else {
         out.error = Some(ErrorKind::Body);
@@ -287,6 +293,7 @@ fn parse_full(bytes: &[u8], keep_text: bool, out: &mut Outcome) {
     }
     if let Some(u) = r.usage {
         out.prompt_tokens = Some(u.prompt_tokens);
+        out.cached_tokens = u.cached_tokens;
         out.output_tokens = u.completion_tokens;
     }
     if keep_text {

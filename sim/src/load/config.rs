@@ -76,6 +76,11 @@ pub struct LoadArgs {
     /// Write the JSON report here.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Write one JSON line per request here (index, send time, target, serving node, kvmesh's
+    /// reason, status, TTFT, cached tokens), in send order: for finding out which requests
+    /// make a tail.
+    #[arg(long)]
+    pub records: Option<PathBuf>,
     /// Seed of prompts, arrivals and random picks.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,

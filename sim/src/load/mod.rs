@@ -3,10 +3,12 @@
 //! [`workload`] builds requests, [`runner`] releases them (Poisson, trace timestamps or a
 //! closed loop) through [`client`], which measures TTFT, inter-token latency and end-to-end
 //! latency from the byte stream ([`sse`]); [`scrape`] reads engine counters before and after;
-//! [`report`] turns it all into a table and a JSON document.
+//! [`report`] turns it all into a table and a JSON document; [`records_file`] keeps every
+//! request's own line.
 
 pub mod client;
 pub mod config;
+pub mod records_file;
 pub mod report;
 pub mod runner;
 pub mod scrape;

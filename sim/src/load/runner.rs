@@ -9,6 +9,7 @@ use tokio::sync::mpsc;
 
 use super::client::{LoadClient, Outcome};
 use super::config::{LoadArgs, Pick, WorkloadKind};
+use super::records_file;
 use super::report::{self, Report};
 use super::scrape::{self, EngineCounters};
 use super::workload::chat::Chat;
@@ -22,6 +23,10 @@ use crate::rng::{SplitMix64, mix64};
 /// One finished request.
 #[derive(Debug, Clone)]
 pub struct Record {
+    /// The request's index in the workload.
+    pub index: u64,
+    /// When it was sent, after the start of the run.
+    pub sent_at: Duration,
     /// Index of the target it went to.
     pub target: usize,
     /// Prompt tokens by construction.
@@ -133,6 +138,9 @@ pub async fn run(args: &LoadArgs) -> anyhow::Result<Report> {
         last_done = Instant::now();
     }
     let elapsed = last_done.duration_since(start);
+    if let Some(path) = &args.records {
+        records_file::write(path, &targets, &mut records)?;
+    }
     let after = if args.no_scrape {
         Vec::new()
     } else {
@@ -161,7 +169,8 @@ struct Ctx {
 }
 
 impl Ctx {
-    async fn one(&self, index: u64) -> Record {
+    async fn one(&self, index: u64, start: Instant) -> Record {
+        let sent_at = start.elapsed();
         let spec = self.workload.request(index);
         let target = match self.pick {
             Pick::RoundRobin => (index % self.targets.len() as u64) as usize,
@@ -191,6 +200,8 @@ impl Ctx {
         let text = outcome.error.is_none().then_some(outcome.text.as_str());
         self.workload.complete(index, text);
         Record {
+            index,
+            sent_at,
             target,
             input_tokens: outcome.prompt_tokens.unwrap_or(spec.input_tokens),
             outcome,
@@ -218,7 +229,7 @@ async fn dispatch(
                         if i >= total || past_deadline(Instant::now()) {
                             return;
                         }
-                        let r = ctx.one(i).await;
+                        let r = ctx.one(i, start).await;
                         if tx.send(r).is_err() {
                             return;
                         }
@@ -244,7 +255,7 @@ async fn dispatch(
                 tokio::time::sleep_until(at.into()).await;
                 let (ctx, tx) = (ctx.clone(), tx.clone());
                 tokio::spawn(async move {
-                    let r = ctx.one(i).await;
+                    let r = ctx.one(i, start).await;
                     let _ = tx.send(r);
                 });
             }

@@ -15,8 +15,8 @@ pub enum SseEvent {
     Content(String),
     /// A chunk without text (e.g. the chat role chunk, or a finish-only chunk).
     Empty,
-    /// A usage chunk: `(prompt_tokens, completion_tokens)`.
-    Usage(u64, u64),
+    /// A usage chunk.
+    Usage(StreamUsage),
     /// `data: [DONE]`.
     Done,
     /// An error object in the stream (`{"error": ...}`) or unparseable JSON.
@@ -28,7 +28,7 @@ struct Chunk<'a> {
     #[serde(borrow, default)]
     choices: Vec<ChoiceChunk<'a>>,
     #[serde(default)]
-    usage: Option<UsageChunk>,
+    usage: Option<StreamUsage>,
     #[serde(default)]
     error: Option<serde_json::Value>,
 }
@@ -47,10 +47,25 @@ struct Delta<'a> {
     content: Option<Cow<'a, str>>,
 }
 
-#[derive(Deserialize)]
-struct UsageChunk {
-    prompt_tokens: u64,
-    completion_tokens: u64,
+/// `usage` of a response: a stream's last chunk, or a whole non-streamed body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub struct StreamUsage {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    /// `prompt_tokens_details.cached_tokens`, when the engine reports it.
+    #[serde(default, deserialize_with = "cached_tokens")]
+    #[serde(rename = "prompt_tokens_details")]
+    pub cached_tokens: Option<u64>,
+}
+
+/// Reads `{"cached_tokens": n}` (or `null`) as `Some(n)` (or `None`).
+fn cached_tokens<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    #[derive(Deserialize)]
+    struct Details {
+        #[serde(default)]
+        cached_tokens: Option<u64>,
+    }
+    Ok(Option::<Details>::deserialize(d)?.and_then(|d| d.cached_tokens))
 }
 
 /// Accumulates bytes and yields complete events.
@@ -150,7 +165,7 @@ fn parse_event(raw: &[u8], keep_text: bool) -> Option<SseEvent> {
         } else {
             String::new()
         })),
-        (None, Some(u)) => Some(SseEvent::Usage(u.prompt_tokens, u.completion_tokens)),
+        (None, Some(u)) => Some(SseEvent::Usage(u)),
         (None, None) => Some(SseEvent::Empty),
     }
 }
@@ -173,7 +188,11 @@ mod tests {
             SseEvent::Empty,
             SseEvent::Content(" ab".into()),
             SseEvent::Content("cd".into()),
-            SseEvent::Usage(3, 2),
+            SseEvent::Usage(StreamUsage {
+                prompt_tokens: 3,
+                completion_tokens: 2,
+                cached_tokens: None,
+            }),
             SseEvent::Done,
         ];
         for step in 1..stream.len() {
@@ -185,6 +204,31 @@ mod tests {
             assert_eq!(out, expected, "split every {step} bytes");
             assert!(!p.has_partial());
         }
+    }
+
+    #[test]
+    fn usage_carries_cached_tokens_when_reported() {
+        let mut p = SseParser::new();
+        let mut out = Vec::new();
+        p.feed(
+            concat!(
+                "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":1,",
+                "\"prompt_tokens_details\":{\"cached_tokens\":8}}}\n\n",
+                "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":1,",
+                "\"prompt_tokens_details\":null}}\n\n",
+            )
+            .as_bytes(),
+            false,
+            &mut out,
+        );
+        let cached: Vec<_> = out
+            .iter()
+            .map(|e| match e {
+                SseEvent::Usage(u) => u.cached_tokens,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(cached, vec![Some(8), None]);
     }
 
     #[test]
