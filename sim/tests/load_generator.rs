@@ -11,12 +11,7 @@ use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn run_load(args: &[&str]) -> Value {
-    let dir = std::env::temp_dir().join(format!(
-        "kvmesh-sim-load-{}-{}",
-        std::process::id(),
-        rand_suffix()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch_dir("load");
     let json = dir.join("report.json");
     let mut child = Command::new(env!("CARGO_BIN_EXE_kvmesh-sim"))
         .arg("load")
@@ -51,6 +46,17 @@ fn run_load(args: &[&str]) -> Value {
     let report: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let _ = std::fs::remove_dir_all(&dir);
     report
+}
+
+/// A fresh directory under the system's temp dir, unique to this process and moment.
+fn scratch_dir(tag: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "kvmesh-sim-{tag}-{}-{}",
+        std::process::id(),
+        rand_suffix()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
 }
 
 fn rand_suffix() -> u64 {
@@ -260,12 +266,7 @@ fn placements_are_counted_from_the_node_header() {
 #[test]
 fn records_file_has_one_line_per_request_with_cached_tokens() {
     let engine = EngineProc::start(&["--time-scale", "0.02", "--enable-prompt-tokens-details"]);
-    let dir = std::env::temp_dir().join(format!(
-        "kvmesh-sim-records-{}-{}",
-        std::process::id(),
-        rand_suffix()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch_dir("records");
     let records = dir.join("records.jsonl");
     let records_arg = records.to_str().unwrap().to_owned();
     let r = run_load(&[
