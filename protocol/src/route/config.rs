@@ -40,6 +40,13 @@ pub struct RouteConfig {
     /// the score form: the queue term of 0.8 requests, or a twentieth of the prompt matched;
     /// 0.1 lost more hit rate in the simulator for no better tail).
     pub spread_margin: f64,
+    /// A prefix nobody holds goes to the least loaded of its first `cold_choices` engines by
+    /// rendezvous on its first block (ties: the rendezvous order), not always to the first:
+    /// power of two choices. Every entry node considers the same few engines, so a new prefix
+    /// still lands on one of them; picking the less loaded keeps a burst of new prefixes from
+    /// queueing their uncached prefills on one engine (the gsp warm-up tail, BENCHMARKS.md).
+    /// 1 gives plain rendezvous. Default 2.
+    pub cold_choices: u32,
     /// Bonus for the session's preferred node: score units, or in the cost form that fraction
     /// of the prompt's whole prefill time. Default 0.3.
     pub session_weight: f64,
@@ -68,6 +75,7 @@ impl Default for RouteConfig {
             load_epsilon: 0.25,
             load_slack: 2.0,
             spread_margin: 0.05,
+            cold_choices: 2,
             session_weight: 0.3,
             min_hit_blocks: 1,
             max_digest_age_ms: 3_000,

@@ -70,6 +70,7 @@ pub enum RouteError {
 pub struct DecideScratch {
     entries: Vec<Entry>,
     scored: Vec<Scored>,
+    weights: Vec<u64>,
 }
 
 #[derive(Copy, Clone, Debug)]
@@ -211,13 +212,36 @@ pub fn decide_with(
             .map_or(0, |e| e.node_key)
     });
 
+    // A new prefix's choices: the engines with the highest rendezvous weights on its first
+    // block, the same few on every entry node.
+    let cold_floor = if cold {
+        let weights = &mut scratch.weights;
+        weights.clear();
+        weights.extend(
+            entries
+                .iter()
+                .map(|e| rendezvous_weight(request.chain[0], e.node_key)),
+        );
+        weights.sort_unstable_by(|a, b| b.cmp(a));
+        let choices = (config.cold_choices.max(1) as usize).min(weights.len());
+        weights[choices - 1]
+    } else {
+        0
+    };
     let scored = &mut scratch.scored;
     scored.clear();
     for entry in entries.iter() {
         let candidate = &candidates[entry.index];
         let base = if cold {
-            // Rendezvous on the first block: every entry node agrees on a new prefix's home.
-            rendezvous_weight(request.chain[0], entry.node_key) as f64 / u64::MAX as f64
+            // Among the choices the least loaded, then the higher rendezvous weight; outside
+            // them the weight alone (below any choice: the fallback order under the bound).
+            let weight = rendezvous_weight(request.chain[0], entry.node_key);
+            let unit = weight as f64 / u64::MAX as f64;
+            if weight >= cold_floor {
+                2.0 + unit - f64::from(entry.load) * 2.0
+            } else {
+                unit - f64::from(u32::MAX)
+            }
         } else {
             base_score(candidate, entry, request, config)
         };

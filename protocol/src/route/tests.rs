@@ -362,3 +362,48 @@ fn the_spread_leaves_clear_winners_and_cold_prefixes_alone() {
         assert_eq!(decision.reason, RouteReason::ColdHash);
     }
 }
+
+#[test]
+fn a_cold_prefix_goes_to_the_less_loaded_of_its_two_rendezvous_choices() {
+    let prompt = chain(8, 4);
+    let names = ["a", "b", "c", "d", "e"];
+    let mut by_weight: Vec<&str> = names.to_vec();
+    by_weight.sort_by_key(|n| std::cmp::Reverse(rendezvous_weight(prompt[0], node_key(n))));
+    let (first, second, third) = (by_weight[0], by_weight[1], by_weight[2]);
+    let (idle, busy, busier) = (digest(0), digest(1), digest(2));
+    fn cluster<'a>(names: &[&str], load_of: impl Fn(&str) -> &'a LoadDigest) -> Vec<Candidate<'a>> {
+        names
+            .iter()
+            .map(|n| candidate(n, load_of(n), None))
+            .collect()
+    }
+    let chosen = |candidates: &[Candidate<'_>], config: &RouteConfig| {
+        let d = decide(candidates, &request(&prompt), config, NOW).unwrap();
+        assert_eq!(d.reason, RouteReason::ColdHash);
+        candidates[d.ranked[0]].node_key
+    };
+    let config = RouteConfig::default();
+
+    // Equal loads: the rendezvous-first engine, as with plain rendezvous.
+    let even = cluster(&names, |_| &busy);
+    assert_eq!(chosen(&even, &config), node_key(first));
+    // The first choice busier than the second: the second.
+    let first_busy = cluster(&names, |n| if n == first { &busier } else { &busy });
+    assert_eq!(chosen(&first_busy, &config), node_key(second));
+    // An idle engine outside the two choices does not draw the prefix.
+    let third_idle = cluster(&names, |n| if n == third { &idle } else { &busy });
+    assert_eq!(chosen(&third_idle, &config), node_key(first));
+    // One choice: plain rendezvous, whatever the loads.
+    let single = RouteConfig {
+        cold_choices: 1,
+        ..RouteConfig::default()
+    };
+    assert_eq!(chosen(&first_busy, &single), node_key(first));
+    // The retries after the choices follow the rendezvous order.
+    let d = decide(&first_busy, &request(&prompt), &config, NOW).unwrap();
+    let order: Vec<u64> = d.ranked.iter().map(|&i| first_busy[i].node_key).collect();
+    assert_eq!(
+        order,
+        [second, first, third, by_weight[3]].map(node_key).to_vec()
+    );
+}
