@@ -222,9 +222,11 @@ pub fn decide_with(
                 .iter()
                 .map(|e| rendezvous_weight(request.chain[0], e.node_key)),
         );
-        weights.sort_unstable_by(|a, b| b.cmp(a));
+        // The `choices`-th highest weight, without sorting all of them.
         let choices = (config.cold_choices.max(1) as usize).min(weights.len());
-        weights[choices - 1]
+        *weights
+            .select_nth_unstable_by(choices - 1, |a, b| b.cmp(a))
+            .1
     } else {
         0
     };

@@ -11,7 +11,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde::Deserialize;
 
-use super::sse::{SseEvent, SseParser, StreamUsage};
+use super::sse::{ResponseUsage, SseEvent, SseParser};
 
 /// The response header a kvmesh sidecar adds to name the node that served a request.
 pub const NODE_HEADER: &str = "x-kvmesh-node";
@@ -265,7 +265,7 @@ struct FullResponse {
     #[serde(default)]
     choices: Vec<FullChoice>,
     #[serde(default)]
-    usage: Option<StreamUsage>,
+    usage: Option<ResponseUsage>,
 }
 
 #[derive(Deserialize)]

@@ -16,7 +16,7 @@ pub enum SseEvent {
     /// A chunk without text (e.g. the chat role chunk, or a finish-only chunk).
     Empty,
     /// A usage chunk.
-    Usage(StreamUsage),
+    Usage(ResponseUsage),
     /// `data: [DONE]`.
     Done,
     /// An error object in the stream (`{"error": ...}`) or unparseable JSON.
@@ -28,7 +28,7 @@ struct Chunk<'a> {
     #[serde(borrow, default)]
     choices: Vec<ChoiceChunk<'a>>,
     #[serde(default)]
-    usage: Option<StreamUsage>,
+    usage: Option<ResponseUsage>,
     #[serde(default)]
     error: Option<serde_json::Value>,
 }
@@ -49,7 +49,7 @@ struct Delta<'a> {
 
 /// `usage` of a response: a stream's last chunk, or a whole non-streamed body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-pub struct StreamUsage {
+pub struct ResponseUsage {
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
     /// `prompt_tokens_details.cached_tokens`, when the engine reports it.
@@ -188,7 +188,7 @@ mod tests {
             SseEvent::Empty,
             SseEvent::Content(" ab".into()),
             SseEvent::Content("cd".into()),
-            SseEvent::Usage(StreamUsage {
+            SseEvent::Usage(ResponseUsage {
                 prompt_tokens: 3,
                 completion_tokens: 2,
                 cached_tokens: None,
