@@ -85,6 +85,10 @@ pub struct NodeMetrics {
     pub kv_event_blocks_skipped: Family<ReasonLabels, Counter>,
     /// Exact mode: prompts the engine could not tokenize for routing (routed by load).
     pub tokenize_failures: Counter,
+    /// New prefixes this node's engine is computing (see `serve::new_prefixes`).
+    pub new_prefixes_in_flight: Gauge,
+    /// New prefixes this node declined while its engine computed others.
+    pub new_prefixes_declined: Counter,
 }
 
 impl Default for NodeMetrics {
@@ -112,6 +116,8 @@ impl Default for NodeMetrics {
             kv_event_batches: Family::default(),
             kv_event_blocks_skipped: Family::default(),
             tokenize_failures: Counter::default(),
+            new_prefixes_in_flight: Gauge::default(),
+            new_prefixes_declined: Counter::default(),
         }
     }
 }
@@ -213,6 +219,16 @@ impl NodeMetrics {
             "tokenize_failures",
             "Exact mode: prompts the engine could not tokenize, routed by load alone",
             self.tokenize_failures.clone(),
+        );
+        registry.register(
+            "new_prefixes_in_flight",
+            "Requests with a prefix no engine held, sent to this node's engine and not yet answered with a first byte",
+            self.new_prefixes_in_flight.clone(),
+        );
+        registry.register(
+            "new_prefixes_declined",
+            "New prefixes this node declined (the entry tried their next choice) while its engine computed others",
+            self.new_prefixes_declined.clone(),
         );
     }
 }

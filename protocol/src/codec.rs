@@ -14,7 +14,8 @@ use rkyv::util::AlignedVec;
 use rkyv::{Archive, Deserialize, Serialize};
 
 /// The current envelope format. Bump on any incompatible change to an archived type.
-pub const FORMAT_VERSION: u8 = 1;
+/// 2: `RequestHead::new_prefix` and `may_decline`, `WireErrorCode::Busy`.
+pub const FORMAT_VERSION: u8 = 2;
 
 /// What an envelope carries; part of the envelope so a value can only decode as its own type.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]

@@ -40,6 +40,13 @@ pub struct RequestHead {
     pub reason: RouteReason,
     /// The entry sidecar's node id, for tracing.
     pub entry_node: String,
+    /// The prompt's first block when no engine held it at the entry's decision (a new
+    /// prefix): the serving node counts its uncached prefill until the first byte comes back.
+    pub new_prefix: Option<u64>,
+    /// The entry has another candidate for this new prefix: the serving node may decline it
+    /// ([`WireErrorCode::Busy`]) while its engine computes other new prefixes. Never set on a
+    /// request's last attempt.
+    pub may_decline: bool,
 }
 
 /// The head of a forwarded response.
@@ -66,6 +73,9 @@ pub enum WireErrorCode {
     /// The engine failed after the response started.
     Interrupted,
     Internal,
+    /// The node declined a new prefix while its engine computes others' uncached prefills
+    /// (only when the head allowed it): try the next candidate.
+    Busy,
 }
 
 #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -248,6 +258,8 @@ pub(crate) fn sample_request_head() -> RequestHead {
         headers: vec![("content-type".into(), "application/json".into())],
         reason: RouteReason::PrefixHit,
         entry_node: "a".into(),
+        new_prefix: Some(42),
+        may_decline: true,
     }
 }
 

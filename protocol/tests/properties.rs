@@ -186,6 +186,8 @@ proptest! {
                 headers: vec![("x-request-id".into(), "abc".into())],
                 reason: RouteReason::ColdHash,
                 entry_node: "n1".into(),
+                new_prefix: Some(42),
+                may_decline: true,
             }),
             Frame::Data(body.into()),
             Frame::ResponseHead(ResponseHead { status, headers: vec![], served_by: "n2".into() }),

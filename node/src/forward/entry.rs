@@ -3,6 +3,7 @@
 use super::headers::response_headers_from_engine;
 use crate::engine::client::error_chain;
 use crate::metrics::NodeMetrics;
+use crate::serve::new_prefixes::InFlightPrefix;
 use crate::serve::state::AppState;
 use bytes::{Bytes, BytesMut};
 use http::Method;
@@ -36,6 +37,9 @@ pub struct Upstream {
     /// The body's length, when the engine declared it (`content-length`).
     pub content_length: Option<u64>,
     pub body: UpstreamBody,
+    /// This node's own engine computing a new prefix: counted until the body's first byte.
+    /// (A peer serving one counts it itself.)
+    pub new_prefix: Option<InFlightPrefix>,
 }
 
 pub enum UpstreamBody {
@@ -48,17 +52,32 @@ pub enum UpstreamBody {
 }
 
 /// A failed attempt. `retryable` failures happened before anything was committed to the
-/// client and are worth trying on the next candidate.
+/// client and are worth trying on the next candidate; `declined` ones are not failures at
+/// all: the target's engine was busy with other new prefixes (see `serve::new_prefixes`).
 #[derive(Debug)]
 pub struct AttemptError {
     pub retryable: bool,
+    pub declined: bool,
     pub message: String,
 }
 
 impl AttemptError {
+    pub fn failed(retryable: bool, message: impl Into<String>) -> Self {
+        Self {
+            retryable,
+            declined: false,
+            message: message.into(),
+        }
+    }
+
     fn retryable(message: impl Into<String>) -> Self {
+        Self::failed(true, message)
+    }
+
+    fn declined(message: impl Into<String>) -> Self {
         Self {
             retryable: true,
+            declined: true,
             message: message.into(),
         }
     }
@@ -97,6 +116,18 @@ async fn attempt_local(
     if state.is_draining() {
         return Err(AttemptError::retryable("this node is draining"));
     }
+    let new_prefix = match head.new_prefix {
+        Some(first_block) => {
+            let limit = state.config.route.cold_prefills_per_engine;
+            let admitted = state
+                .new_prefixes
+                .admit(first_block, head.may_decline, limit);
+            Some(admitted.ok_or_else(|| {
+                AttemptError::declined("local engine is computing other new prefixes")
+            })?)
+        }
+        None => None,
+    };
     let method = Method::from_bytes(head.method.as_bytes()).unwrap_or(Method::POST);
     let response = state
         .engine
@@ -118,6 +149,7 @@ async fn attempt_local(
         served_by: state.node_name.clone(),
         content_length: response.body().size_hint().exact(),
         body: UpstreamBody::Local(response.into_body()),
+        new_prefix,
     })
 }
 
@@ -166,19 +198,21 @@ async fn attempt_peer(
                         decoder,
                         send,
                     },
+                    new_prefix: None,
                 });
             }
             Ok(Some(Frame::Error(error))) => {
+                let message = format!("peer {name}: {:?}: {}", error.code, error.message);
+                if error.code == WireErrorCode::Busy {
+                    return Err(AttemptError::declined(message));
+                }
                 let retryable = matches!(
                     error.code,
                     WireErrorCode::EngineUnavailable
                         | WireErrorCode::NotAccepting
                         | WireErrorCode::Internal
                 );
-                return Err(AttemptError {
-                    retryable,
-                    message: format!("peer {name}: {:?}: {}", error.code, error.message),
-                });
+                return Err(AttemptError::failed(retryable, message));
             }
             Ok(Some(other)) => {
                 return Err(AttemptError::retryable(format!(

@@ -15,6 +15,7 @@ use super::headers::is_event_stream;
 use crate::front::body::{BodyError, ResponseBody};
 use crate::front::errors::ApiError;
 use crate::metrics::Outcome;
+use crate::serve::new_prefixes::InFlightPrefix;
 use crate::serve::state::SharedState;
 use bytes::Bytes;
 use futures::task::noop_waker_ref;
@@ -39,6 +40,7 @@ pub fn relay(
     let sse = is_event_stream(&upstream.headers);
     let body = RelayBody {
         source: Some(upstream.body),
+        new_prefix: upstream.new_prefix,
         remaining: upstream.content_length,
         sse,
         ledger: Some(Ledger {
@@ -103,6 +105,8 @@ impl Ledger {
 struct RelayBody {
     /// `None` once the upstream ended (or broke).
     source: Option<UpstreamBody>,
+    /// A new prefix this node's engine computes, held until the first byte of the answer.
+    new_prefix: Option<InFlightPrefix>,
     /// Bytes still to come when the upstream declared its length.
     remaining: Option<u64>,
     sse: bool,
@@ -152,6 +156,7 @@ impl Body for RelayBody {
             UpstreamBody::Local(incoming) => ready!(poll_local(incoming, cx)),
             UpstreamBody::Remote { recv, decoder, .. } => ready!(poll_remote(recv, decoder, cx)),
         };
+        this.new_prefix = None;
         match next {
             Ok(Some(data)) => {
                 if let Some(remaining) = this.remaining.as_mut() {

@@ -64,6 +64,23 @@ async fn handle(
         return reply_error(&mut send, refusal).await;
     }
     let _inflight = InflightGuard::new(&state.inflight_forwarded);
+    // A new prefix counts against this engine's uncached prefills until its first byte.
+    let mut new_prefix = match head.new_prefix {
+        Some(first_block) => {
+            let limit = state.config.route.cold_prefills_per_engine;
+            match state
+                .new_prefixes
+                .admit(first_block, head.may_decline, limit)
+            {
+                Some(in_flight) => Some(in_flight),
+                None => {
+                    let busy = "engine is computing other new prefixes";
+                    return reply_error(&mut send, wire_error(WireErrorCode::Busy, busy)).await;
+                }
+            }
+        }
+        None => None,
+    };
     let method = Method::from_bytes(head.method.as_bytes()).unwrap_or(Method::POST);
     let body_for_index = body.clone();
     // The entry may give up while the engine works on the answer (its client hung up):
@@ -129,6 +146,7 @@ async fn handle(
                 }
             },
         };
+        new_prefix.take();
         match frame {
             None => break,
             Some(Ok(frame)) => {

@@ -81,6 +81,8 @@ pub async fn handle(
         headers: request_headers_for_engine(&parts.headers, &request_id),
         reason: routed.reason,
         entry_node: state.node_name.clone(),
+        new_prefix: None,
+        may_decline: false,
     };
     forward(state, routed, head, body, hashes.chain, request_id).await
 }
@@ -95,8 +97,16 @@ async fn forward(
     request_id: String,
 ) -> Response<ResponseBody> {
     let attempts = routed.targets.len().min(state.config.retries + 1);
+    // A new prefix's first attempt may be declined by a target busy with others; it then
+    // goes to the prefix's next choice, which every entry node ranks the same.
+    let new_prefix = chain
+        .first()
+        .copied()
+        .filter(|_| routed.reason == RouteReason::ColdHash);
+    head.new_prefix = new_prefix;
     let mut failures = Vec::new();
     let mut timed_out = false;
+    let mut failed_before = false;
     for (attempt, (target, key)) in routed
         .targets
         .iter()
@@ -104,13 +114,14 @@ async fn forward(
         .take(attempts)
         .enumerate()
     {
-        let reason = if attempt == 0 {
-            routed.reason
-        } else {
+        let reason = if failed_before {
             RouteReason::Retry
+        } else {
+            routed.reason
         };
         head.reason = reason;
-        state.record_assignment(*key, &chain);
+        head.may_decline = new_prefix.is_some() && attempt == 0 && attempt + 1 < attempts;
+        let sent_at = state.record_assignment(*key, &chain);
         let sent = tokio::time::timeout(
             state.config.request_timeout,
             entry::attempt(&state, target, head.clone(), body.clone(), &chain),
@@ -131,12 +142,15 @@ async fn forward(
             Ok(Err(error)) => error,
             Err(_) => {
                 timed_out = true;
-                entry::AttemptError {
-                    retryable: false,
-                    message: "deadline exceeded".into(),
-                }
+                entry::AttemptError::failed(false, "deadline exceeded")
             }
         };
+        if error.declined {
+            tracing::debug!(request_id, error = error.message, "new prefix declined");
+            state.withdraw_assignment(*key, &chain, sent_at);
+            continue;
+        }
+        failed_before = true;
         tracing::warn!(
             request_id,
             target = target.name(&state.node_name),

@@ -7,6 +7,7 @@
 //! requests finish up to the drain timeout, and leaves the mesh.
 
 pub mod config;
+pub mod new_prefixes;
 pub mod publish;
 pub mod routing;
 pub mod state;
@@ -21,6 +22,7 @@ use crate::view::{HTTP_KEY, SharedView};
 use anyhow::Context;
 use config::ServeConfig;
 use kvmesh_protocol::route::{PendingLedger, RecentSends, node_key};
+use new_prefixes::NewPrefixes;
 use prometheus_client::registry::Registry;
 use state::{AppState, SharedState};
 use std::io::Write;
@@ -86,6 +88,10 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
                 },
             )
             .map_err(anyhow::Error::msg)?,
+        ),
+        new_prefixes: NewPrefixes::new(
+            metrics.new_prefixes_in_flight.clone(),
+            metrics.new_prefixes_declined.clone(),
         ),
         metrics,
         registry,

@@ -5,6 +5,7 @@ use crate::mesh::Mesh;
 use crate::metrics::NodeMetrics;
 use crate::prefix::LocalPrefixes;
 use crate::serve::config::ServeConfig;
+use crate::serve::new_prefixes::NewPrefixes;
 use crate::view::{SharedView, monotonic_ms};
 use kvmesh_protocol::LoadDigest;
 use kvmesh_protocol::route::{PendingLedger, RecentSends};
@@ -27,6 +28,8 @@ pub struct AppState {
     pub recent: Mutex<RecentSends>,
     /// This node's own engine cache index and its summary.
     pub prefixes: Mutex<LocalPrefixes>,
+    /// New prefixes this node's engine is computing; admits or declines more.
+    pub new_prefixes: NewPrefixes,
     pub metrics: NodeMetrics,
     pub registry: Registry,
     pub start: Instant,
@@ -53,11 +56,18 @@ impl AppState {
             .clone()
     }
 
-    /// This node sent a request with `chain` to `node_key`.
-    pub fn record_assignment(&self, node_key: u64, chain: &[u64]) {
+    /// This node sent a request with `chain` to `node_key`; returns when, to withdraw it.
+    pub fn record_assignment(&self, node_key: u64, chain: &[u64]) -> u64 {
         let now = self.now_ms();
         lock(&self.ledger).record(node_key, now);
         lock(&self.recent).record(node_key, chain, now);
+        now
+    }
+
+    /// `node_key` declined the request recorded at `at_ms`: it neither queues nor caches it.
+    pub fn withdraw_assignment(&self, node_key: u64, chain: &[u64], at_ms: u64) {
+        lock(&self.ledger).withdraw(node_key, at_ms);
+        lock(&self.recent).withdraw(node_key, chain, at_ms);
     }
 
     /// This node's engine accepted a request with `chain`: its blocks are now cached there.

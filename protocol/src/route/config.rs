@@ -47,6 +47,14 @@ pub struct RouteConfig {
     /// queueing their uncached prefills on one engine (the gsp warm-up tail, BENCHMARKS.md).
     /// 1 gives plain rendezvous. Default 2.
     pub cold_choices: u32,
+    /// New prefixes whose uncached prefills one engine computes at once: while its engine has
+    /// this many in flight (sent, no first byte back yet), a node declines another new prefix's
+    /// first attempt and the entry sends it to the prefix's next choice. The node sees every
+    /// request its engine gets, so this catches the bursts that stale digests hide from the
+    /// entries (see [`super::admit_new_prefix`]). Requests with a first block already in
+    /// flight there are never declined; a declined request's next attempt cannot be. 0 never
+    /// declines. Default 1.
+    pub cold_prefills_per_engine: u32,
     /// Bonus for the session's preferred node: score units, or in the cost form that fraction
     /// of the prompt's whole prefill time. Default 0.3.
     pub session_weight: f64,
@@ -76,6 +84,7 @@ impl Default for RouteConfig {
             load_slack: 2.0,
             spread_margin: 0.05,
             cold_choices: 2,
+            cold_prefills_per_engine: 1,
             session_weight: 0.3,
             min_hit_blocks: 1,
             max_digest_age_ms: 3_000,

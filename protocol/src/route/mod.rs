@@ -5,6 +5,7 @@
 //! inputs give the identical decision on every node, whatever order the candidates come in.
 //! The node feeds it from gossip; the simulator feeds it from a model.
 
+mod admission;
 mod config;
 mod decide;
 mod pending;
@@ -14,6 +15,7 @@ mod rendezvous;
 #[cfg(test)]
 mod tests;
 
+pub use admission::admit_new_prefix;
 pub use config::{Policy, RouteConfig};
 pub use decide::{
     Candidate, DecideScratch, Decision, RouteError, RouteRequest, decide, decide_with,

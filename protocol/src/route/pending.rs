@@ -26,6 +26,16 @@ impl PendingLedger {
         self.sent.entry(node).or_default().push_back(now_ms);
     }
 
+    /// Takes back an assignment recorded at `at_ms` that `node` declined: it never reached
+    /// that engine's queue.
+    pub fn withdraw(&mut self, node: u64, at_ms: u64) {
+        if let Some(times) = self.sent.get_mut(&node)
+            && let Some(i) = times.iter().rposition(|&t| t == at_ms)
+        {
+            times.remove(i);
+        }
+    }
+
     /// Assignments to `node` made after its latest digest arrived (at `digest_received_ms`)
     /// and within the time to live.
     pub fn pending(&self, node: u64, digest_received_ms: u64, now_ms: u64) -> u32 {
@@ -74,5 +84,17 @@ mod tests {
         assert_eq!(ledger.pending(2, 0, 250), 1);
         ledger.prune(5_000, |_| 0);
         assert!(ledger.sent.is_empty());
+    }
+
+    #[test]
+    fn a_withdrawn_assignment_no_longer_counts() {
+        let mut ledger = PendingLedger::new(1_000);
+        ledger.record(1, 100);
+        ledger.record(1, 200);
+        ledger.withdraw(1, 200);
+        ledger.withdraw(2, 200);
+        assert_eq!(ledger.pending(1, 0, 250), 1);
+        ledger.withdraw(1, 100);
+        assert_eq!(ledger.pending(1, 0, 250), 0);
     }
 }

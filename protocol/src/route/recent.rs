@@ -50,6 +50,22 @@ impl RecentSends {
         self.expire(now_ms);
     }
 
+    /// Takes back the send of `chain` to `node` recorded at `at_ms`: the node declined it. A
+    /// later send of the same blocks to the same node stays.
+    pub fn withdraw(&mut self, node: u64, chain: &[u64], at_ms: u64) {
+        for hash in chain {
+            if let Some(nodes) = self.sent.get_mut(hash) {
+                if let Some(i) = nodes.iter().position(|&(n, t)| n == node && t == at_ms) {
+                    nodes.swap_remove(i);
+                    self.entries -= 1;
+                }
+                if nodes.is_empty() {
+                    self.sent.remove(hash);
+                }
+            }
+        }
+    }
+
     /// Leading blocks of `chain` recently sent to `node`.
     pub fn matched(&self, node: u64, chain: &[u64], now_ms: u64) -> u32 {
         let floor = now_ms.saturating_sub(self.ttl_ms);
@@ -152,6 +168,30 @@ mod tests {
         recent.record(7, &[1, 2], 900);
         recent.record(9, &[3], 1_500);
         assert_eq!(recent.matched(7, &[1, 2], 1_500), 2);
+    }
+
+    #[test]
+    fn a_withdrawn_send_no_longer_matches_but_a_later_one_does() {
+        let mut recent = RecentSends::new(1_000, 1_000);
+        recent.record(7, &[1, 2, 3], 100);
+        recent.record(8, &[1, 2, 3], 100);
+        recent.withdraw(7, &[1, 2, 3], 100);
+        assert_eq!(recent.matched(7, &[1, 2, 3], 150), 0);
+        assert_eq!(
+            recent.matched(8, &[1, 2, 3], 150),
+            3,
+            "other nodes' sends stay"
+        );
+        assert_eq!(recent.len(), 3);
+        recent.record(7, &[1, 2], 200);
+        recent.withdraw(7, &[1, 2], 100);
+        assert_eq!(
+            recent.matched(7, &[1, 2], 250),
+            2,
+            "a later send is not withdrawn"
+        );
+        recent.record(9, &[4], 5_000);
+        assert_eq!(recent.len(), 1, "withdrawn sends expire cleanly");
     }
 
     #[test]

@@ -1,0 +1,196 @@
+//! A node whose engine is computing one new prefix declines a second, different one, and the
+//! entry sends it to the prefix's next choice (`serve::new_prefixes`); the same new prefix is
+//! never declined, so it still lands on one engine.
+//!
+//! Two slow modelled engines (a 1,000-token prefill takes about 2 s) and two sidecars with plain
+//! rendezvous cold placement (`cold_choices = 1`), so that where a new prefix goes first is
+//! known in advance: the test computes it with the protocol crate's own hashing and rendezvous
+//! functions, as every sidecar does.
+
+use std::io::Read;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use kvmesh_protocol::HashConfig;
+use kvmesh_protocol::hashing::{Endpoint, hash_request};
+use kvmesh_protocol::route::{node_key, rendezvous_weight};
+use kvmesh_tests::certs::ClusterCa;
+use kvmesh_tests::http::OpenResponse;
+use kvmesh_tests::openai::{completion_body, served_by};
+use kvmesh_tests::{
+    CONVERGENCE_TIMEOUT, Engine, EngineConfig, Request, Sidecar, SidecarConfig, Timing, wait_until,
+};
+use serde_json::Value;
+
+const MODEL: &str = "mock-model";
+/// Long enough for any request of the test to be sent while the first prefill runs.
+const PREFILL_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A prompt of ~1,000 tokens (4 bytes each) whose first block is set by `head`.
+fn prompt(head: &str, tail: &str) -> String {
+    format!(
+        "{head}: {} {tail}",
+        "a long shared system prompt. ".repeat(140)
+    )
+}
+
+/// The node a new prefix goes to first: the highest rendezvous weight on its first block.
+fn first_choice<'a>(body: &Value, nodes: &'a [&'a str]) -> &'a str {
+    let hashes =
+        hash_request(Endpoint::Completions, body, &HashConfig::default()).expect("hashable body");
+    let first_block = hashes.chain[0];
+    nodes
+        .iter()
+        .max_by_key(|name| rendezvous_weight(first_block, node_key(name)))
+        .expect("nodes")
+}
+
+struct Cluster {
+    _engines: Vec<Engine>,
+    nodes: Vec<Sidecar>,
+    _dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    fn start() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = dir.path().join("kvmesh.toml");
+        std::fs::write(&config, "[route]\ncold_choices = 1\n").expect("config file");
+        let ca = ClusterCa::init("admission-e2e");
+        let engines: Vec<Engine> = (0..2)
+            .map(|i| {
+                EngineConfig::new(&format!("engine {i}"), &[MODEL])
+                    .timing(Timing::Scaled(20.0))
+                    .start()
+            })
+            .collect();
+        let mut nodes: Vec<Sidecar> = Vec::new();
+        for (i, engine) in engines.iter().enumerate() {
+            let seeds: Vec<SocketAddr> = nodes.iter().map(Sidecar::mesh_addr).collect();
+            nodes.push(
+                SidecarConfig::new(&format!("n{i}"), &engine.url(), &ca)
+                    .seeds(&seeds)
+                    .arg("--config")
+                    .arg(config.to_str().expect("utf-8 path"))
+                    .start(),
+            );
+        }
+        wait_until(CONVERGENCE_TIMEOUT, "the mesh to converge", || {
+            nodes
+                .iter()
+                .all(|s| s.peer_ids().is_ok_and(|peers| peers.len() == 1))
+        });
+        Cluster {
+            _engines: engines,
+            nodes,
+            _dir: dir,
+        }
+    }
+
+    fn node(&self, name: &str) -> &Sidecar {
+        self.nodes
+            .iter()
+            .find(|n| n.node_id() == name)
+            .expect("node")
+    }
+
+    fn metric(&self, name: &str, metric: &str) -> f64 {
+        self.node(name)
+            .metric(metric, &[])
+            .expect("metrics")
+            .unwrap_or(0.0)
+    }
+}
+
+/// Reads a response to its end; returns the body.
+fn finish(mut response: OpenResponse) -> String {
+    let mut body = String::new();
+    response.read_to_string(&mut body).expect("response body");
+    body
+}
+
+/// One round: a new prefix A enters at `a_entry` and its prefill runs on its first choice X;
+/// meanwhile a different new prefix B whose first choice is also X, entering at the same node
+/// as A, is served by the other node, and a request sharing A's prefix still goes to X.
+fn round(cluster: &Cluster, tag: &str, a_entry_is_x: bool) {
+    let names = ["n0", "n1"];
+    let a_body = completion_body(
+        MODEL,
+        &prompt(&format!("{tag} A"), "first question"),
+        2,
+        true,
+    );
+    let x = first_choice(&a_body, &names);
+    let y = names.iter().copied().find(|n| *n != x).expect("two nodes");
+    // A different new prefix that also goes to X first.
+    let b_body = (0..)
+        .map(|i| completion_body(MODEL, &prompt(&format!("{tag} B{i}"), "q"), 1, false))
+        .find(|body| first_choice(body, &names) == x)
+        .expect("half of all prefixes go to X first");
+    let (a_entry, b_entry) = if a_entry_is_x { (x, x) } else { (y, y) };
+    let declined_before = cluster.metric(x, "kvmesh_new_prefixes_declined_total");
+
+    let a = cluster
+        .node(a_entry)
+        .try_open(Request::post_json("/v1/completions", &a_body).timeout(PREFILL_TIMEOUT))
+        .expect("A's response head");
+    assert_eq!(a.status, 200);
+    assert_eq!(
+        a.header("x-kvmesh-node"),
+        Some(x),
+        "A goes to its first choice"
+    );
+    assert_eq!(a.header("x-kvmesh-reason"), Some("cold-hash"));
+    wait_until(Duration::from_secs(10), "A to be counted on X", || {
+        cluster.metric(x, "kvmesh_new_prefixes_in_flight") == 1.0
+    });
+
+    let b = cluster
+        .node(b_entry)
+        .send(Request::post_json("/v1/completions", &b_body));
+    assert_eq!(b.status, 200, "{}", b.describe());
+    assert_eq!(
+        served_by(&b),
+        y,
+        "B moves to its next choice while X computes A"
+    );
+    assert_eq!(b.header("x-kvmesh-reason"), Some("cold-hash"));
+    assert_eq!(
+        cluster.metric(x, "kvmesh_new_prefixes_declined_total"),
+        declined_before + 1.0
+    );
+
+    // A's prefix keeps going to X while A is computed there (whether X's router already sees
+    // it as held or still as new: the same prefix is never declined for itself).
+    let c_body = completion_body(
+        MODEL,
+        &prompt(&format!("{tag} A"), "second question"),
+        1,
+        false,
+    );
+    let c = cluster
+        .node(x)
+        .send(Request::post_json("/v1/completions", &c_body));
+    assert_eq!(c.status, 200, "{}", c.describe());
+    assert_eq!(served_by(&c), x, "A's prefix is never declined for itself");
+
+    let a_text = finish(a);
+    assert!(
+        a_text.contains("data: [DONE]"),
+        "A's stream completes: {a_text}"
+    );
+    wait_until(
+        Duration::from_secs(10),
+        "X to count nothing in flight",
+        || cluster.metric(x, "kvmesh_new_prefixes_in_flight") == 0.0,
+    );
+}
+
+#[test]
+fn a_busy_engine_declines_a_second_new_prefix_and_the_next_choice_serves_it() {
+    let cluster = Cluster::start();
+    // A forwarded: X's sidecar declines B on the wire, and B's entry serves it itself.
+    round(&cluster, "forwarded", false);
+    // A local to X's sidecar: it declines B before its own engine and forwards it.
+    round(&cluster, "local", true);
+}
