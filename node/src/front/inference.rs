@@ -97,8 +97,9 @@ async fn forward(
     request_id: String,
 ) -> Response<ResponseBody> {
     let attempts = routed.targets.len().min(state.config.retries + 1);
-    // A new prefix's first attempt may be declined by a target busy with others; it then
-    // goes to the prefix's next choice, which every entry node ranks the same.
+    // Any attempt of a new prefix but the last may be declined by a target busy with other
+    // new prefixes; the request then goes down the ranking, which every entry node shares
+    // (the prefix's other rendezvous choice, then the rest by rendezvous weight).
     let new_prefix = chain
         .first()
         .copied()
@@ -120,7 +121,7 @@ async fn forward(
             routed.reason
         };
         head.reason = reason;
-        head.may_decline = new_prefix.is_some() && attempt == 0 && attempt + 1 < attempts;
+        head.may_decline = new_prefix.is_some() && !failed_before && attempt + 1 < attempts;
         let sent_at = state.record_assignment(*key, &chain);
         let sent = tokio::time::timeout(
             state.config.request_timeout,

@@ -49,11 +49,11 @@ pub struct RouteConfig {
     pub cold_choices: u32,
     /// New prefixes whose uncached prefills one engine computes at once: while its engine has
     /// this many in flight (sent, no first byte back yet), a node declines another new prefix's
-    /// first attempt and the entry sends it to the prefix's next choice. The node sees every
-    /// request its engine gets, so this catches the bursts that stale digests hide from the
-    /// entries (see [`super::admit_new_prefix`]). Requests with a first block already in
-    /// flight there are never declined; a declined request's next attempt cannot be. 0 never
-    /// declines. Default 1.
+    /// request and the entry sends it to the next in rank (the prefix's other rendezvous
+    /// choice, then the rest). The node sees every request its engine gets, so this catches
+    /// the bursts that stale digests hide from the entries (see [`super::admit_new_prefix`]).
+    /// Requests with a first block already in flight there are never declined, nor is a
+    /// request's last attempt. 0 never declines. Default 1.
     pub cold_prefills_per_engine: u32,
     /// Bonus for the session's preferred node: score units, or in the cost form that fraction
     /// of the prompt's whole prefill time. Default 0.3.
