@@ -316,7 +316,7 @@ proptest! {
                 // Bounded load: the chosen node is under the cap whenever any node is.
                 let load = |i: usize| f64::from(spec[i].0 + spec[i].1 + spec[i].2);
                 let mean = (eligible.iter().map(|&i| load(i)).sum::<f64>() + 1.0) / eligible.len() as f64;
-                let cap = ((1.0 + config.load_epsilon) * mean + config.load_slack).ceil();
+                let cap = config.load_cap(mean);
                 if eligible.iter().any(|&i| load(i) + 1.0 <= cap) {
                     prop_assert!(load(decision.ranked[0]) + 1.0 <= cap, "load bound exceeded");
                 }

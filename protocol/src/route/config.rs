@@ -28,9 +28,12 @@ pub struct RouteConfig {
     /// under it exists. Default 0.25 (as KubeAI's CHWBL).
     pub load_epsilon: f64,
     /// Additive slack of the load bound, in requests: the cap is
-    /// `ceil((1 + ε) × mean + slack)`. At small loads a difference of a request or two is noise,
-    /// and moving a prefix away from its cache costs more than it balances. 0 gives the pure
-    /// CHWBL bound. Default 2.
+    /// `ceil((1 + ε) × mean + slack)` (see [`RouteConfig::load_cap`]). At small loads a
+    /// difference of a request or two is noise, and moving a prefix away from its cache costs
+    /// more than it balances. Larger values spill less: on the demo's gsp and trace they cut
+    /// mean TTFT, but a hot prefix then stays on fewer engines with longer queues
+    /// (BENCHMARKS.md, "The load bound's slack, again"). 0 gives the pure CHWBL bound.
+    /// Default 2.
     pub load_slack: f64,
     /// Width of the spread band: candidates whose score is within this of the best (score
     /// units; in the cost form, this fraction of the best estimated TTFT) are near-equal, and
@@ -72,6 +75,14 @@ pub struct RouteConfig {
     pub offload_weight: f64,
 }
 
+impl RouteConfig {
+    /// The most load a candidate may reach by taking a request while another stays under it,
+    /// given the mean load (counting the request).
+    pub fn load_cap(&self, mean: f64) -> f64 {
+        ((1.0 + self.load_epsilon) * mean + self.load_slack.max(0.0)).ceil()
+    }
+}
+
 impl Default for RouteConfig {
     fn default() -> Self {
         Self {
@@ -92,5 +103,22 @@ impl Default for RouteConfig {
             default_prefill_tokens_per_s: 5_000.0,
             offload_weight: 0.5,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RouteConfig;
+
+    #[test]
+    fn the_load_cap_is_epsilon_over_the_mean_plus_the_slack() {
+        let config = RouteConfig::default();
+        assert_eq!(config.load_cap(1.0), 4.0);
+        assert_eq!(config.load_cap(9.0), 14.0);
+        let pure = RouteConfig {
+            load_slack: 0.0,
+            ..RouteConfig::default()
+        };
+        assert_eq!(pure.load_cap(8.0), 10.0);
     }
 }

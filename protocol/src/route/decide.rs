@@ -200,7 +200,7 @@ pub fn decide_with(
     // Bounded load: the cap a candidate may reach by taking this request.
     let total_load: u64 = entries.iter().map(|e| u64::from(e.load)).sum();
     let mean = (total_load + 1) as f64 / entries.len() as f64;
-    let cap = ((1.0 + config.load_epsilon) * mean + config.load_slack.max(0.0)).ceil();
+    let cap = config.load_cap(mean);
 
     let best_matched = entries.iter().map(|e| e.matched).max().unwrap_or(0);
     let short = request.chain.is_empty();
