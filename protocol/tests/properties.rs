@@ -2,7 +2,7 @@
 //! the prefix property, and the decision keeps its invariants on arbitrary clusters.
 
 use kvmesh_protocol::hashing::{ChainSeed, chain_from_text, chain_from_tokens};
-use kvmesh_protocol::route::{PendingLedger, RouteError, node_key};
+use kvmesh_protocol::route::{BoundOn, PendingLedger, RouteError, node_key};
 use kvmesh_protocol::summary::{PeerSummary, ShardWire, SummaryBuilder, SummaryConfig};
 use kvmesh_protocol::wire::{
     Frame, FrameDecoder, RequestHead, ResponseHead, WireError, WireErrorCode,
@@ -293,6 +293,7 @@ proptest! {
         chain_seed in any::<u64>(),
         chain_len in 0usize..12,
         cost in any::<bool>(),
+        bound_on_queue in any::<bool>(),
         rotate in any::<usize>(),
         spread in any::<Option<u64>>(),
     ) {
@@ -304,6 +305,7 @@ proptest! {
         if cost {
             config.policy = kvmesh_protocol::route::Policy::Cost;
         }
+        config.bound_on = if bound_on_queue { BoundOn::Queued } else { BoundOn::InFlight };
         let request = RouteRequest { model: "m", chain: &chain, prompt_tokens: chain_len as u32 * 16, tokens_per_block: 16.0, session: None, role: Role::Mixed, spread };
         let eligible: Vec<usize> = (0..spec.len()).filter(|&i| spec[i].3 && spec[i].4).collect();
         match decide(&cands, &request, &config, 1_500) {
@@ -314,7 +316,10 @@ proptest! {
                     prop_assert!(eligible.contains(&i), "picked an unhealthy or foreign node");
                 }
                 // Bounded load: the chosen node is under the cap whenever any node is.
-                let load = |i: usize| f64::from(spec[i].0 + spec[i].1 + spec[i].2);
+                let load = |i: usize| f64::from(match config.bound_on {
+                    BoundOn::InFlight => spec[i].0 + spec[i].1 + spec[i].2,
+                    BoundOn::Queued => spec[i].0 + spec[i].2,
+                });
                 let mean = (eligible.iter().map(|&i| load(i)).sum::<f64>() + 1.0) / eligible.len() as f64;
                 let cap = config.load_cap(mean);
                 if eligible.iter().any(|&i| load(i) + 1.0 <= cap) {

@@ -100,10 +100,7 @@ async fn forward(
     // Any attempt of a new prefix but the last may be declined by a target busy with other
     // new prefixes; the request then goes down the ranking, which every entry node shares
     // (the prefix's other rendezvous choice, then the rest by rendezvous weight).
-    let new_prefix = chain
-        .first()
-        .copied()
-        .filter(|_| routed.reason == RouteReason::ColdHash);
+    let new_prefix = chain.first().copied().filter(|_| routed.new_prefix);
     head.new_prefix = new_prefix;
     let mut failures = Vec::new();
     let mut timed_out = false;

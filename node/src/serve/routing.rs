@@ -12,6 +12,8 @@ pub struct Routed {
     pub target_keys: Vec<u64>,
     pub reason: RouteReason,
     pub matched_blocks: u32,
+    /// No engine held the prompt's first block: a new prefix (see `serve::new_prefixes`).
+    pub new_prefix: bool,
 }
 
 pub enum RouteFailure {
@@ -103,6 +105,8 @@ pub fn route(
                 .collect(),
             reason: decision.reason,
             matched_blocks: decision.matched_blocks,
+            new_prefix: !hashes.chain.is_empty()
+                && decision.best_matched_blocks < state.config.route.min_hit_blocks,
         }),
         Err(RouteError::NoCandidate(model)) => {
             if candidates.iter().any(|c| c.digest.serves(&model)) {

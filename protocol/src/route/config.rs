@@ -10,6 +10,17 @@ pub enum Policy {
     Cost,
 }
 
+/// What the load bound counts per engine.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BoundOn {
+    /// Requests admitted and not finished (running + waiting), plus this node's pending sends.
+    InFlight,
+    /// Requests the engine has not yet scheduled (waiting), plus this node's pending sends:
+    /// the queue a new request would wait in, not the batch it would join.
+    Queued,
+}
+
 /// Every tunable of [`super::decide`]. Defaults are documented on each field.
 #[derive(Copy, Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default)]
@@ -30,11 +41,13 @@ pub struct RouteConfig {
     /// Additive slack of the load bound, in requests: the cap is
     /// `ceil((1 + ε) × mean + slack)` (see [`RouteConfig::load_cap`]). At small loads a
     /// difference of a request or two is noise, and moving a prefix away from its cache costs
-    /// more than it balances. Larger values spill less: on the demo's gsp and trace they cut
-    /// mean TTFT, but a hot prefix then stays on fewer engines with longer queues
-    /// (BENCHMARKS.md, "The load bound's slack, again"). 0 gives the pure CHWBL bound.
-    /// Default 2.
+    /// more than it balances. 0 gives the pure CHWBL bound. Default 2.
     pub load_slack: f64,
+    /// What the bound counts. Default [`BoundOn::Queued`]: an engine running a big batch
+    /// takes one more request into it at little cost to the request, while moving a prefix
+    /// away from its cache costs its whole prefill; a queue is what makes a request wait
+    /// (BENCHMARKS.md, "The load bound's slack, again").
+    pub bound_on: BoundOn,
     /// Width of the spread band: candidates whose score is within this of the best (score
     /// units; in the cost form, this fraction of the best estimated TTFT) are near-equal, and
     /// a request that carries a spread key goes to one of them by rendezvous on that key
@@ -93,6 +106,7 @@ impl Default for RouteConfig {
             waiting_threshold: 16.0,
             load_epsilon: 0.25,
             load_slack: 2.0,
+            bound_on: BoundOn::Queued,
             spread_margin: 0.05,
             cold_choices: 2,
             cold_prefills_per_engine: 1,

@@ -1,6 +1,6 @@
 //! [`decide`]: filter, score, bound, rank.
 
-use super::config::{Policy, RouteConfig};
+use super::config::{BoundOn, Policy, RouteConfig};
 use super::reason::RouteReason;
 use super::rendezvous::rendezvous_weight;
 use crate::digest::{LoadDigest, Role};
@@ -79,6 +79,8 @@ struct Entry {
     node_key: u64,
     matched: u32,
     load: u32,
+    /// What the load bound counts (see [`BoundOn`]).
+    bounded: u32,
     fresh: bool,
 }
 
@@ -187,6 +189,11 @@ pub fn decide_with(
             node_key: candidate.node_key,
             matched: on_gpu + offload_worth,
             load: digest.load().saturating_add(candidate.pending),
+            bounded: match config.bound_on {
+                BoundOn::InFlight => digest.load(),
+                BoundOn::Queued => digest.waiting,
+            }
+            .saturating_add(candidate.pending),
             fresh,
         });
     }
@@ -198,7 +205,7 @@ pub fn decide_with(
     }
 
     // Bounded load: the cap a candidate may reach by taking this request.
-    let total_load: u64 = entries.iter().map(|e| u64::from(e.load)).sum();
+    let total_load: u64 = entries.iter().map(|e| u64::from(e.bounded)).sum();
     let mean = (total_load + 1) as f64 / entries.len() as f64;
     let cap = config.load_cap(mean);
 
@@ -252,7 +259,7 @@ pub fn decide_with(
             _ => 0.0,
         };
         scored.push(Scored {
-            under_bound: f64::from(entry.load) + 1.0 <= cap,
+            under_bound: f64::from(entry.bounded) + 1.0 <= cap,
             base,
             bonus,
         });

@@ -16,7 +16,7 @@ mod rendezvous;
 mod tests;
 
 pub use admission::admit_new_prefix;
-pub use config::{Policy, RouteConfig};
+pub use config::{BoundOn, Policy, RouteConfig};
 pub use decide::{
     Candidate, DecideScratch, Decision, RouteError, RouteRequest, decide, decide_with,
 };

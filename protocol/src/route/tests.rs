@@ -160,6 +160,40 @@ fn a_hot_prefix_spills_past_the_load_bound() {
 }
 
 #[test]
+fn bounded_on_the_queue_a_big_batch_keeps_its_prefix_and_a_queue_spills_it() {
+    let prompt = chain(16, 3);
+    let held = summary_of(&prompt);
+    let queued = RouteConfig::default();
+    assert_eq!(queued.bound_on, BoundOn::Queued);
+    let in_flight = RouteConfig {
+        bound_on: BoundOn::InFlight,
+        ..RouteConfig::default()
+    };
+    let idle = digest(0);
+    // Twelve requests decoding, none waiting: the in-flight bound spills, the queue bound not.
+    let mut batching = digest(0);
+    batching.running = 12;
+    let candidates = |holder| {
+        [
+            candidate("holder", holder, Some(&held)),
+            candidate("x", &idle, None),
+            candidate("y", &idle, None),
+        ]
+    };
+    let decision = decide(&candidates(&batching), &request(&prompt), &in_flight, NOW).unwrap();
+    assert_eq!(decision.reason, RouteReason::LoadSpill);
+    let decision = decide(&candidates(&batching), &request(&prompt), &queued, NOW).unwrap();
+    assert_eq!(
+        (decision.ranked[0], decision.reason),
+        (0, RouteReason::PrefixHit)
+    );
+    // Five waiting: a queue over the bound (mean 2, cap 5), spilled.
+    let queueing = digest(5);
+    let decision = decide(&candidates(&queueing), &request(&prompt), &queued, NOW).unwrap();
+    assert_eq!(decision.reason, RouteReason::LoadSpill);
+}
+
+#[test]
 fn unhealthy_foreign_and_wrong_role_engines_are_never_chosen() {
     let prompt = chain(4, 4);
     let mut sick = digest(0);
