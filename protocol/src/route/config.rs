@@ -46,7 +46,7 @@ pub struct RouteConfig {
     /// What the bound counts. Default [`BoundOn::Queued`]: an engine running a big batch
     /// takes one more request into it at little cost to the request, while moving a prefix
     /// away from its cache costs its whole prefill; a queue is what makes a request wait
-    /// (BENCHMARKS.md, "The load bound's slack, again").
+    /// (BENCHMARKS.md, "The load bound's slack, again, and what it counts").
     pub bound_on: BoundOn,
     /// Width of the spread band: candidates whose score is within this of the best (score
     /// units; in the cost form, this fraction of the best estimated TTFT) are near-equal, and
