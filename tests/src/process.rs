@@ -123,6 +123,10 @@ impl ManagedProcess {
                 }
                 Err(RecvTimeoutError::Disconnected) => {
                     let status = process.wait_exit(Duration::from_secs(5));
+                    // Stdout closed first; what the process wrote to stderr before exiting may
+                    // still be in the pipe: let the readers reach end of file (bounded, in case
+                    // a child of the process keeps the pipe open).
+                    process.wait_readers(Duration::from_secs(2));
                     process.fail(&format!(
                         "exited ({status:?}) before printing a line starting with {ready_prefix:?}"
                     ));
@@ -242,6 +246,14 @@ impl ManagedProcess {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         lines.iter().any(|(_, line)| line.contains(needle))
+    }
+
+    /// Waits up to `timeout` for the output readers to reach end of file.
+    fn wait_readers(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while self.readers.iter().any(|reader| !reader.is_finished()) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     /// Panics with `reason` and the recent output of the process.
