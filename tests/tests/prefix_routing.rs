@@ -4,8 +4,9 @@
 //! What is asserted is what does not depend on the machine's speed: the engines' own
 //! prefix-cache counters, where requests landed, and errors. Time to first token is compared
 //! against round-robin measured in the same test (kvmesh must be lower) and printed; the
-//! figures against the ratios are measured by `scripts/bench-prefix.sh` and recorded
-//! in BENCHMARKS.md.
+//! figures against the ratios come from this test run on release binaries
+//! (`KVMESH_BIN`, `KVMESH_SIM_BIN`: debug sidecars add milliseconds to every request) and from
+//! `scripts/demo.sh`, and are recorded in BENCHMARKS.md.
 
 use std::net::SocketAddr;
 use std::path::Path;

@@ -1,6 +1,6 @@
 //! The new prefixes this node's engine is computing: requests whose prompt no engine held when
 //! their entry decided, sent to this engine (from here or by a peer), not yet answered with a
-//! first byte. For a streamed answer that is the first token, so the entry is exactly the
+//! first byte. For a streamed answer that is the first token, so what is counted is exactly the
 //! uncached prefill; a whole (non-streamed) answer counts until it is complete, which errs
 //! towards sending the next new prefix to its other choice.
 
