@@ -116,18 +116,11 @@ async fn attempt_local(
     if state.is_draining() {
         return Err(AttemptError::retryable("this node is draining"));
     }
-    let new_prefix = match head.new_prefix {
-        Some(first_block) => {
-            let limit = state.config.route.cold_prefills_per_engine;
-            let admitted = state
-                .new_prefixes
-                .admit(first_block, head.may_decline, limit);
-            Some(admitted.ok_or_else(|| {
-                AttemptError::declined("local engine is computing other new prefixes")
-            })?)
-        }
-        None => None,
-    };
+    let limit = state.config.route.cold_prefills_per_engine;
+    let new_prefix = state
+        .new_prefixes
+        .admit_head(&head, limit)
+        .map_err(|_| AttemptError::declined("local engine is computing other new prefixes"))?;
     let method = Method::from_bytes(head.method.as_bytes()).unwrap_or(Method::POST);
     let response = state
         .engine

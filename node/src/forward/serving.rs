@@ -65,21 +65,10 @@ async fn handle(
     }
     let _inflight = InflightGuard::new(&state.inflight_forwarded);
     // A new prefix counts against this engine's uncached prefills until its first byte.
-    let mut new_prefix = match head.new_prefix {
-        Some(first_block) => {
-            let limit = state.config.route.cold_prefills_per_engine;
-            match state
-                .new_prefixes
-                .admit(first_block, head.may_decline, limit)
-            {
-                Some(in_flight) => Some(in_flight),
-                None => {
-                    let busy = "engine is computing other new prefixes";
-                    return reply_error(&mut send, wire_error(WireErrorCode::Busy, busy)).await;
-                }
-            }
-        }
-        None => None,
+    let limit = state.config.route.cold_prefills_per_engine;
+    let Ok(mut new_prefix) = state.new_prefixes.admit_head(&head, limit) else {
+        let busy = "engine is computing other new prefixes";
+        return reply_error(&mut send, wire_error(WireErrorCode::Busy, busy)).await;
     };
     let method = Method::from_bytes(head.method.as_bytes()).unwrap_or(Method::POST);
     let body_for_index = body.clone();

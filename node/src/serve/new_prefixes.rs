@@ -5,6 +5,7 @@
 //! towards sending the next new prefix to its other choice.
 
 use kvmesh_protocol::route::admit_new_prefix;
+use kvmesh_protocol::wire::RequestHead;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use std::sync::{Arc, Mutex};
@@ -46,11 +47,31 @@ impl NewPrefixes {
         })
     }
 
+    /// [`Self::admit`] for a forwarded or local request: its head says whether it carries a
+    /// new prefix and whether it may be declined. `Err(Declined)` when this node declines it.
+    pub fn admit_head(
+        &self,
+        head: &RequestHead,
+        limit: u32,
+    ) -> Result<Option<InFlightPrefix>, Declined> {
+        match head.new_prefix {
+            Some(first_block) => self
+                .admit(first_block, head.may_decline, limit)
+                .map(Some)
+                .ok_or(Declined),
+            None => Ok(None),
+        }
+    }
+
     #[cfg(test)]
     fn len(&self) -> usize {
         lock(&self.in_flight).len()
     }
 }
+
+/// This node declined a new prefix: its engine computes others.
+#[derive(Debug)]
+pub struct Declined;
 
 /// One new prefix in flight; dropping it (at the first byte of the answer, or when the request
 /// ends without one) takes it out.
