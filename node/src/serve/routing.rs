@@ -105,8 +105,7 @@ pub fn route(
                 .collect(),
             reason: decision.reason,
             matched_blocks: decision.matched_blocks,
-            new_prefix: !hashes.chain.is_empty()
-                && decision.best_matched_blocks < state.config.route.min_hit_blocks,
+            new_prefix: decision.new_prefix,
         }),
         Err(RouteError::NoCandidate(model)) => {
             if candidates.iter().any(|c| c.digest.serves(&model)) {

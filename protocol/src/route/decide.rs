@@ -57,6 +57,9 @@ pub struct Decision {
     pub matched_blocks: u32,
     /// The most blocks any candidate is believed to hold.
     pub best_matched_blocks: u32,
+    /// No candidate holds the prompt's first blocks (fewer than `min_hit_blocks`): a new
+    /// prefix, placed by rendezvous on its first block.
+    pub new_prefix: bool,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -307,6 +310,7 @@ pub fn decide_with(
         reason,
         matched_blocks: chosen_entry.matched,
         best_matched_blocks: best_matched,
+        new_prefix: cold,
     })
 }
 

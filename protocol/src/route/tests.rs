@@ -84,6 +84,7 @@ fn the_engine_holding_the_prefix_wins() {
     let decision = decide(&candidates, &request(&prompt), &RouteConfig::default(), NOW).unwrap();
     assert_eq!(decision.ranked[0], 1);
     assert_eq!(decision.reason, RouteReason::PrefixHit);
+    assert!(!decision.new_prefix);
     assert_eq!(decision.matched_blocks, 24);
     assert_eq!(decision.ranked.len(), 3);
 }
@@ -414,6 +415,7 @@ fn a_cold_prefix_goes_to_the_less_loaded_of_its_two_rendezvous_choices() {
     let chosen = |candidates: &[Candidate<'_>], config: &RouteConfig| {
         let d = decide(candidates, &request(&prompt), config, NOW).unwrap();
         assert_eq!(d.reason, RouteReason::ColdHash);
+        assert!(d.new_prefix);
         candidates[d.ranked[0]].node_key
     };
     let config = RouteConfig::default();
