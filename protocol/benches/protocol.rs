@@ -1,9 +1,10 @@
-//! Criterion benches of the hot paths: hashing a prompt, deciding over many candidates, and
-//! encoding/decoding summary shards. Run: `cargo bench -p kvmesh-protocol --bench protocol`.
+//! Criterion benches of the hot paths: hashing a prompt, deciding over many candidates,
+//! encoding/decoding summary shards, and the per-request bookkeeping of entry and serving nodes. Run: `cargo bench -p kvmesh-protocol --bench protocol`.
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use kvmesh_protocol::hashing::{ChainSeed, Endpoint, chain_from_text, hash_request};
-use kvmesh_protocol::route::{decide, node_key};
+use kvmesh_protocol::index::PrefixIndex;
+use kvmesh_protocol::route::{RecentSends, decide, node_key};
 use kvmesh_protocol::summary::{PeerSummary, ShardWire, SummaryBuilder, SummaryConfig};
 use kvmesh_protocol::{Candidate, HashConfig, LoadDigest, Role, RouteConfig, RouteRequest};
 use std::hint::black_box;
@@ -162,5 +163,48 @@ fn summaries(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, hashing, deciding, summaries);
+/// The chains of a gsp-like stream: 16 shared 128-block prefixes, each request with its own
+/// 8-block tail (a 2048-token system prompt and a 128-token question at 16 tokens per block).
+fn gsp_chains(count: usize) -> Vec<Vec<u64>> {
+    let prefixes: Vec<Vec<u64>> = (0..16)
+        .map(|g| uniform(100 + g).take(128).collect())
+        .collect();
+    let mut tails = uniform(7);
+    (0..count)
+        .map(|i| {
+            let mut chain = prefixes[i % prefixes.len()].clone();
+            chain.extend(tails.by_ref().take(8));
+            chain
+        })
+        .collect()
+}
+
+/// What every request costs besides hashing and deciding: the entry records where it sent the
+/// chain (optimistic matches), the serving node indexes the chain it served.
+fn bookkeeping(c: &mut Criterion) {
+    let chains = gsp_chains(4096);
+    let mut group = c.benchmark_group("bookkeeping");
+    // 500 requests/s over 4 peers with the node's 3 s time to live: each call also expires the
+    // send of 1,500 calls before.
+    let mut recent = RecentSends::new(3_000, 1_000_000);
+    let (mut now, mut i) = (0u64, 0usize);
+    group.bench_function("recent_sends_record_136_blocks", |b| {
+        b.iter(|| {
+            now += 2;
+            i += 1;
+            recent.record(i as u64 % 4, black_box(&chains[i % chains.len()]), now);
+        })
+    });
+    // An engine's worth of blocks (4096, the demo's), full: every insert evicts 8.
+    let mut index = PrefixIndex::new(4096);
+    group.bench_function("prefix_index_insert_136_blocks_at_capacity", |b| {
+        b.iter(|| {
+            i += 1;
+            index.insert_chain(black_box(&chains[i % chains.len()]))
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, hashing, deciding, summaries, bookkeeping);
 criterion_main!(benches);

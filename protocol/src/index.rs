@@ -7,7 +7,8 @@
 //! block is the most recently used, like vLLM, which frees a finished request's blocks tail
 //! first so that a shared prefix outlives the suffixes that hang off it.
 
-use std::collections::{BTreeMap, HashMap};
+use crate::block_map::BlockMap;
+use std::collections::BTreeMap;
 
 /// What an operation changed, for the summary that advertises the index.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -20,7 +21,7 @@ pub struct IndexChanges {
 #[derive(Debug)]
 pub struct PrefixIndex {
     capacity: usize,
-    stamp_of: HashMap<u64, u64>,
+    stamp_of: BlockMap<u64, u64>,
     by_stamp: BTreeMap<u64, u64>,
     clock: u64,
 }
@@ -29,7 +30,7 @@ impl PrefixIndex {
     pub fn new(capacity: usize) -> Self {
         Self {
             capacity,
-            stamp_of: HashMap::new(),
+            stamp_of: BlockMap::default(),
             by_stamp: BTreeMap::new(),
             clock: 0,
         }

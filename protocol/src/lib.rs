@@ -13,6 +13,7 @@
 //! Nothing here does IO or reads a clock: time is always an argument, so the cluster simulator
 //! runs exactly the code the sidecar runs.
 
+pub mod block_map;
 pub mod codec;
 pub mod digest;
 pub mod hashing;

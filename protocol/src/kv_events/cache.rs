@@ -12,8 +12,8 @@
 //! independently, since a hit in an offload tier still costs a transfer.
 
 use super::decode::{KvEvent, Medium};
+use crate::block_map::BlockMap;
 use crate::hashing::{ChainSeed, extend_with_tokens};
-use std::collections::HashMap;
 
 /// A published tier of the cache.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -87,9 +87,9 @@ struct Mapped {
 #[derive(Debug)]
 pub struct ExactCache {
     block_tokens: usize,
-    by_vllm: HashMap<u64, Mapped>,
+    by_vllm: BlockMap<u64, Mapped>,
     /// Per medium (index of [`MEDIA`]): mesh hash → how many vLLM blocks hold it there.
-    held: [HashMap<u64, u32>; 3],
+    held: [BlockMap<u64, u32>; 3],
     /// Mesh hashes in the CPU or storage medium (kept, not recounted per event).
     offload_len: usize,
 }
@@ -99,7 +99,7 @@ impl ExactCache {
     pub fn new(block_tokens: usize) -> Self {
         Self {
             block_tokens,
-            by_vllm: HashMap::new(),
+            by_vllm: BlockMap::default(),
             held: Default::default(),
             offload_len: 0,
         }

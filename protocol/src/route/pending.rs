@@ -2,12 +2,13 @@
 //! reflect. Without it, many entry nodes reading the same stale digest all pick the same idle
 //! engine.
 
-use std::collections::{HashMap, VecDeque};
+use crate::block_map::BlockMap;
+use std::collections::VecDeque;
 
 /// This node's recent assignments per peer, counted until a digest newer than them arrives.
 #[derive(Debug)]
 pub struct PendingLedger {
-    sent: HashMap<u64, VecDeque<u64>>,
+    sent: BlockMap<u64, VecDeque<u64>>,
     ttl_ms: u64,
 }
 
@@ -16,7 +17,7 @@ impl PendingLedger {
     /// publishing must not look loaded forever on our account).
     pub fn new(ttl_ms: u64) -> Self {
         Self {
-            sent: HashMap::new(),
+            sent: BlockMap::default(),
             ttl_ms,
         }
     }

@@ -6,12 +6,13 @@
 //! is computing it instead of scattering them. Entries expire after a time to live, by which
 //! the peer's own summary confirms (or contradicts) them.
 
-use std::collections::{HashMap, VecDeque};
+use crate::block_map::BlockMap;
+use std::collections::VecDeque;
 
 #[derive(Debug)]
 pub struct RecentSends {
     /// Hash → the nodes it was sent to, with the send time.
-    sent: HashMap<u64, Vec<(u64, u64)>>,
+    sent: BlockMap<u64, Vec<(u64, u64)>>,
     /// Sends in time order, for expiry: (time, node, chain).
     log: VecDeque<(u64, u64, Vec<u64>)>,
     ttl_ms: u64,
@@ -23,7 +24,7 @@ pub struct RecentSends {
 impl RecentSends {
     pub fn new(ttl_ms: u64, max_entries: usize) -> Self {
         Self {
-            sent: HashMap::new(),
+            sent: BlockMap::default(),
             log: VecDeque::new(),
             ttl_ms,
             max_entries,

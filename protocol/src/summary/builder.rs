@@ -2,7 +2,7 @@
 
 use super::shard::{ShardBody, ShardWire};
 use super::{SummaryConfig, bloom};
-use std::collections::HashSet;
+use crate::block_map::BlockSet;
 
 /// One shard ready to publish.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -16,7 +16,7 @@ pub struct EncodedShard {
 pub struct SummaryBuilder {
     config: SummaryConfig,
     generation: u64,
-    sets: Vec<HashSet<u64>>,
+    sets: Vec<BlockSet<u64>>,
     versions: Vec<u64>,
     dirty: Vec<bool>,
 }
@@ -30,7 +30,7 @@ impl SummaryBuilder {
         Ok(Self {
             config,
             generation,
-            sets: vec![HashSet::new(); shards],
+            sets: vec![BlockSet::default(); shards],
             versions: vec![0; shards],
             dirty: vec![false; shards],
         })
@@ -66,11 +66,11 @@ impl SummaryBuilder {
     }
 
     pub fn len(&self) -> usize {
-        self.sets.iter().map(HashSet::len).sum()
+        self.sets.iter().map(BlockSet::len).sum()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.sets.iter().all(HashSet::is_empty)
+        self.sets.iter().all(BlockSet::is_empty)
     }
 
     /// Number of shards changed since the last [`Self::publish_dirty`].
