@@ -17,8 +17,8 @@ pub enum CertCommand {
         /// Cluster id, recorded in the CA's name.
         #[arg(long, default_value = "kvmesh")]
         cluster_id: String,
-        /// Validity of the CA in days.
-        #[arg(long, default_value_t = 3650)]
+        /// Validity of the CA in days (1 to 36500).
+        #[arg(long, default_value_t = 3650, value_parser = valid_days())]
         days: u64,
     },
     /// Issue a node certificate signed by the CA in DIR: NAME.pem and NAME.key (mode 0600),
@@ -36,13 +36,19 @@ pub enum CertCommand {
         /// Extra subject alternative names: host names or IP addresses, comma-separated.
         #[arg(long, value_delimiter = ',')]
         san: Vec<String>,
-        /// Validity of the certificate in days.
-        #[arg(long, default_value_t = 365)]
+        /// Validity of the certificate in days (1 to 36500).
+        #[arg(long, default_value_t = 365, value_parser = valid_days())]
         days: u64,
     },
 }
 
 const DAY: u64 = 24 * 3600;
+
+/// A validity a certificate can carry: at least a day, at most a century (longer would
+/// overflow the date arithmetic, and no CA should outlive the cluster by that much).
+fn valid_days() -> clap::builder::RangedU64ValueParser<u64> {
+    clap::value_parser!(u64).range(1..=36_500)
+}
 
 pub fn run(command: CertCommand) -> anyhow::Result<()> {
     match command {
@@ -70,4 +76,26 @@ pub fn run(command: CertCommand) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        command: CertCommand,
+    }
+
+    #[test]
+    fn validity_is_bounded_instead_of_overflowing() {
+        let parse = |args: &[&str]| Cli::try_parse_from([&["kvmesh"], args].concat());
+        assert!(parse(&["init", "--dir", "d", "--days", "0"]).is_err());
+        assert!(parse(&["init", "--dir", "d", "--days", "99999999999999"]).is_err());
+        assert!(parse(&["issue", "--dir", "d", "--node", "n", "--days", "36501"]).is_err());
+        assert!(parse(&["issue", "--dir", "d", "--node", "n", "--days", "36500"]).is_ok());
+        assert!(parse(&["init", "--dir", "d"]).is_ok());
+    }
 }

@@ -21,6 +21,9 @@ pub enum Outcome {
     Failed,
     /// The response started, then broke.
     Interrupted,
+    /// The client went away before the whole answer was relayed (the engine's request was
+    /// cancelled).
+    Cancelled,
 }
 
 impl Outcome {
@@ -31,6 +34,7 @@ impl Outcome {
             Outcome::NoTarget => "no_target",
             Outcome::Failed => "failed",
             Outcome::Interrupted => "interrupted",
+            Outcome::Cancelled => "cancelled",
         }
     }
 }

@@ -1,17 +1,28 @@
 //! Bad input at the HTTP front gets OpenAI-shaped errors with the right status, and the node
 //! keeps serving afterwards: wrong or missing API key → 401, malformed JSON → 400, body over
-//! the limit → 413, unknown model → 404 naming the models there are.
+//! the limit → 413, unknown model → 404 naming the models there are, a body that stalls → 408,
+//! a header that stalls → the connection is closed. Every refusal carries the request's id and
+//! is counted as rejected.
 
 use kvmesh_tests::openai::{CHAT_COMPLETIONS, COMPLETIONS, assert_openai_error};
 use kvmesh_tests::{CONVERGENCE_TIMEOUT, Call, Cluster, NodeSpec, Request, call};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
 
 const API_KEY: &str = "e2e-secret-key";
 const MAX_BODY_BYTES: u64 = 4096;
+/// The guarded nodes' `--client-timeout-secs`.
+const CLIENT_TIMEOUT_SECS: u64 = 2;
 
 /// Two nodes with an API key and a small body limit; `b` adds a model only it serves.
 fn guarded_cluster() -> Cluster {
     let guard = |config: kvmesh_tests::SidecarConfig| {
-        config.api_key(API_KEY).max_body_bytes(MAX_BODY_BYTES)
+        config
+            .api_key(API_KEY)
+            .max_body_bytes(MAX_BODY_BYTES)
+            .arg("--client-timeout-secs")
+            .arg(&CLIENT_TIMEOUT_SECS.to_string())
     };
     let mut cluster = Cluster::empty();
     cluster.join_with(&NodeSpec::new("a", &["shared"]), guard);
@@ -56,11 +67,26 @@ fn a_wrong_or_missing_api_key_gets_401() {
         ),
         ("models, no key", Request::get("/v1/models")),
     ];
-    for (what, request) in attempts {
-        let response = send_raw(&cluster, request);
+    let rejected = || {
+        let metric = cluster.sidecar("a").metric(
+            "kvmesh_requests_total",
+            &[("reason", "none"), ("outcome", "rejected")],
+        );
+        metric
+            .unwrap_or_else(|error| panic!("{error}"))
+            .unwrap_or(0.0)
+    };
+    let rejected_before = rejected();
+    for (what, request) in &attempts {
+        let response = send_raw(&cluster, request.clone());
         assert_eq!(response.status, 401, "{what}: {}", response.describe());
         assert_openai_error(&response, 401);
     }
+    assert_eq!(
+        rejected() - rejected_before,
+        attempts.len() as f64,
+        "every 401 is counted as a rejected request"
+    );
     // The key itself works, for forwarded requests too.
     let served = call(
         cluster.sidecar("a"),
@@ -91,8 +117,15 @@ fn malformed_json_gets_400() {
         for body in bodies {
             let response = sidecar.send(Request::post(path, body.to_vec()));
             assert_openai_error(&response, 400);
+            let id = response.header("x-request-id").unwrap_or_default();
+            assert!(id.starts_with("kvmesh-a-"), "a generated id: {id:?}");
         }
     }
+    // A client's own id comes back on a refusal too.
+    let response =
+        sidecar.send(Request::post(COMPLETIONS, b"{".to_vec()).header("x-request-id", "client-7"));
+    assert_openai_error(&response, 400);
+    assert_eq!(response.header("x-request-id"), Some("client-7"));
     // Nothing broke.
     for kind in Call::ALL {
         call(sidecar, kind, "shared", "after the bad ones");
@@ -143,4 +176,51 @@ fn an_unknown_model_gets_404_naming_the_available_ones() {
             }
         }
     }
+}
+
+/// Writes `bytes` on a fresh connection to node a, then reads until the server closes it (or
+/// 15 s pass); returns what came back and when the connection ended.
+fn stall_with(cluster: &Cluster, bytes: &[u8]) -> (String, Duration) {
+    let mut stream = TcpStream::connect(cluster.sidecar("a").http_addr()).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(15)))
+        .expect("read timeout");
+    let started = Instant::now();
+    stream.write_all(bytes).expect("write");
+    let mut answer = Vec::new();
+    // Ends at EOF (the server closed) or at the read timeout (it did not).
+    let _ = stream.read_to_end(&mut answer);
+    (
+        String::from_utf8_lossy(&answer).into_owned(),
+        started.elapsed(),
+    )
+}
+
+#[test]
+fn a_client_that_stalls_is_cut_off() {
+    let cluster = guarded_cluster();
+    let bound = Duration::from_secs(CLIENT_TIMEOUT_SECS);
+    // A body that never arrives whole: 408 in the OpenAI shape, after the client timeout.
+    let head = format!(
+        "POST {COMPLETIONS} HTTP/1.1\r\nhost: a\r\nauthorization: Bearer {API_KEY}\r\n\
+         content-type: application/json\r\ncontent-length: 100\r\n\r\n{{\"model\":"
+    );
+    let (answer, took) = stall_with(&cluster, head.as_bytes());
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer:?}");
+    assert!(answer.contains("\"code\":408"), "{answer:?}");
+    assert!(took >= bound && took < Duration::from_secs(12), "{took:?}");
+    // A header that never ends: the connection is closed.
+    let (answer, took) = stall_with(
+        &cluster,
+        format!("POST {COMPLETIONS} HTTP/1.1\r\nhost:").as_bytes(),
+    );
+    assert!(!answer.starts_with("HTTP/1.1 2"), "{answer:?}");
+    assert!(took >= bound && took < Duration::from_secs(12), "{took:?}");
+    // Well-behaved clients are still served.
+    call(
+        cluster.sidecar("a"),
+        Call::Completion,
+        "shared",
+        "after the stalls",
+    );
 }

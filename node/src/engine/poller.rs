@@ -1,9 +1,11 @@
 //! Polls the local engine and keeps the latest [`EngineState`]: `/metrics` every tick (the
 //! digest interval, ~100 ms), `/health` every 5th tick, `/v1/models` every 20th. An engine
-//! that fails either call is unhealthy at once: its sidecar stays an entry point but stops
-//! being a target until the engine answers again.
+//! that refuses connections is unhealthy at once; one that answers late or with an error is
+//! unhealthy from its third failed poll in a row (see [`still_healthy`]). An unhealthy
+//! engine's sidecar stays an entry point but stops being a target until the engine answers
+//! again.
 
-use super::client::EngineClient;
+use super::client::{EngineClient, EngineError};
 use super::metrics::{self, EngineMetrics};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,6 +16,44 @@ use tokio::task::JoinHandle;
 const EWMA_WEIGHT: f64 = 0.3;
 const HEALTH_EVERY: u64 = 5;
 const MODELS_EVERY: u64 = 20;
+/// Failed polls in a row a reachable engine may have and stay a target: a vLLM busy with a
+/// large batch can be slow to answer `/metrics` once in a while, and dropping out of every
+/// node's candidates for that would move its traffic for nothing.
+const TOLERATED_FAILED_POLLS: u32 = 2;
+
+/// Why a poll failed.
+struct PollFailure {
+    why: String,
+    /// Nothing listens (connection refused or reset): the engine is down, not slow.
+    unreachable: bool,
+}
+
+impl PollFailure {
+    fn new(path: &str, error: &EngineError) -> Self {
+        Self {
+            why: format!("{path}: {error}"),
+            unreachable: matches!(error, EngineError::Unreachable(_)),
+        }
+    }
+
+    fn invalid(path: &str, why: String) -> Self {
+        Self {
+            why: format!("{path}: {why}"),
+            unreachable: false,
+        }
+    }
+}
+
+/// Whether the engine stays a target after a poll: it must have named its models, and either
+/// have answered, or have failed only a few polls in a row (`failed_in_a_row`, this one
+/// included) while still accepting connections.
+fn still_healthy(failure: Option<&PollFailure>, failed_in_a_row: u32, has_models: bool) -> bool {
+    has_models
+        && match failure {
+            None => true,
+            Some(failure) => !failure.unreachable && failed_in_a_row <= TOLERATED_FAILED_POLLS,
+        }
+}
 
 /// What the node knows of its engine.
 #[derive(Clone, Debug, Default)]
@@ -64,13 +104,14 @@ async fn poll_loop(client: EngineClient, interval: Duration, tx: watch::Sender<A
     let mut state = EngineState::default();
     let mut previous: Option<(EngineMetrics, Instant)> = None;
     let mut tick: u64 = 0;
+    let mut failed_in_a_row: u32 = 0;
     loop {
         ticker.tick().await;
         let mut failure = None;
         if tick.is_multiple_of(HEALTH_EVERY)
             && let Err(e) = client.get_text("/health", timeout).await
         {
-            failure = Some(format!("/health: {e}"));
+            failure = Some(PollFailure::new("/health", &e));
         }
         if failure.is_none() && (tick.is_multiple_of(MODELS_EVERY) || state.models.is_empty()) {
             match client
@@ -82,8 +123,8 @@ async fn poll_loop(client: EngineClient, interval: Duration, tx: watch::Sender<A
                     state.models = models;
                     state.loras = loras;
                 }
-                Ok(Err(e)) => failure = Some(format!("/v1/models: {e}")),
-                Err(e) => failure = Some(format!("/v1/models: {e}")),
+                Ok(Err(e)) => failure = Some(PollFailure::invalid("/v1/models", e.to_string())),
+                Err(e) => failure = Some(PollFailure::new("/v1/models", &e)),
             }
         }
         if failure.is_none() {
@@ -97,18 +138,36 @@ async fn poll_loop(client: EngineClient, interval: Duration, tx: watch::Sender<A
                     state.metrics = current.clone();
                     previous = Some((current, now));
                 }
-                Err(e) => failure = Some(format!("/metrics: {e}")),
+                Err(e) => failure = Some(PollFailure::new("/metrics", &e)),
             }
         }
+        failed_in_a_row = if failure.is_some() {
+            failed_in_a_row + 1
+        } else {
+            0
+        };
         let was_healthy = state.healthy;
-        state.healthy = failure.is_none() && !state.models.is_empty();
+        state.healthy = still_healthy(failure.as_ref(), failed_in_a_row, !state.models.is_empty());
         if was_healthy != state.healthy {
             match &failure {
-                Some(why) => tracing::warn!(engine = client.base_url(), %why, "engine unhealthy"),
+                Some(failure) => {
+                    tracing::warn!(
+                        engine = client.base_url(),
+                        why = failure.why,
+                        "engine unhealthy"
+                    )
+                }
                 None => tracing::info!(engine = client.base_url(), "engine healthy"),
             }
+        } else if let Some(failure) = failure.as_ref().filter(|_| state.healthy) {
+            tracing::debug!(
+                engine = client.base_url(),
+                why = failure.why,
+                failed_in_a_row,
+                "engine poll failed; still a target"
+            );
         }
-        state.last_error = failure;
+        state.last_error = failure.map(|f| f.why);
         state.polls += 1;
         tick += 1;
         if tx.send(Arc::new(state.clone())).is_err() {
@@ -183,6 +242,24 @@ mod tests {
             (vec!["base".into()], vec!["sql-lora".into()])
         );
         assert!(parse_models("{}").is_err());
+    }
+
+    #[test]
+    fn a_slow_engine_stays_a_target_for_a_few_polls_a_dead_one_does_not() {
+        let slow = PollFailure::new("/metrics", &EngineError::Timeout(Duration::from_secs(1)));
+        let refused = PollFailure::new("/metrics", &EngineError::Unreachable("refused".into()));
+        assert!(still_healthy(None, 0, true));
+        assert!(!still_healthy(None, 0, false), "no models named yet");
+        assert!(still_healthy(Some(&slow), 1, true));
+        assert!(still_healthy(Some(&slow), TOLERATED_FAILED_POLLS, true));
+        assert!(!still_healthy(
+            Some(&slow),
+            TOLERATED_FAILED_POLLS + 1,
+            true
+        ));
+        assert!(!still_healthy(Some(&refused), 1, true));
+        let garbled = PollFailure::invalid("/v1/models", "not JSON".into());
+        assert!(still_healthy(Some(&garbled), 1, true));
     }
 
     #[test]

@@ -90,7 +90,7 @@ impl Ledger {
                     served_by = self.served_by,
                     "client went away; upstream cancelled"
                 );
-                Outcome::Answered
+                Outcome::Cancelled
             }
             End::Broken(why) => {
                 tracing::warn!(served_by = self.served_by, %why, "response broke after it started");

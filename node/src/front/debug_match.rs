@@ -30,7 +30,7 @@ async fn matches(
     request: Request<Incoming>,
 ) -> Result<serde_json::Value, ApiError> {
     let (parts, body) = request.into_parts();
-    let body = read_body(&parts.headers, body, state.config.max_body_bytes).await?;
+    let body = read_body(&parts.headers, body, &state.config).await?;
     let json = parse_json(&body)?;
     let endpoint = if json.get("messages").is_some() {
         Endpoint::ChatCompletions

@@ -47,7 +47,7 @@ impl ApiError {
             StatusCode::METHOD_NOT_ALLOWED => "MethodNotAllowedError",
             StatusCode::PAYLOAD_TOO_LARGE => "RequestTooLargeError",
             StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailableError",
-            StatusCode::GATEWAY_TIMEOUT => "TimeoutError",
+            StatusCode::GATEWAY_TIMEOUT | StatusCode::REQUEST_TIMEOUT => "TimeoutError",
             status if status.is_server_error() => "InternalServerError",
             _ => "BadRequestError",
         }

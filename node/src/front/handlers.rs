@@ -3,6 +3,7 @@
 use super::body::{ResponseBody, full};
 use super::errors::ApiError;
 use super::{debug_match, inference};
+use crate::metrics::Outcome;
 use crate::serve::routing::served_models;
 use crate::serve::state::SharedState;
 use hyper::body::Incoming;
@@ -26,7 +27,10 @@ pub async fn handle(
             | "/debug/cluster"
             | "/debug/match",
         ) => match authorize(&state, &request) {
-            Err(error) => error.into_response(),
+            Err(error) => {
+                state.metrics.record_request("none", Outcome::Rejected);
+                error.into_response()
+            }
             Ok(()) => match (method, path.as_str()) {
                 (&Method::POST, "/v1/completions") => {
                     inference::handle(state, request, Endpoint::Completions).await

@@ -8,6 +8,7 @@ use crate::forward::entry;
 use crate::forward::headers::request_headers_for_engine;
 use crate::forward::relay::relay;
 use crate::metrics::Outcome;
+use crate::serve::config::ServeConfig;
 use crate::serve::routing::{RouteFailure, Routed, route};
 use crate::serve::state::SharedState;
 use crate::view::unix_ms;
@@ -31,10 +32,28 @@ pub async fn handle(
     endpoint: Endpoint,
 ) -> Response<ResponseBody> {
     let request_id = request_id(&state, &request);
+    let mut response = answer(state, request, endpoint, request_id.clone()).await;
+    // Every answer names its request, refusals and failures included, so that a client's
+    // report can be found in the logs of the node it called.
+    if let Ok(value) = HeaderValue::from_str(&request_id) {
+        response
+            .headers_mut()
+            .entry(HeaderName::from_static("x-request-id"))
+            .or_insert(value);
+    }
+    response
+}
+
+async fn answer(
+    state: SharedState,
+    request: Request<Incoming>,
+    endpoint: Endpoint,
+    request_id: String,
+) -> Response<ResponseBody> {
     let path = request.uri().path().to_owned();
     let (parts, body) = request.into_parts();
     let prepared = async {
-        let body = read_body(&parts.headers, body, state.config.max_body_bytes).await?;
+        let body = read_body(&parts.headers, body, &state.config).await?;
         let json = parse_json(&body)?;
         let hashes = hash_for_routing(&state, endpoint, &json).await?;
         Ok::<_, ApiError>((body, hashes))
@@ -148,6 +167,8 @@ async fn forward(
             state.withdraw_assignment(*key, &chain, sent_at);
             continue;
         }
+        // It never reached that engine's queue or cache (or not in a state worth counting on).
+        state.withdraw_assignment(*key, &chain, sent_at);
         failed_before = true;
         tracing::warn!(
             request_id,
@@ -175,11 +196,16 @@ async fn forward(
     } else {
         StatusCode::BAD_GATEWAY
     };
-    ApiError::new(
+    let mut response = ApiError::new(
         status,
         format!("every attempt failed: {}", failures.join("; ")),
     )
-    .into_response()
+    .into_response();
+    response.headers_mut().insert(
+        HeaderName::from_static("x-kvmesh-reason"),
+        HeaderValue::from_static(routed.reason.as_str()),
+    );
+    response
 }
 
 fn response_headers(
@@ -200,13 +226,15 @@ fn response_headers(
     headers
 }
 
-/// Reads the whole body, refusing more than `limit` bytes (413) before reading it when the
-/// client declares its length.
+/// Reads the whole body, refusing more than the limit (413) before reading it when the client
+/// declares its length, and a body that takes longer than the client timeout (408): a client
+/// trickling bytes must not hold a connection and its buffer forever.
 pub(super) async fn read_body(
     headers: &http::HeaderMap,
     body: Incoming,
-    limit: usize,
+    config: &ServeConfig,
 ) -> Result<Bytes, ApiError> {
+    let limit = config.max_body_bytes;
     let too_large = || {
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -220,7 +248,17 @@ pub(super) async fn read_body(
     if declared.is_some_and(|len| len > limit as u64) {
         return Err(too_large());
     }
-    match Limited::new(body, limit).collect().await {
+    let collect = tokio::time::timeout(config.client_timeout, Limited::new(body, limit).collect());
+    let Ok(collected) = collect.await else {
+        return Err(ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            format!(
+                "request body not received within {} s",
+                config.client_timeout.as_secs()
+            ),
+        ));
+    };
+    match collected {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(error) if error.is::<http_body_util::LengthLimitError>() => Err(too_large()),
         Err(error) => Err(ApiError::bad_request(format!(

@@ -4,7 +4,7 @@ use super::handlers;
 use crate::serve::state::SharedState;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -36,9 +36,14 @@ pub async fn serve(
         if let Err(error) = stream.set_nodelay(true) {
             tracing::debug!(%peer, %error, "TCP_NODELAY");
         }
-        let state = state.clone();
-        let service = service_fn(move |request| handlers::handle(state.clone(), request));
+        let service_state = state.clone();
+        let service = service_fn(move |request| handlers::handle(service_state.clone(), request));
+        // The timer bounds how long a client may take to send a request's headers (hyper
+        // reads them; without a timer it cannot time them out, and a client that opens a
+        // connection and trickles a header would hold it forever).
         let connection = http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(state.config.client_timeout)
             .keep_alive(true)
             .serve_connection(TokioIo::new(stream), service);
         let connection = graceful.watch(connection);

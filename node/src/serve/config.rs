@@ -62,6 +62,10 @@ pub struct ServeArgs {
     /// Deadline of a request until its response head [default: 600 s].
     #[arg(long, env = "KVMESH_REQUEST_TIMEOUT_SECS")]
     pub request_timeout_secs: Option<u64>,
+    /// How long a client may take to send a request's headers, and then its body, before it
+    /// gets 408 [default: 60 s].
+    #[arg(long, env = "KVMESH_CLIENT_TIMEOUT_SECS")]
+    pub client_timeout_secs: Option<u64>,
     /// On SIGTERM, how long in-flight requests may take to finish [default: 30 s].
     #[arg(long, env = "KVMESH_DRAIN_TIMEOUT_SECS")]
     pub drain_timeout_secs: Option<u64>,
@@ -130,6 +134,7 @@ pub struct ServeConfig {
     pub max_body_bytes: usize,
     pub retries: usize,
     pub request_timeout: Duration,
+    pub client_timeout: Duration,
     pub drain_timeout: Duration,
     pub digest_interval: Duration,
     pub gossip_interval: Duration,
@@ -214,6 +219,21 @@ impl ServeConfig {
                 .or(file.summary_shard_bytes)
                 .unwrap_or(defaults.shard_bytes),
         };
+        let seconds = |value: Option<u64>, flag: &str, default: u64| match value.unwrap_or(default)
+        {
+            0 => bail!("--{flag} must be positive (a zero deadline would refuse every request)"),
+            secs => Ok(Duration::from_secs(secs)),
+        };
+        let request_timeout = seconds(
+            cli.request_timeout_secs.or(file.request_timeout_secs),
+            "request-timeout-secs",
+            600,
+        )?;
+        let client_timeout = seconds(
+            cli.client_timeout_secs.or(file.client_timeout_secs),
+            "client-timeout-secs",
+            60,
+        )?;
         if let Err(why) = SummaryBuilder::new(summary, 0) {
             bail!("--summary-shards / --summary-shard-bytes: {why}");
         }
@@ -242,11 +262,8 @@ impl ServeConfig {
                 .or(file.max_body_bytes)
                 .unwrap_or(32 * 1024 * 1024),
             retries: cli.retries.or(file.retries).unwrap_or(2),
-            request_timeout: Duration::from_secs(
-                cli.request_timeout_secs
-                    .or(file.request_timeout_secs)
-                    .unwrap_or(600),
-            ),
+            request_timeout,
+            client_timeout,
             drain_timeout: Duration::from_secs(
                 cli.drain_timeout_secs
                     .or(file.drain_timeout_secs)
@@ -360,6 +377,15 @@ mod tests {
                 .to_string()
                 .contains("--worker-threads")
         );
+        for zero in ["request", "client"] {
+            let mut cli = args();
+            match zero {
+                "request" => cli.request_timeout_secs = Some(0),
+                _ => cli.client_timeout_secs = Some(0),
+            }
+            let error = ServeConfig::resolve(cli).unwrap_err().to_string();
+            assert!(error.contains(&format!("--{zero}-timeout-secs")), "{error}");
+        }
         let mut cli = args();
         cli.policy = Some("fastest".into());
         assert!(
