@@ -87,6 +87,44 @@ async fn forward_to_a_node_not_accepting_is_refused_not_hung() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_to_a_silent_peer_fail_together_not_one_connect_timeout_after_another() {
+    let ca = TestCa::new();
+    let n1 = start(&ca, "n1", &[]).await;
+    // A UDP socket that never answers: every handshake to it runs into the connect timeout.
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let addr = silent.local_addr().unwrap();
+    let n1 = Arc::new(n1);
+    let started = Instant::now();
+    let opens: Vec<_> = (0..6)
+        .map(|_| {
+            let n1 = n1.clone();
+            tokio::spawn(async move { n1.open_forward_stream(addr).await.map(|_| ()) })
+        })
+        .collect();
+    for open in opens {
+        let result = tokio::time::timeout(CONVERGE, open)
+            .await
+            .expect("bounded")
+            .unwrap();
+        assert!(
+            matches!(
+                result,
+                Err(MeshError::Connect { .. } | MeshError::Timeout { .. })
+            ),
+            "{result:?}"
+        );
+    }
+    // One connect timeout (2 s), not six in a row (12 s).
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(8), "took {took:?}");
+    assert_eq!(
+        n1.metrics().connect_failures.get(),
+        1,
+        "one dial for all six"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_with_certificate_from_another_ca_gets_nothing() {
     let ca = TestCa::new();
     let rogue_ca = TestCa::new();

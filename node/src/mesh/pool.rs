@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use quinn::Connection;
 use tokio::time::timeout;
@@ -31,9 +31,21 @@ impl PeerConnection {
     }
 }
 
+/// After a failed dial, callers for the same peer fail at once for this long instead of each
+/// dialing in turn: requests queued behind a dead peer's handshake would otherwise wait one
+/// connect timeout each, one after another, before their retry on another node.
+const FAILED_DIAL_HOLD: Duration = Duration::from_secs(1);
+
 /// One slot per peer address. The slot's async lock is held while dialing, so concurrent
 /// callers for the same peer wait for one handshake instead of racing several.
-type Slot = Arc<tokio::sync::Mutex<Option<PeerConnection>>>;
+type Slot = Arc<tokio::sync::Mutex<SlotState>>;
+
+#[derive(Default)]
+struct SlotState {
+    conn: Option<PeerConnection>,
+    /// The last dial's failure, while it is recent enough to answer for the next dial.
+    failed: Option<(Instant, String)>,
+}
 
 pub(crate) struct ConnectionPool {
     endpoint: quinn::Endpoint,
@@ -63,18 +75,35 @@ impl ConnectionPool {
     pub async fn get(&self, addr: SocketAddr) -> Result<PeerConnection, MeshError> {
         let slot = self.slot(addr);
         let mut guard = slot.lock().await;
-        if let Some(existing) = guard.as_ref().filter(|c| c.is_open()) {
+        if let Some(existing) = guard.conn.as_ref().filter(|c| c.is_open()) {
             return Ok(existing.clone());
         }
-        *guard = None;
+        guard.conn = None;
+        if let Some((at, reason)) = guard
+            .failed
+            .as_ref()
+            .filter(|(at, _)| at.elapsed() < FAILED_DIAL_HOLD)
+        {
+            return Err(MeshError::Connect {
+                addr,
+                reason: format!(
+                    "a dial {} ms ago failed: {reason}",
+                    at.elapsed().as_millis()
+                ),
+            });
+        }
         match self.dial(addr).await {
             Ok(peer) => {
                 self.metrics.connections_opened.inc();
-                *guard = Some(peer.clone());
+                *guard = SlotState {
+                    conn: Some(peer.clone()),
+                    failed: None,
+                };
                 Ok(peer)
             }
             Err(err) => {
                 self.metrics.connect_failures.inc();
+                guard.failed = Some((Instant::now(), err.to_string()));
                 Err(err)
             }
         }
@@ -86,10 +115,11 @@ impl ConnectionPool {
         let slot = self.slot(addr);
         let mut guard = slot.lock().await;
         if guard
+            .conn
             .as_ref()
             .is_some_and(|c| c.conn.stable_id() == stale.conn.stable_id())
         {
-            *guard = None;
+            guard.conn = None;
         }
     }
 
@@ -100,7 +130,7 @@ impl ConnectionPool {
     /// we listened is kept with its streams. Returns whether it was closed.
     pub async fn close_if_silent(&self, addr: SocketAddr, listen: Duration) -> bool {
         let slot = self.slot(addr);
-        let Some(peer) = slot.lock().await.clone() else {
+        let Some(peer) = slot.lock().await.conn.clone() else {
             return false;
         };
         let received = || peer.conn.stats().udp_rx.datagrams;
@@ -113,10 +143,11 @@ impl ConnectionPool {
         }
         let mut guard = slot.lock().await;
         if guard
+            .conn
             .as_ref()
             .is_some_and(|c| c.conn.stable_id() == peer.conn.stable_id())
         {
-            *guard = None;
+            guard.conn = None;
         }
         drop(guard);
         peer.conn
@@ -130,7 +161,7 @@ impl ConnectionPool {
     pub fn prune(&self) {
         let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
         slots.retain(|_, slot| match slot.try_lock() {
-            Ok(guard) => guard.as_ref().is_some_and(PeerConnection::is_open),
+            Ok(guard) => guard.conn.as_ref().is_some_and(PeerConnection::is_open),
             Err(_) => true,
         });
     }
