@@ -1,6 +1,7 @@
 //! A failure after the first byte reached the client cannot be retried: the stream must end
 //! with an SSE error event (not hang, not end silently, not pretend success), and the entry
-//! keeps working.
+//! keeps working. An engine that goes silent mid-stream counts as failed after the request
+//! timeout.
 
 use std::io;
 use std::time::{Duration, Instant};
@@ -99,5 +100,38 @@ fn a_serving_sidecar_dying_mid_stream_ends_the_stream_with_an_error_event() {
         Call::StreamedChat,
         "near",
         "still fine",
+    );
+}
+
+#[test]
+fn an_engine_silent_mid_stream_ends_the_stream_after_the_request_timeout() {
+    const TIMEOUT_SECS: u64 = 3;
+    let with_timeout = |config: kvmesh_tests::SidecarConfig| {
+        config
+            .arg("--request-timeout-secs")
+            .arg(&TIMEOUT_SECS.to_string())
+    };
+    let mut cluster = Cluster::empty();
+    cluster.join_with(
+        &NodeSpec::new("a", &["near"]).timing(Timing::Scaled(1.0)),
+        with_timeout,
+    );
+    cluster.join_with(
+        &NodeSpec::new("b", &["far"]).timing(Timing::Scaled(1.0)),
+        with_timeout,
+    );
+    cluster.wait_membership(&["a", "b"], CONVERGENCE_TIMEOUT);
+    cluster.wait_models(&["a", "b"], &["far", "near"], CONVERGENCE_TIMEOUT);
+    let events = open_long_stream(&cluster);
+    // The engine's process stops: its connection stays open, nothing more comes.
+    let silent_at = Instant::now();
+    cluster.node_mut("b").engine.process().sigstop();
+    let (rest, ended) = read_rest(events);
+    let took = silent_at.elapsed();
+    cluster.node_mut("b").engine.process().sigcont();
+    assert_ends_with_error_event(&rest, &ended, took);
+    assert!(
+        took >= Duration::from_secs(TIMEOUT_SECS - 1) && took < Duration::from_secs(20),
+        "the stream ended {took:?} after the engine went silent"
     );
 }

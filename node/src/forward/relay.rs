@@ -7,8 +7,10 @@
 //! `content-length` (a chunked encoding would cost a second write and a second wake-up of
 //! the client). If the upstream breaks after the response started, an event stream ends with
 //! an OpenAI-style error event (`data: {"error": ...}`); any other body is aborted, which the
-//! client sees as a truncated response rather than a silently short one. If the client goes
-//! away, hyper drops the body, which drops the upstream and cancels the engine's request.
+//! client sees as a truncated response rather than a silently short one. An upstream silent
+//! for longer than the request timeout counts as broken too: an engine that hangs mid-stream
+//! must not hold the client forever. If the client goes away, hyper drops the body, which
+//! drops the upstream and cancels the engine's request.
 
 use super::entry::{Upstream, UpstreamBody};
 use super::headers::is_event_stream;
@@ -23,8 +25,11 @@ use http::{HeaderName, HeaderValue, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::{Body, Frame as BodyFrame, SizeHint};
 use kvmesh_protocol::wire::{Frame, FrameDecoder};
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
+use tokio::time::{Instant, Sleep};
 
 /// Bytes read from the peer's stream per poll.
 const READ_BUFFER: usize = 16 * 1024;
@@ -38,7 +43,10 @@ pub fn relay(
     reason: &'static str,
 ) -> Response<ResponseBody> {
     let sse = is_event_stream(&upstream.headers);
+    let silence_limit = state.config.request_timeout;
     let body = RelayBody {
+        silence: Box::pin(tokio::time::sleep(silence_limit)),
+        silence_limit,
         source: Some(upstream.body),
         new_prefix: upstream.new_prefix,
         remaining: upstream.content_length,
@@ -103,6 +111,9 @@ impl Ledger {
 }
 
 struct RelayBody {
+    /// Fires when the upstream has sent nothing for `silence_limit`; reset by every chunk.
+    silence: Pin<Box<Sleep>>,
+    silence_limit: Duration,
     /// `None` once the upstream ended (or broke).
     source: Option<UpstreamBody>,
     /// A new prefix this node's engine computes, held until the first byte of the answer.
@@ -152,10 +163,19 @@ impl Body for RelayBody {
         let Some(source) = this.source.as_mut() else {
             return Poll::Ready(None);
         };
-        let next = match source {
-            UpstreamBody::Local(incoming) => ready!(poll_local(incoming, cx)),
-            UpstreamBody::Remote { recv, decoder, .. } => ready!(poll_remote(recv, decoder, cx)),
+        let polled = match source {
+            UpstreamBody::Local(incoming) => poll_local(incoming, cx),
+            UpstreamBody::Remote { recv, decoder, .. } => poll_remote(recv, decoder, cx),
         };
+        let Poll::Ready(next) = polled else {
+            if this.silence.as_mut().poll(cx).is_ready() {
+                let secs = this.silence_limit.as_secs();
+                return this.broke(format!("upstream sent nothing for {secs} s"));
+            }
+            return Poll::Pending;
+        };
+        let limit = this.silence_limit;
+        this.silence.as_mut().reset(Instant::now() + limit);
         this.new_prefix = None;
         match next {
             Ok(Some(data)) => {

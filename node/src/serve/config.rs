@@ -59,7 +59,8 @@ pub struct ServeArgs {
     /// [default: 2].
     #[arg(long, env = "KVMESH_RETRIES")]
     pub retries: Option<usize>,
-    /// Deadline of a request until its response head [default: 600 s].
+    /// Deadline of a request until its response head, and the longest a streamed answer may
+    /// then go without a byte [default: 600 s].
     #[arg(long, env = "KVMESH_REQUEST_TIMEOUT_SECS")]
     pub request_timeout_secs: Option<u64>,
     /// How long a client may take to send a request's headers, and then its body, before it
