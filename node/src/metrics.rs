@@ -87,6 +87,8 @@ pub struct NodeMetrics {
     pub kv_event_batches: Family<OutcomeLabels, Counter>,
     /// Exact mode: stored blocks that got no mesh hash, by reason.
     pub kv_event_blocks_skipped: Family<ReasonLabels, Counter>,
+    /// Exact mode: events skipped because they did not decode (their batch is still applied).
+    pub kv_event_bad_events: Counter,
     /// Exact mode: prompts the engine could not tokenize for routing (routed by load).
     pub tokenize_failures: Counter,
     /// New prefixes this node's engine is computing (see `serve::new_prefixes`).
@@ -119,6 +121,7 @@ impl Default for NodeMetrics {
             index_offload_blocks: Gauge::default(),
             kv_event_batches: Family::default(),
             kv_event_blocks_skipped: Family::default(),
+            kv_event_bad_events: Counter::default(),
             tokenize_failures: Counter::default(),
             new_prefixes_in_flight: Gauge::default(),
             new_prefixes_declined: Counter::default(),
@@ -218,6 +221,12 @@ impl NodeMetrics {
             "kv_event_blocks_skipped",
             "Exact mode: stored blocks that got no mesh hash, by reason",
             self.kv_event_blocks_skipped.clone(),
+        );
+        registry.register(
+            "kv_event_bad_events",
+            "Exact mode: KV events skipped because they did not decode; the rest of their batch \
+             is applied",
+            self.kv_event_bad_events.clone(),
         );
         registry.register(
             "tokenize_failures",

@@ -186,8 +186,100 @@ fn extra_keys_other_than_the_adapter_name_mark_their_block() {
     assert_eq!(extra_keys, &vec![false, false, true]);
 }
 
+fn batch_of(events: Vec<Value>) -> Vec<u8> {
+    encode(&Value::Array(vec![
+        Value::F64(0.0),
+        Value::Array(events),
+        Value::Nil,
+    ]))
+}
+
 #[test]
-fn malformed_payloads_are_errors() {
+fn a_malformed_event_is_skipped_and_the_rest_of_its_batch_kept() {
+    let good = Value::Array(vec![
+        s("BlockStored"),
+        ints(&[11, u64::MAX]),
+        Value::from(7),
+        ints(&[1, 2, 3, 4, 5, 6, 7, 8]),
+        Value::from(4),
+        Value::Nil,
+        s("GPU"),
+    ]);
+    let hashes_as_a_string = Value::Array(vec![
+        s("BlockStored"),
+        s("not a list"),
+        Value::Nil,
+        ints(&[]),
+        Value::from(0),
+    ]);
+    let removed = Value::Array(vec![s("BlockRemoved"), ints(&[11]), s("GPU")]);
+    let decoded = decode_batch(&batch_of(vec![good, hashes_as_a_string, removed])).unwrap();
+    assert_eq!(
+        decoded.events,
+        vec![
+            expected_stored(Medium::Gpu),
+            KvEvent::BlockRemoved {
+                block_hashes: vec![11],
+                medium: Medium::Gpu
+            },
+        ]
+    );
+    assert_eq!(decoded.bad_events, 1);
+    assert_eq!(decoded.unknown_events, 0);
+    assert_eq!(
+        decoded.first_error,
+        Some(DecodeError::BadField {
+            event: "BlockStored",
+            field: "block_hashes"
+        })
+    );
+}
+
+/// What vLLM's `OffloadingConnector` publishes when blocks reach its CPU tier.
+fn expected_offload_store() -> KvEvent {
+    KvEvent::BlockStored {
+        block_hashes: vec![11, 12],
+        parent_block_hash: None,
+        token_ids: Vec::new(),
+        block_size: 0,
+        lora_name: None,
+        medium: Medium::Cpu,
+        extra_keys: Vec::new(),
+    }
+}
+
+#[test]
+fn a_token_less_offload_store_with_block_size_zero_decodes_in_both_shapes() {
+    let positional = Value::Array(vec![
+        s("BlockStored"),
+        ints(&[11, 12]),
+        Value::Nil,
+        ints(&[]),
+        Value::from(0),
+        Value::Nil,
+        s("CPU"),
+        Value::Nil,
+    ]);
+    let keyed = map(vec![
+        ("type", s("BlockStored")),
+        ("block_hashes", ints(&[11, 12])),
+        ("parent_block_hash", Value::Nil),
+        ("token_ids", ints(&[])),
+        ("block_size", Value::from(0)),
+        ("lora_id", Value::Nil),
+        ("medium", s("CPU")),
+        ("lora_name", Value::Nil),
+    ]);
+    let decoded = decode_batch(&batch_of(vec![positional, keyed])).unwrap();
+    assert_eq!(decoded.bad_events, 0, "{:?}", decoded.first_error);
+    assert_eq!(
+        decoded.events,
+        vec![expected_offload_store(), expected_offload_store()]
+    );
+}
+
+#[test]
+fn malformed_payloads_are_errors_and_malformed_events_are_skipped() {
     assert!(matches!(
         decode_batch(&[0x92, 0xcb]),
         Err(DecodeError::Msgpack(_))
@@ -204,9 +296,12 @@ fn malformed_payloads_are_errors() {
             Value::Nil,
         ])]),
     ]);
+    // A malformed event is skipped, not an error of the batch.
+    let decoded = decode_batch(&encode(&missing_tokens)).unwrap();
+    assert!(decoded.events.is_empty());
     assert_eq!(
-        decode_batch(&encode(&missing_tokens)),
-        Err(DecodeError::BadField {
+        decoded.first_error,
+        Some(DecodeError::BadField {
             event: "BlockStored",
             field: "token_ids"
         })
@@ -221,7 +316,10 @@ fn malformed_payloads_are_errors() {
             Value::from(1),
         ])]),
     ]);
-    assert!(decode_batch(&encode(&negative_token)).is_err());
+    assert_eq!(
+        decode_batch(&encode(&negative_token)).unwrap().bad_events,
+        1
+    );
 }
 
 proptest! {

@@ -139,9 +139,15 @@ impl Subscription {
                 return;
             }
         };
+        let metrics = &self.state.metrics;
+        if let Some(error) = &batch.first_error {
+            // Logged once per batch: a vLLM whose connector sends a shape we cannot read
+            // would otherwise log every event.
+            tracing::warn!(%error, bad_events = batch.bad_events, "skipped undecodable KV events");
+            metrics.kv_event_bad_events.inc_by(batch.bad_events as u64);
+        }
         let model = self.state.engine.state().models.first().cloned();
         let model = model.unwrap_or_default();
-        let metrics = &self.state.metrics;
         let mut prefixes = lock(&self.state.prefixes);
         for event in &batch.events {
             let changes = self.cache.apply(event, &model);

@@ -8,6 +8,11 @@
 //! sidecar subscribed), is skipped rather than guessed: skipping costs a missed match,
 //! guessing would advertise a prefix the engine does not hold.
 //!
+//! A `BlockStored` without token ids re-labels blocks vLLM already stored with them: vLLM's
+//! `OffloadingConnector` reports a finished offload that way (parent `None`, medium `CPU` or
+//! another offload tier), under the same vLLM hashes the GPU's events used. Such a block takes
+//! the mesh hash its vLLM hash already maps to; one this cache never mapped is skipped.
+//!
 //! Tiers are kept apart: the GPU tier and the offload tier (CPU and storage) change
 //! independently, since a hit in an offload tier still costs a transfer.
 
@@ -52,6 +57,9 @@ pub enum SkipReason {
     ExtraKeys,
     /// The event carries fewer token ids than its blocks need.
     MissingTokens,
+    /// A token-less store (an offload) of a block never stored with tokens, e.g. stored before
+    /// this sidecar subscribed.
+    UnknownBlock,
 }
 
 impl SkipReason {
@@ -61,6 +69,7 @@ impl SkipReason {
             Self::BlockSizeMismatch => "block_size_mismatch",
             Self::ExtraKeys => "extra_keys",
             Self::MissingTokens => "missing_tokens",
+            Self::UnknownBlock => "unknown_block",
         }
     }
 }
@@ -131,6 +140,15 @@ impl ExactCache {
         match event {
             KvEvent::BlockStored {
                 block_hashes,
+                token_ids,
+                block_size,
+                medium,
+                ..
+            } if token_ids.is_empty() => {
+                self.relabel(block_hashes, *block_size, *medium, &mut changes);
+            }
+            KvEvent::BlockStored {
+                block_hashes,
                 parent_block_hash,
                 token_ids,
                 block_size,
@@ -178,6 +196,37 @@ impl ExactCache {
             KvEvent::AllBlocksCleared => changes = self.clear(),
         }
         changes
+    }
+
+    /// A token-less store: records blocks already mapped (by their tokens) in `medium`.
+    fn relabel(
+        &mut self,
+        block_hashes: &[u64],
+        block_size: u32,
+        medium: Medium,
+        changes: &mut EventChanges,
+    ) {
+        if block_hashes.is_empty() {
+            return;
+        }
+        // An offload block spanning several GPU blocks is named by its last GPU block's hash;
+        // the others' hashes are not in the event, so the chain up to it cannot be enumerated.
+        // Older vLLM sends 0 even then: the blocks recorded are every n-th of a chain, never
+        // its first, so the offload tier's prefix match misses them rather than overstating.
+        if block_size != 0 && block_size as usize != self.block_tokens {
+            changes.skipped = Some((SkipReason::BlockSizeMismatch, block_hashes.len()));
+            return;
+        }
+        let mut unknown = 0;
+        for &vllm in block_hashes {
+            match self.by_vllm.get(&vllm) {
+                Some(mapped) => self.store(vllm, mapped.mesh, medium, changes),
+                None => unknown += 1,
+            }
+        }
+        if unknown > 0 {
+            changes.skipped = Some((SkipReason::UnknownBlock, unknown));
+        }
     }
 
     /// Forgets everything (the cache was reset, or the engine restarted).
@@ -306,6 +355,19 @@ mod tests {
         }
     }
 
+    /// A store as vLLM's `OffloadingConnector` reports it: no parent, no tokens.
+    fn offloaded(hashes: &[u64], block_size: u32, medium: Medium) -> KvEvent {
+        KvEvent::BlockStored {
+            block_hashes: hashes.to_vec(),
+            parent_block_hash: None,
+            token_ids: Vec::new(),
+            block_size,
+            lora_name: None,
+            medium,
+            extra_keys: Vec::new(),
+        }
+    }
+
     fn removed(hashes: &[u64], medium: Medium) -> KvEvent {
         KvEvent::BlockRemoved {
             block_hashes: hashes.to_vec(),
@@ -402,6 +464,57 @@ mod tests {
 
         let unknown = cache.apply(&removed(&[3, 12345], Medium::Gpu), MODEL);
         assert_eq!(unknown.unknown_removed, 2);
+    }
+
+    #[test]
+    fn token_less_stores_relabel_blocks_stored_with_tokens() {
+        let tokens: Vec<u32> = (0..8).collect();
+        let chain = chain_from_tokens(ChainSeed::new(MODEL, None), &tokens, 4);
+        let mut cache = ExactCache::new(4);
+        cache.apply(&stored(&[1, 2], None, &tokens, Medium::Gpu), MODEL);
+
+        let offload = cache.apply(&offloaded(&[1, 2], 0, Medium::Cpu), MODEL);
+        assert_eq!(offload.offload.added, chain);
+        assert!(offload.gpu.added.is_empty());
+        assert_eq!(offload.skipped, None);
+        assert!(chain.iter().all(|&h| cache.contains(Tier::Offload, h)));
+        assert_eq!(cache.len(Tier::Offload), 2);
+
+        let off_cpu = cache.apply(&removed(&[1, 2], Medium::Cpu), MODEL);
+        assert_eq!(off_cpu.offload.removed, chain);
+        assert!(off_cpu.gpu.removed.is_empty());
+        assert_eq!(cache.len(Tier::Offload), 0);
+        assert!(chain.iter().all(|&h| cache.contains(Tier::Gpu, h)));
+
+        // A stated block size equal to the mesh's is fine too.
+        let to_disk = cache.apply(&offloaded(&[1], 4, Medium::Storage), MODEL);
+        assert_eq!(to_disk.offload.added, chain[..1]);
+        let nothing = cache.apply(&offloaded(&[], 0, Medium::Cpu), MODEL);
+        assert_eq!(nothing, EventChanges::default());
+    }
+
+    #[test]
+    fn token_less_stores_of_unknown_or_larger_blocks_are_skipped() {
+        let tokens: Vec<u32> = (0..32).collect();
+        let mut cache = ExactCache::new(16);
+        let unknown = cache.apply(&offloaded(&[99], 0, Medium::Cpu), MODEL);
+        assert_eq!(unknown.skipped, Some((SkipReason::UnknownBlock, 1)));
+        assert!(unknown.offload.added.is_empty());
+
+        let mut gpu = stored(&[1, 2], None, &tokens, Medium::Gpu);
+        if let KvEvent::BlockStored { block_size, .. } = &mut gpu {
+            *block_size = 16;
+        }
+        cache.apply(&gpu, MODEL);
+        let partly = cache.apply(&offloaded(&[1, 99], 0, Medium::Cpu), MODEL);
+        assert_eq!(partly.offload.added.len(), 1);
+        assert_eq!(partly.skipped, Some((SkipReason::UnknownBlock, 1)));
+
+        // One offload block of 256 tokens covers 16 GPU blocks the event does not name.
+        let larger = cache.apply(&offloaded(&[1, 2], 256, Medium::Storage), MODEL);
+        assert_eq!(larger.skipped, Some((SkipReason::BlockSizeMismatch, 2)));
+        assert!(larger.offload.added.is_empty());
+        assert_eq!(cache.len(Tier::Offload), 1);
     }
 
     #[test]

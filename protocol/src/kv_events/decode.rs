@@ -7,6 +7,11 @@
 //! missing) or a map with a `type` key. Unknown keys and unknown event types are ignored, so a
 //! newer vLLM does not break an older sidecar; integers may be of any msgpack width; a block
 //! hash is an integer or raw bytes, of which the last 8 are taken big-endian.
+//!
+//! An event that does not decode is skipped and counted, not fatal to its batch: vLLM puts its
+//! KV connector's events (offload stores, with shapes that vary by version) in the same batch
+//! as the GPU's, and losing the GPU's stores and removals to one odd event costs far more than
+//! losing that event.
 
 use rmpv::Value;
 
@@ -41,7 +46,7 @@ pub enum KvEvent {
         parent_block_hash: Option<u64>,
         /// Token ids of all stored blocks, concatenated.
         token_ids: Vec<u32>,
-        /// Tokens per block.
+        /// Tokens per block; 0 when not given (older vLLM's offloading connector sends 0).
         block_size: u32,
         /// The LoRA adapter's name, `None` for the base model.
         lora_name: Option<String>,
@@ -67,10 +72,14 @@ pub struct EventBatch {
     pub events: Vec<KvEvent>,
     /// Events of a type this decoder does not know (skipped, counted).
     pub unknown_events: usize,
+    /// Events of a known type that did not decode (skipped, counted).
+    pub bad_events: usize,
+    /// Why the first of them did not, to log once per batch.
+    pub first_error: Option<DecodeError>,
 }
 
-/// A payload that is not a KV-event batch.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+/// A payload that is not a KV-event batch, or an event of one that does not decode.
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 pub enum DecodeError {
     #[error("payload is not msgpack: {0}")]
     Msgpack(String),
@@ -83,7 +92,8 @@ pub enum DecodeError {
     },
 }
 
-/// Decodes one batch payload.
+/// Decodes one batch payload. Fails only if the payload is not a batch; events that do not
+/// decode are skipped (see [`EventBatch::bad_events`]).
 pub fn decode_batch(payload: &[u8]) -> Result<EventBatch, DecodeError> {
     let mut reader = payload;
     let value =
@@ -100,11 +110,17 @@ pub fn decode_batch(payload: &[u8]) -> Result<EventBatch, DecodeError> {
         ts: ts.and_then(Value::as_f64).unwrap_or(0.0),
         events: Vec::with_capacity(events.len()),
         unknown_events: 0,
+        bad_events: 0,
+        first_error: None,
     };
     for event in events {
-        match decode_event(event)? {
-            Some(event) => batch.events.push(event),
-            None => batch.unknown_events += 1,
+        match decode_event(event) {
+            Ok(Some(event)) => batch.events.push(event),
+            Ok(None) => batch.unknown_events += 1,
+            Err(error) => {
+                batch.bad_events += 1;
+                batch.first_error.get_or_insert(error);
+            }
         }
     }
     Ok(batch)
@@ -168,7 +184,6 @@ fn decode_event(value: &Value) -> Result<Option<KvEvent>, DecodeError> {
                 .get("block_size", pos::STORED_BLOCK_SIZE)
                 .and_then(Value::as_u64)
                 .and_then(|n| u32::try_from(n).ok())
-                .filter(|&n| n > 0)
                 .ok_or(bad("block_size"))?;
             let lora_name = fields
                 .get("lora_name", pos::STORED_LORA_NAME)
