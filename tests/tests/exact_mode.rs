@@ -286,3 +286,29 @@ fn a_late_sidecar_replays_what_its_engine_cached_before_it_started() {
     let body: Value = n1.debug_cluster().unwrap();
     assert_eq!(body["node"], "n1");
 }
+
+#[test]
+fn a_block_size_that_differs_from_vllms_is_reported_not_silently_ignored() {
+    let ca = ClusterCa::init("exact-block-size");
+    let engine = engine(0);
+    // The engine stores blocks of 16 tokens; this sidecar is told 32.
+    let mut sidecar = SidecarConfig::new("n0", &engine.url(), &ca)
+        .arg("--kv-events")
+        .arg(&engine.printed_endpoint("kv events on "))
+        .arg("--block-tokens")
+        .arg("32")
+        .start();
+    send_direct(&engine, &prompt("mismatched"));
+    wait_until(WAIT_LIMIT, "the skipped blocks to be counted", || {
+        counter(
+            &sidecar,
+            "kvmesh_kv_event_blocks_skipped_total",
+            &[("reason", "block_size_mismatch")],
+        ) >= PROMPT_BLOCKS as f64
+    });
+    wait_until(WAIT_LIMIT, "the operator to be told", || {
+        sidecar
+            .process()
+            .output_contains("set --block-tokens 16 on every node")
+    });
+}

@@ -26,13 +26,15 @@ pub enum ReplayError {
 }
 
 /// Batches `from..to` as `(seq, payload)`, in order, as far as the publisher still buffers
-/// them; the whole exchange is bounded by `within`.
+/// them; the whole exchange is bounded by `within`. What arrived before an error or the
+/// deadline is returned with it: a long replay cut short still recovers its first batches.
 pub async fn replay(
     endpoint: &str,
     from: u64,
     to: u64,
     within: Duration,
-) -> Result<Vec<(u64, Bytes)>, ReplayError> {
+) -> (Vec<(u64, Bytes)>, Result<(), ReplayError>) {
+    let mut batches = Vec::new();
     let socket_error = |source| ReplayError::Socket {
         endpoint: endpoint.to_owned(),
         source,
@@ -43,21 +45,21 @@ pub async fn replay(
         let mut request = ZmqMessage::from(Bytes::new());
         request.push_back(Bytes::copy_from_slice(&from.to_be_bytes()));
         dealer.send(request).await.map_err(socket_error)?;
-        let mut batches = Vec::new();
         loop {
             let frames = dealer.recv().await.map_err(socket_error)?.into_vec();
             let (seq, payload) = parse_reply(&frames)?;
             if seq == END_SEQ {
-                return Ok(batches);
+                return Ok(());
             }
             if (from..to).contains(&seq) {
                 batches.push((seq, payload));
             }
         }
     };
-    tokio::time::timeout(within, exchange)
+    let outcome = tokio::time::timeout(within, exchange)
         .await
-        .map_err(|_| ReplayError::Timeout(within))?
+        .unwrap_or(Err(ReplayError::Timeout(within)));
+    (batches, outcome)
 }
 
 /// `['', topic, seq, payload]` or `['', seq, payload]`, the delimiter optional: the last two
@@ -78,6 +80,42 @@ mod tests {
 
     fn b(bytes: &[u8]) -> Bytes {
         Bytes::copy_from_slice(bytes)
+    }
+
+    /// A publisher that answers batches 3 and 4 of a replay, then hangs without its end marker.
+    async fn hanging_publisher() -> (String, tokio::task::JoinHandle<()>) {
+        use zeromq::RouterSocket;
+        let mut router = RouterSocket::new();
+        let endpoint = router.bind("tcp://127.0.0.1:0").await.unwrap().to_string();
+        let server = tokio::spawn(async move {
+            let mut envelope = router.recv().await.unwrap().into_vec();
+            envelope.pop(); // the start seq
+            for seq in [3u64, 4] {
+                let mut reply = ZmqMessage::from(envelope[0].clone());
+                for frame in &envelope[1..] {
+                    reply.push_back(frame.clone());
+                }
+                reply.push_back(b(b"topic"));
+                reply.push_back(b(&seq.to_be_bytes()));
+                reply.push_back(b(b"payload"));
+                router.send(reply).await.unwrap();
+            }
+            tokio::time::sleep(Duration::from_secs(30)).await;
+        });
+        (endpoint, server)
+    }
+
+    #[tokio::test]
+    async fn a_replay_cut_short_keeps_the_batches_that_arrived() {
+        let (endpoint, server) = hanging_publisher().await;
+        let (batches, outcome) = replay(&endpoint, 3, 10, Duration::from_millis(700)).await;
+        server.abort();
+        let seqs: Vec<u64> = batches.iter().map(|(seq, _)| *seq).collect();
+        assert_eq!(seqs, [3, 4]);
+        assert!(
+            matches!(outcome, Err(ReplayError::Timeout(_))),
+            "{outcome:?}"
+        );
     }
 
     #[test]

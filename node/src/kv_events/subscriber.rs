@@ -6,7 +6,7 @@ use crate::serve::config::KvEventsConfig;
 use crate::serve::state::{SharedState, lock};
 use bytes::Bytes;
 use kvmesh_protocol::kv_events::{
-    EventChanges, ExactCache, SeqTracker, SeqVerdict, Tier, decode_batch,
+    EventChanges, ExactCache, KvEvent, SeqTracker, SeqVerdict, SkipReason, Tier, decode_batch,
 };
 use std::time::Duration;
 use tokio::task::JoinHandle;
@@ -24,6 +24,8 @@ pub fn spawn(state: SharedState, config: KvEventsConfig, block_tokens: usize) ->
     tokio::spawn(async move {
         let mut subscription = Subscription {
             cache: ExactCache::new(block_tokens),
+            block_tokens,
+            warned_block_size: false,
             seq: SeqTracker::new(),
             state,
             config,
@@ -36,6 +38,10 @@ struct Subscription {
     state: SharedState,
     config: KvEventsConfig,
     cache: ExactCache,
+    /// The mesh's `--block-tokens`, which must equal vLLM's `--block-size`.
+    block_tokens: usize,
+    /// Whether the operator was told that the two differ (once: every event would repeat it).
+    warned_block_size: bool,
     seq: SeqTracker,
 }
 
@@ -106,16 +112,15 @@ impl Subscription {
         let missing = to - from;
         let mut recovered = 0;
         if let Some(endpoint) = self.config.replay_endpoint.clone() {
-            match replay(&endpoint, from, to, REPLAY_TIMEOUT).await {
-                Ok(batches) => {
-                    for (seq, payload) in &batches {
-                        if SeqTracker::replayed(*seq, from, to) {
-                            self.apply(payload, "replayed");
-                            recovered += 1;
-                        }
-                    }
+            let (batches, outcome) = replay(&endpoint, from, to, REPLAY_TIMEOUT).await;
+            for (seq, payload) in &batches {
+                if SeqTracker::replayed(*seq, from, to) {
+                    self.apply(payload, "replayed");
+                    recovered += 1;
                 }
-                Err(error) => tracing::warn!(%error, from, to, "KV-event replay failed"),
+            }
+            if let Err(error) = outcome {
+                tracing::warn!(%error, from, to, recovered, "KV-event replay failed");
             }
         }
         let lost = missing.saturating_sub(recovered);
@@ -152,6 +157,25 @@ impl Subscription {
         for event in &batch.events {
             let changes = self.cache.apply(event, &model);
             if let Some((reason, blocks)) = changes.skipped {
+                if let KvEvent::BlockStored {
+                    block_size,
+                    token_ids,
+                    ..
+                } = event
+                    && reason == SkipReason::BlockSizeMismatch
+                    && !token_ids.is_empty()
+                    && !self.warned_block_size
+                {
+                    // A configuration error, not a transient: nothing this engine caches can
+                    // be advertised until the two sizes agree.
+                    tracing::error!(
+                        vllm_block_size = block_size,
+                        block_tokens = self.block_tokens,
+                        "vLLM's --block-size differs from --block-tokens: no block can be \
+                         advertised; set --block-tokens {block_size} on every node"
+                    );
+                    self.warned_block_size = true;
+                }
                 metrics
                     .kv_event_blocks_skipped
                     .get_or_create(&ReasonLabels {
