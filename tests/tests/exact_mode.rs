@@ -298,8 +298,12 @@ fn a_block_size_that_differs_from_vllms_is_reported_not_silently_ignored() {
         .arg("--block-tokens")
         .arg("32")
         .start();
-    send_direct(&engine, &prompt("mismatched"));
+    // Events published before the subscription took hold are gone (no replay here): keep
+    // caching new prompts until some arrive.
+    let mut sent = 0;
     wait_until(WAIT_LIMIT, "the skipped blocks to be counted", || {
+        send_direct(&engine, &prompt(&format!("mismatched {sent}")));
+        sent += 1;
         counter(
             &sidecar,
             "kvmesh_kv_event_blocks_skipped_total",
