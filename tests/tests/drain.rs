@@ -32,6 +32,15 @@ fn sigterm_finishes_in_flight_streams_then_leaves_the_mesh() {
 
     let signalled = Instant::now();
     cluster.node_mut("b").sidecar.sigterm();
+    // Sent before a can have learned of the drain: b still serves it. (Refused, it would be a
+    // 502: no other engine serves `far`.)
+    let during = call(
+        cluster.sidecar("a"),
+        Call::Completion,
+        "far",
+        "during the drain",
+    );
+    assert_eq!(during.node, "b");
 
     for (entry, events) in streams {
         let transcript = events

@@ -113,7 +113,7 @@ async fn attempt_local(
     body: Bytes,
     chain: &[u64],
 ) -> Result<Upstream, AttemptError> {
-    if state.is_draining() {
+    if state.refuses_new_requests() {
         return Err(AttemptError::retryable("this node is draining"));
     }
     let limit = state.config.route.cold_prefills_per_engine;

@@ -246,7 +246,7 @@ fn refuse(state: &SharedState, head: &RequestHead) -> Option<WireError> {
             "deadline passed before serving",
         ));
     }
-    if state.is_draining() {
+    if state.refuses_new_requests() {
         return Some(wire_error(WireErrorCode::NotAccepting, "node is draining"));
     }
     if !state.engine.state().healthy {

@@ -267,7 +267,7 @@ impl Mesh {
     }
 
     /// Stops gossip and closes the endpoint, waiting (bounded) for peers to be told.
-    pub async fn shutdown(self, within: Duration) {
+    pub async fn shutdown(&self, within: Duration) {
         self.gossip.stop();
         self.endpoint.close(codes::SHUTDOWN, b"shutdown");
         let _ = timeout(within, self.endpoint.wait_idle()).await;

@@ -41,6 +41,8 @@ const FIRST_POLL_WAIT: Duration = Duration::from_secs(5);
 const RECENT_TTL_MS: u64 = 3_000;
 /// Bound on block hashes remembered for optimistic matches (~40 MB at most).
 const RECENT_MAX_ENTRIES: usize = 1_000_000;
+/// How long a drained node waits for its peers to acknowledge that it closed the mesh.
+const MESH_CLOSE_WAIT: Duration = Duration::from_secs(1);
 
 /// Runs the sidecar until SIGTERM or Ctrl-C has drained it. The caller resolves the
 /// configuration first: it says how many threads the runtime gets.
@@ -97,6 +99,7 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         registry,
         start: Instant::now(),
         draining: AtomicBool::new(false),
+        refusing: AtomicBool::new(false),
         inflight_forwarded: AtomicU32::new(0),
         config,
     });
@@ -151,7 +154,9 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
     for task in tasks {
         task.abort();
     }
-    state.mesh.gossip().stop();
+    // Closing the endpoint tells every connected peer at once, so their pooled connections
+    // fail now rather than at the idle timeout.
+    state.mesh.shutdown(MESH_CLOSE_WAIT).await;
     Ok(())
 }
 
@@ -183,8 +188,9 @@ async fn drain(state: &SharedState, stop: watch::Sender<bool>, front: tokio::tas
     tracing::info!(node = state.node_name, "draining");
     state.draining.store(true, Ordering::Relaxed);
     // The next digest says unhealthy; give peers a few gossip rounds to stop routing here
-    // while this node still accepts what they already sent.
+    // while this node still serves what they send meanwhile.
     tokio::time::sleep(state.config.gossip_interval * 3 + state.config.digest_interval).await;
+    state.refusing.store(true, Ordering::Relaxed);
     let _ = stop.send(true);
     let deadline = Instant::now() + state.config.drain_timeout;
     let _ = tokio::time::timeout(state.config.drain_timeout, front).await;

@@ -35,6 +35,9 @@ pub struct AppState {
     pub start: Instant,
     /// Set by SIGTERM: the node stops being a target and finishes what it has.
     pub draining: AtomicBool,
+    /// Set once peers had time to learn of the drain: requests still sent here are refused
+    /// (and retried elsewhere). Until then they are served, which beats a retry.
+    pub refusing: AtomicBool,
     /// Requests peers forwarded here that have not finished. (Requests that entered here are
     /// counted by the `inflight` gauge of [`NodeMetrics`].)
     pub inflight_forwarded: AtomicU32,
@@ -47,6 +50,11 @@ impl AppState {
 
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Relaxed)
+    }
+
+    /// Whether requests routed to this node's engine are turned away (late in a drain).
+    pub fn refuses_new_requests(&self) -> bool {
+        self.refusing.load(Ordering::Relaxed)
     }
 
     pub fn self_digest(&self) -> Option<(Arc<LoadDigest>, u64)> {
