@@ -162,13 +162,13 @@ async fn forward(
                 entry::AttemptError::failed(false, "deadline exceeded")
             }
         };
+        // A declined or failed attempt left nothing in that engine's queue or cache (nothing
+        // worth counting on, at least): take back the optimistic record of the send.
+        state.withdraw_assignment(*key, &chain, sent_at);
         if error.declined {
             tracing::debug!(request_id, error = error.message, "new prefix declined");
-            state.withdraw_assignment(*key, &chain, sent_at);
             continue;
         }
-        // It never reached that engine's queue or cache (or not in a state worth counting on).
-        state.withdraw_assignment(*key, &chain, sent_at);
         failed_before = true;
         tracing::warn!(
             request_id,
