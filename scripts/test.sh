@@ -11,6 +11,7 @@ cargo fmt --all --check
 
 step "cargo clippy (all targets, warnings are errors)"
 cargo clippy --workspace --all-targets -- -D warnings
+cargo clippy -p kvmesh-node --all-targets --features tokenizer -- -D warnings
 
 # The end-to-end tests start the real binaries; build them first so the tests find them.
 step "cargo build --bins"
@@ -22,3 +23,7 @@ if cargo nextest --version >/dev/null 2>&1; then
 else
     cargo test --workspace --no-fail-fast
 fi
+
+# The optional local tokenizer (`--tokenizer`): the node's unit tests once more, with it built.
+step "node unit tests with --features tokenizer"
+cargo test -p kvmesh-node --features tokenizer --lib

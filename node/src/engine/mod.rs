@@ -1,7 +1,10 @@
 //! The local engine adapter: an HTTP client to the vLLM server beside this sidecar, and the
 //! poller that turns its `/metrics`, `/health` and `/v1/models` into this node's load digest.
+//! Exact mode's token ids come from its `/tokenize` ([`tokenize`]) or, for completions, from
+//! the model's `tokenizer.json` loaded here ([`local_tokenizer`], the `tokenizer` feature).
 
 pub mod client;
+pub mod local_tokenizer;
 pub mod metrics;
 pub mod poller;
 pub mod tokenize;

@@ -28,12 +28,7 @@ pub fn tokenize_body(endpoint: Endpoint, body: &Value) -> Option<Value> {
     request.insert("model".into(), object.get("model")?.clone());
     match endpoint {
         Endpoint::Completions => {
-            // A batch goes to one engine, routed by its first prompt.
-            let prompt = match object.get("prompt")? {
-                Value::String(text) => text,
-                Value::Array(items) => items.first()?.as_str()?,
-                _ => return None,
-            };
+            let prompt = completion_prompt(body)?;
             request.insert("prompt".into(), Value::String(prompt.to_owned()));
             if let Some(flag) = object.get("add_special_tokens") {
                 request.insert("add_special_tokens".into(), flag.clone());
@@ -49,6 +44,16 @@ pub fn tokenize_body(endpoint: Endpoint, body: &Value) -> Option<Value> {
         }
     }
     Some(Value::Object(request))
+}
+
+/// The text a completions request is routed by, or `None` when its prompt is token ids.
+pub fn completion_prompt(body: &Value) -> Option<&str> {
+    // A batch goes to one engine, routed by its first prompt.
+    match body.get("prompt")? {
+        Value::String(text) => Some(text),
+        Value::Array(items) => items.first()?.as_str(),
+        _ => None,
+    }
 }
 
 /// Asks the engine for the prompt's token ids, within `within`.

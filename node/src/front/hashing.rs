@@ -1,12 +1,14 @@
 //! A request body into what routing needs: its chain of prefix hashes.
 //!
 //! Text mode hashes the body itself. Token mode (exact mode) needs the prompt's token ids as
-//! the engine sees them, so it asks this node's engine (`/tokenize`); when the engine cannot
-//! answer, the request is still served, routed by load alone — a routing hint is never worth
-//! failing a request over.
+//! the engine sees them: a completions prompt is tokenized here when the node loaded the
+//! model's `tokenizer.json` (`--tokenizer`); otherwise, and for every chat request, this node's
+//! engine is asked (`/tokenize`). When no token ids can be had, the request is still served,
+//! routed by load alone — a routing hint is never worth failing a request over.
 
 use super::errors::ApiError;
-use crate::engine::tokenize::{tokenize, tokenize_body};
+use crate::engine::local_tokenizer::LocalTokenizer;
+use crate::engine::tokenize::{completion_prompt, tokenize, tokenize_body};
 use crate::serve::state::SharedState;
 use kvmesh_protocol::RequestHashes;
 use kvmesh_protocol::hashing::{Endpoint, HashError, HashMode, hash_request, hash_tokenized};
@@ -30,7 +32,12 @@ pub async fn hash_for_routing(
         // Only token mode asks for tokens; keep the error if that ever changes.
         return Err(bad_request(HashError::NeedsTokens));
     };
-    let tokens = match engine_tokens(state, endpoint, body).await {
+    let local = state.config.tokenizer.as_deref();
+    let tokens = match local.and_then(|tokenizer| local_tokens(tokenizer, endpoint, body)) {
+        Some(tokens) => tokens,
+        None => engine_tokens(state, endpoint, body).await,
+    };
+    let tokens = match tokens {
         Ok(tokens) => tokens,
         Err(error) => {
             state.metrics.tokenize_failures.inc();
@@ -39,6 +46,27 @@ pub async fn hash_for_routing(
         }
     };
     hash_tokenized(endpoint, body, &tokens, block_tokens).map_err(bad_request)
+}
+
+/// A completions prompt's token ids from the loaded tokenizer, or `None` when the engine must
+/// be asked. A `tokenizer.json` has no chat template, so chat requests always go to the
+/// engine's `/tokenize`. Runs inline: CPU work on the request path, like parsing the body,
+/// which prompts of normal size do not need a blocking pool for.
+fn local_tokens(
+    tokenizer: &LocalTokenizer,
+    endpoint: Endpoint,
+    body: &Value,
+) -> Option<Result<Vec<u32>, String>> {
+    if endpoint != Endpoint::Completions {
+        return None;
+    }
+    let prompt = completion_prompt(body)?;
+    // vLLM adds the special tokens unless the request says not to.
+    let add_special_tokens = body
+        .get("add_special_tokens")
+        .and_then(Value::as_bool)
+        .unwrap_or(true);
+    Some(tokenizer.encode(prompt, add_special_tokens))
 }
 
 async fn engine_tokens(
@@ -53,4 +81,60 @@ async fn engine_tokens(
     tokenize(&state.engine.client, &request, TOKENIZE_TIMEOUT)
         .await
         .map_err(|e| e.to_string())
+}
+
+#[cfg(all(test, feature = "tokenizer"))]
+mod tests {
+    use super::*;
+    use crate::engine::local_tokenizer::TEST_FIXTURE;
+    use serde_json::json;
+    use std::path::Path;
+
+    const BLOCK_TOKENS: usize = 4;
+
+    fn tokenizer() -> LocalTokenizer {
+        LocalTokenizer::load(Path::new(TEST_FIXTURE)).unwrap()
+    }
+
+    fn chain(body: &Value, tokens: &[u32]) -> Vec<u64> {
+        hash_tokenized(Endpoint::Completions, body, tokens, BLOCK_TOKENS)
+            .unwrap()
+            .chain
+    }
+
+    #[test]
+    fn completions_hash_the_local_tokens_like_the_engines() {
+        let tokenizer = tokenizer();
+        let body = json!({"model": "m",
+            "prompt": ["the quick brown fox jumps over the lazy dog .", "ignored"]});
+        let tokens = local_tokens(&tokenizer, Endpoint::Completions, &body)
+            .unwrap()
+            .unwrap();
+        assert_eq!(tokens, [1, 3, 4, 5, 6, 7, 8, 3, 9, 10, 2]);
+        assert_eq!(chain(&body, &tokens).len(), 2);
+        assert_eq!(
+            chain(&body, &tokens),
+            chain(&body, &[1, 3, 4, 5, 6, 7, 8, 3, 9, 10, 2])
+        );
+    }
+
+    #[test]
+    fn the_request_decides_on_special_tokens() {
+        let tokenizer = tokenizer();
+        let body = json!({"model": "m", "prompt": "the quick brown fox",
+            "add_special_tokens": false});
+        let tokens = local_tokens(&tokenizer, Endpoint::Completions, &body)
+            .unwrap()
+            .unwrap();
+        assert_eq!(tokens, [3, 4, 5, 6]);
+    }
+
+    #[test]
+    fn chat_and_token_prompts_are_not_tokenized_here() {
+        let tokenizer = tokenizer();
+        let chat = json!({"model": "m", "messages": [{"role": "user", "content": "the fox"}]});
+        assert!(local_tokens(&tokenizer, Endpoint::ChatCompletions, &chat).is_none());
+        let ids = json!({"model": "m", "prompt": [3, 4, 5]});
+        assert!(local_tokens(&tokenizer, Endpoint::Completions, &ids).is_none());
+    }
 }

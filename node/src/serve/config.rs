@@ -2,6 +2,7 @@
 //! file, in that order of precedence, resolved into one typed [`ServeConfig`]. Defaults are
 //! documented on each flag.
 
+use crate::engine::local_tokenizer::LocalTokenizer;
 use anyhow::{Context, bail};
 use kvmesh_protocol::hashing::{DEFAULT_BLOCK_TOKENS, HashMode};
 use kvmesh_protocol::route::Policy;
@@ -9,6 +10,7 @@ use kvmesh_protocol::{HashConfig, RouteConfig, SummaryBuilder, SummaryConfig};
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Flags of `kvmesh serve`. Each may also come from the environment or the `--config` file
@@ -91,6 +93,11 @@ pub struct ServeArgs {
     /// Topic to subscribe to [default: "", every topic].
     #[arg(long, env = "KVMESH_KV_EVENTS_TOPIC")]
     pub kv_events_topic: Option<String>,
+    /// Exact mode: the model's tokenizer.json, to tokenize completions prompts in this process
+    /// instead of asking the engine's /tokenize (chat requests still ask: the file has no chat
+    /// template). Needs a build with the `tokenizer` feature.
+    #[arg(long, env = "KVMESH_TOKENIZER")]
+    pub tokenizer: Option<PathBuf>,
     /// Exact mode's hash block in tokens; must equal vLLM's `--block-size` [default: 16].
     #[arg(long, env = "KVMESH_BLOCK_TOKENS")]
     pub block_tokens: Option<usize>,
@@ -145,6 +152,8 @@ pub struct ServeConfig {
     pub summary: SummaryConfig,
     /// Exact mode, when set.
     pub kv_events: Option<KvEventsConfig>,
+    /// Exact mode's local tokenizer (`--tokenizer`), loaded at startup.
+    pub tokenizer: Option<Arc<LocalTokenizer>>,
 }
 
 impl ServeConfig {
@@ -194,6 +203,13 @@ impl ServeConfig {
                     .or(file.kv_events_topic)
                     .unwrap_or_default(),
             });
+        let tokenizer = match cli.tokenizer.or(file.tokenizer) {
+            None => None,
+            Some(_) if kv_events.is_none() => bail!(
+                "--tokenizer only applies to exact mode: set --kv-events too, or drop --tokenizer"
+            ),
+            Some(path) => Some(Arc::new(LocalTokenizer::load(&path)?)),
+        };
         let block_tokens = cli
             .block_tokens
             .or(file.block_tokens)
@@ -277,6 +293,7 @@ impl ServeConfig {
             hashing,
             summary,
             kv_events,
+            tokenizer,
         };
         if config.max_body_bytes == 0 {
             bail!("--max-body-bytes must be positive");
@@ -350,6 +367,44 @@ mod tests {
         );
         assert_eq!(config.hashing.mode, HashMode::Token { block_tokens: 32 });
         assert_eq!(config.hashing.token_prompt_block_tokens, 32);
+    }
+
+    #[test]
+    fn a_tokenizer_needs_exact_mode_and_a_build_with_the_feature() {
+        let mut cli = args();
+        cli.tokenizer = Some("tokenizer.json".into());
+        let error = ServeConfig::resolve(cli).unwrap_err().to_string();
+        assert!(
+            error.contains("--tokenizer") && error.contains("--kv-events"),
+            "{error}"
+        );
+
+        let exact = || ServeArgs {
+            kv_events: Some("tcp://127.0.0.1:5557".into()),
+            ..args()
+        };
+        let fixture = || Some(crate::engine::local_tokenizer::TEST_FIXTURE.into());
+        let resolved = ServeConfig::resolve(ServeArgs {
+            tokenizer: fixture(),
+            ..exact()
+        });
+        if cfg!(feature = "tokenizer") {
+            assert!(resolved.unwrap().tokenizer.is_some());
+            let error = ServeConfig::resolve(ServeArgs {
+                tokenizer: Some("/no/such/tokenizer.json".into()),
+                ..exact()
+            })
+            .unwrap_err()
+            .to_string();
+            assert!(error.contains("/no/such/tokenizer.json"), "{error}");
+        } else {
+            let error = resolved.unwrap_err().to_string();
+            assert!(
+                error.contains("built without the `tokenizer` feature"),
+                "{error}"
+            );
+        }
+        assert!(ServeConfig::resolve(exact()).unwrap().tokenizer.is_none());
     }
 
     #[test]

@@ -121,6 +121,10 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
             block_tokens,
         ));
     }
+    if let Some(tokenizer) = &state.config.tokenizer {
+        let path = tokenizer.path().display();
+        tracing::info!(%path, "completions prompts are tokenized here, not by the engine");
+    }
     tasks.push(tokio::spawn(crate::forward::serving::serve_forwards(
         state.clone(),
         incoming,
