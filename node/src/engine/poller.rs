@@ -1,7 +1,8 @@
 //! Polls the local engine and keeps the latest [`EngineState`]: `/metrics` every tick (the
 //! digest interval, ~100 ms), `/health` every 5th tick, `/v1/models` every 20th. An engine
-//! that refuses connections is unhealthy at once; one that answers late or with an error is
-//! unhealthy from its third failed poll in a row (see [`still_healthy`]). An unhealthy
+//! that refuses connections, or whose `/health` answers with an error, is unhealthy at once
+//! (the latter until `/health` answers 200 again); one that answers late or with a garbled body
+//! is unhealthy from its third failed poll in a row (see [`still_healthy`]). An unhealthy
 //! engine's sidecar stays an entry point but stops being a target until the engine answers
 //! again.
 
@@ -15,6 +16,7 @@ use tokio::task::JoinHandle;
 /// Weight of a new observation in the exponentially weighted averages.
 const EWMA_WEIGHT: f64 = 0.3;
 const HEALTH_EVERY: u64 = 5;
+const HEALTH_PATH: &str = "/health";
 const MODELS_EVERY: u64 = 20;
 /// Failed polls in a row a reachable engine may have and stay a target: a vLLM busy with a
 /// large batch can be slow to answer `/metrics` once in a while, and dropping out of every
@@ -24,34 +26,43 @@ const TOLERATED_FAILED_POLLS: u32 = 2;
 /// Why a poll failed.
 struct PollFailure {
     why: String,
-    /// Nothing listens (connection refused or reset): the engine is down, not slow.
-    unreachable: bool,
+    /// The engine is down, not slow: nothing listens (connection refused or reset), or its own
+    /// `/health` answered with an error status.
+    decisive: bool,
 }
 
 impl PollFailure {
     fn new(path: &str, error: &EngineError) -> Self {
+        let says_down = path == HEALTH_PATH && matches!(error, EngineError::Status { .. });
         Self {
             why: format!("{path}: {error}"),
-            unreachable: matches!(error, EngineError::Unreachable(_)),
+            decisive: says_down || matches!(error, EngineError::Unreachable(_)),
         }
     }
 
     fn invalid(path: &str, why: String) -> Self {
         Self {
             why: format!("{path}: {why}"),
-            unreachable: false,
+            decisive: false,
         }
     }
 }
 
-/// Whether the engine stays a target after a poll: it must have named its models, and either
-/// have answered, or have failed only a few polls in a row (`failed_in_a_row`, this one
-/// included) while still accepting connections.
-fn still_healthy(failure: Option<&PollFailure>, failed_in_a_row: u32, has_models: bool) -> bool {
+/// Whether the engine stays a target after a poll. It must have named its models and not
+/// have said it is down at its last `/health` check (`reported_down`); then either this poll
+/// answered, or it failed indecisively and only a few polls in a row (`failed_in_a_row`, this
+/// one included) have.
+fn still_healthy(
+    failure: Option<&PollFailure>,
+    failed_in_a_row: u32,
+    has_models: bool,
+    reported_down: bool,
+) -> bool {
     has_models
+        && !reported_down
         && match failure {
             None => true,
-            Some(failure) => !failure.unreachable && failed_in_a_row <= TOLERATED_FAILED_POLLS,
+            Some(failure) => !failure.decisive && failed_in_a_row <= TOLERATED_FAILED_POLLS,
         }
 }
 
@@ -105,13 +116,19 @@ async fn poll_loop(client: EngineClient, interval: Duration, tx: watch::Sender<A
     let mut previous: Option<(EngineMetrics, Instant)> = None;
     let mut tick: u64 = 0;
     let mut failed_in_a_row: u32 = 0;
+    // Whether the engine's last `/health` answer was an error: it holds until the next check.
+    let mut reported_down = false;
     loop {
         ticker.tick().await;
         let mut failure = None;
-        if tick.is_multiple_of(HEALTH_EVERY)
-            && let Err(e) = client.get_text("/health", timeout).await
-        {
-            failure = Some(PollFailure::new("/health", &e));
+        if tick.is_multiple_of(HEALTH_EVERY) {
+            match client.get_text(HEALTH_PATH, timeout).await {
+                Ok(_) => reported_down = false,
+                Err(e) => {
+                    reported_down = matches!(e, EngineError::Status { .. });
+                    failure = Some(PollFailure::new(HEALTH_PATH, &e));
+                }
+            }
         }
         if failure.is_none() && (tick.is_multiple_of(MODELS_EVERY) || state.models.is_empty()) {
             match client
@@ -147,7 +164,12 @@ async fn poll_loop(client: EngineClient, interval: Duration, tx: watch::Sender<A
             0
         };
         let was_healthy = state.healthy;
-        state.healthy = still_healthy(failure.as_ref(), failed_in_a_row, !state.models.is_empty());
+        state.healthy = still_healthy(
+            failure.as_ref(),
+            failed_in_a_row,
+            !state.models.is_empty(),
+            reported_down,
+        );
         if was_healthy != state.healthy {
             match &failure {
                 Some(failure) => {
@@ -248,18 +270,29 @@ mod tests {
     fn a_slow_engine_stays_a_target_for_a_few_polls_a_dead_one_does_not() {
         let slow = PollFailure::new("/metrics", &EngineError::Timeout(Duration::from_secs(1)));
         let refused = PollFailure::new("/metrics", &EngineError::Unreachable("refused".into()));
-        assert!(still_healthy(None, 0, true));
-        assert!(!still_healthy(None, 0, false), "no models named yet");
-        assert!(still_healthy(Some(&slow), 1, true));
-        assert!(still_healthy(Some(&slow), TOLERATED_FAILED_POLLS, true));
-        assert!(!still_healthy(
-            Some(&slow),
-            TOLERATED_FAILED_POLLS + 1,
-            true
-        ));
-        assert!(!still_healthy(Some(&refused), 1, true));
+        let healthy = |failure, in_a_row| still_healthy(failure, in_a_row, true, false);
+        assert!(healthy(None, 0));
+        assert!(!still_healthy(None, 0, false, false), "no models named yet");
+        assert!(healthy(Some(&slow), 1));
+        assert!(healthy(Some(&slow), TOLERATED_FAILED_POLLS));
+        assert!(!healthy(Some(&slow), TOLERATED_FAILED_POLLS + 1));
+        assert!(!healthy(Some(&refused), 1));
         let garbled = PollFailure::invalid("/v1/models", "not JSON".into());
-        assert!(still_healthy(Some(&garbled), 1, true));
+        assert!(healthy(Some(&garbled), 1));
+        // The engine's own /health saying it is down counts at once, and until it says
+        // otherwise: the polls between /health checks do not make it a target again.
+        let down = EngineError::Status {
+            status: 503,
+            body: String::new(),
+        };
+        let says_down = PollFailure::new(HEALTH_PATH, &down);
+        assert!(!healthy(Some(&says_down), 1));
+        assert!(!still_healthy(None, 0, true, true));
+        let metrics_error = PollFailure::new("/metrics", &down);
+        assert!(
+            healthy(Some(&metrics_error), 1),
+            "a /metrics error alone is indecisive"
+        );
     }
 
     #[test]
