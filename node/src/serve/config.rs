@@ -32,10 +32,10 @@ pub struct ServeArgs {
     /// UDP address of the QUIC mesh endpoint [default: 0.0.0.0:7946].
     #[arg(long, env = "KVMESH_MESH")]
     pub mesh: Option<SocketAddr>,
-    /// Address peers reach this node's mesh at [default: the --mesh address; required when
-    /// that is 0.0.0.0].
+    /// Address peers reach this node's mesh at, IP:PORT or HOST:PORT (a host name is resolved
+    /// once, at startup) [default: the --mesh address; required when that is 0.0.0.0].
     #[arg(long, env = "KVMESH_ADVERTISE")]
-    pub advertise: Option<SocketAddr>,
+    pub advertise: Option<String>,
     /// Seed nodes' mesh addresses, HOST:PORT, comma-separated; DNS names are re-resolved.
     #[arg(long, env = "KVMESH_SEEDS", value_delimiter = ',')]
     pub seeds: Option<Vec<String>>,
@@ -265,7 +265,11 @@ impl ServeConfig {
                 .mesh
                 .or(file.mesh)
                 .unwrap_or(([0, 0, 0, 0], 7946).into()),
-            advertise: cli.advertise.or(file.advertise),
+            advertise: cli
+                .advertise
+                .or(file.advertise)
+                .map(|address| resolve_advertise(&address))
+                .transpose()?,
             seeds: cli.seeds.or(file.seeds).unwrap_or_default(),
             node_id,
             cluster_id: cli
@@ -303,6 +307,24 @@ impl ServeConfig {
         }
         Ok(config)
     }
+}
+
+/// `--advertise` as a socket address: an IP address as given, a host name resolved now (an IPv4
+/// address preferred, as peers most often reach each other over IPv4). A pod's or a host's
+/// own name does not move while it runs, so resolving once is enough, unlike the seeds.
+fn resolve_advertise(address: &str) -> anyhow::Result<SocketAddr> {
+    if let Ok(addr) = address.parse() {
+        return Ok(addr);
+    }
+    let resolved: Vec<SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(address)
+        .with_context(|| format!("--advertise {address}: expected IP:PORT or HOST:PORT"))?
+        .collect();
+    resolved
+        .iter()
+        .find(|addr| addr.is_ipv4())
+        .or(resolved.first())
+        .copied()
+        .with_context(|| format!("--advertise {address}: the name resolves to no address"))
 }
 
 #[cfg(test)]
@@ -367,6 +389,29 @@ mod tests {
         );
         assert_eq!(config.hashing.mode, HashMode::Token { block_tokens: 32 });
         assert_eq!(config.hashing.token_prompt_block_tokens, 32);
+    }
+
+    #[test]
+    fn advertise_takes_an_address_or_a_host_name() {
+        let resolved = |address: &str| {
+            ServeConfig::resolve(ServeArgs {
+                advertise: Some(address.into()),
+                ..args()
+            })
+            .map(|config| config.advertise)
+        };
+        assert_eq!(
+            resolved("10.0.0.11:7946").unwrap(),
+            Some("10.0.0.11:7946".parse().unwrap())
+        );
+        assert_eq!(
+            resolved("localhost:7946").unwrap(),
+            Some("127.0.0.1:7946".parse().unwrap())
+        );
+        for bad in ["localhost", "no-such-host.invalid:7946"] {
+            let error = resolved(bad).unwrap_err().to_string();
+            assert!(error.contains("--advertise"), "{bad}: {error}");
+        }
     }
 
     #[test]
