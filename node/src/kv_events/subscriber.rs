@@ -18,6 +18,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const RETRY_PAUSE: Duration = Duration::from_secs(1);
 /// Bound on one replay exchange.
 const REPLAY_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often the wait for the engine's first model list is reported.
+const MODELS_WAIT_WARNING: Duration = Duration::from_secs(30);
 
 /// Starts exact mode; the task runs until aborted.
 pub fn spawn(state: SharedState, config: KvEventsConfig, block_tokens: usize) -> JoinHandle<()> {
@@ -47,9 +49,21 @@ struct Subscription {
 
 impl Subscription {
     async fn run(&mut self) {
-        // Root blocks are seeded with the served model's name: wait until the engine said it.
+        // Root blocks are seeded with the served model's name: wait until the engine said it,
+        // telling the operator why nothing is subscribed meanwhile.
         let mut engine = self.state.engine.watch();
-        let _ = engine.wait_for(|s| !s.models.is_empty()).await;
+        while tokio::time::timeout(
+            MODELS_WAIT_WARNING,
+            engine.wait_for(|s| !s.models.is_empty()),
+        )
+        .await
+        .is_err()
+        {
+            tracing::warn!(
+                engine = self.state.engine.client.base_url(),
+                "the engine has listed no model yet; KV events are not subscribed until it does"
+            );
+        }
         let mut socket = self.connect().await;
         loop {
             let message = match socket.recv().await {
