@@ -178,6 +178,7 @@ impl Subscription {
                 } = event
                     && reason == SkipReason::BlockSizeMismatch
                     && !token_ids.is_empty()
+                    && *block_size > 0
                     && !self.warned_block_size
                 {
                     // A configuration error, not a transient: nothing this engine caches can
