@@ -2,7 +2,8 @@
 //! (two in the positional-array shape, two in the map shape), and their sidecars run with
 //! `--kv-events`. Prompts are sent straight to the engines, bypassing the sidecars, so only the
 //! events can tell the mesh about them; what the mesh believes is read, without side effects,
-//! from `POST /debug/match` on another node.
+//! from `POST /debug/match` on another node. Engines started with `--kv-offload-blocks` also
+//! report a CPU offload tier, as vLLM's `OffloadingConnector` does; the mesh tracks it apart.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -29,6 +30,10 @@ const ADVERTISE_BOUND: Duration = Duration::from_secs(1);
 const WAIT_LIMIT: Duration = Duration::from_secs(15);
 
 fn engine(i: usize) -> Engine {
+    engine_config(i).start()
+}
+
+fn engine_config(i: usize) -> EngineConfig {
     let format = if i.is_multiple_of(2) { "array" } else { "map" };
     EngineConfig::new(&format!("engine {i}"), &[MODEL])
         .arg("--kv-blocks")
@@ -41,7 +46,6 @@ fn engine(i: usize) -> Engine {
         .arg(format)
         .arg("--seed")
         .arg(&i.to_string())
-        .start()
 }
 
 fn sidecar(ca: &ClusterCa, i: usize, engine: &Engine, seeds: &[SocketAddr]) -> Sidecar {
@@ -95,6 +99,21 @@ fn believed(observer: &Sidecar, holder: &str, prompt: &str) -> Result<u64, Strin
 
 /// Blocks of the request `body` that `observer` believes `holder` holds.
 fn believed_body(observer: &Sidecar, holder: &str, body: &Value) -> Result<u64, String> {
+    let entry = match_entry(observer, holder, body)?;
+    blocks(&entry, "matched_blocks")
+}
+
+/// Blocks of `prompt` that `observer` believes `holder` holds: (on the GPU, offloaded).
+fn believed_tiers(observer: &Sidecar, holder: &str, prompt: &str) -> Result<(u64, u64), String> {
+    let entry = match_entry(observer, holder, &json!({"model": MODEL, "prompt": prompt}))?;
+    Ok((
+        blocks(&entry, "matched_blocks")?,
+        blocks(&entry, "offload_matched_blocks")?,
+    ))
+}
+
+/// `holder`'s entry in `observer`'s `/debug/match` answer for the request `body`.
+fn match_entry(observer: &Sidecar, holder: &str, body: &Value) -> Result<Value, String> {
     let response = observer
         .try_send(Request::post_json("/debug/match", body))
         .map_err(|e| e.to_string())?;
@@ -105,8 +124,14 @@ fn believed_body(observer: &Sidecar, holder: &str, body: &Value) -> Result<u64, 
     body["nodes"]
         .as_array()
         .and_then(|nodes| nodes.iter().find(|n| n["node"] == holder))
-        .and_then(|n| n["matched_blocks"].as_u64())
+        .cloned()
         .ok_or_else(|| format!("no entry for {holder} in {body}"))
+}
+
+fn blocks(entry: &Value, field: &str) -> Result<u64, String> {
+    entry[field]
+        .as_u64()
+        .ok_or_else(|| format!("no {field} in {entry}"))
 }
 
 /// Waits until `observer` believes `holder` holds `want(blocks)`; returns how long it took.
@@ -315,4 +340,74 @@ fn a_block_size_that_differs_from_vllms_is_reported_not_silently_ignored() {
             .process()
             .output_contains("set --block-tokens 16 on every node")
     });
+}
+
+#[test]
+fn offloaded_blocks_are_advertised_in_the_offload_tier_after_the_gpu_evicts_them() {
+    let ca = ClusterCa::init("exact-offload");
+    // Engines with a CPU tier of 256 blocks behind their 64 GPU blocks: every block the GPU
+    // caches is also reported offloaded (token-less `BlockStored`, medium CPU, in the batch of
+    // its GPU store), as vLLM's OffloadingConnector does.
+    let engines: Vec<Engine> = (0..2)
+        .map(|i| {
+            engine_config(i)
+                .arg("--kv-offload-blocks")
+                .arg("256")
+                .start()
+        })
+        .collect();
+    let n0 = sidecar(&ca, 0, &engines[0], &[]);
+    let n1 = sidecar(&ca, 1, &engines[1], &[n0.mesh_addr()]);
+    wait_until(CONVERGENCE_TIMEOUT, "the two nodes to meet", || {
+        n1.peer_ids().is_ok_and(|peers| peers.len() == 1)
+    });
+    let text = prompt("offloaded");
+    let wait_tiers = |what: &str, want: (u64, u64)| {
+        wait_for(WAIT_LIMIT, what, || {
+            match believed_tiers(&n1, "n0", &text) {
+                Ok(tiers) if tiers == want => Ok(()),
+                Ok((gpu, offload)) => Err(format!("{gpu} blocks on the GPU, {offload} offloaded")),
+                Err(error) => Err(error),
+            }
+        })
+        .1
+    };
+
+    // Stored: on the GPU and, copied at once, on the CPU.
+    send_direct(&engines[0], &text);
+    let stored = wait_tiers(
+        "n1 learns that n0 holds the prompt on the GPU and offloaded",
+        (PROMPT_BLOCKS, PROMPT_BLOCKS),
+    );
+
+    // Evicted from the GPU (six more prompts of 18 blocks into its 64, as in the eviction test
+    // above), still on the CPU (7 × 18 blocks fit in 256).
+    for k in 0..6 {
+        send_direct(&engines[0], &prompt(&format!("offload-evictor-{k}")));
+    }
+    let evicted = wait_tiers(
+        "n1 learns that n0 evicted the prompt from its GPU but still holds it offloaded",
+        (0, PROMPT_BLOCKS),
+    );
+
+    // Every token-less store named blocks n0 had just mapped from their GPU store.
+    for reason in ["unknown_block", "unknown_parent", "block_size_mismatch"] {
+        assert_eq!(
+            counter(
+                &n0,
+                "kvmesh_kv_event_blocks_skipped_total",
+                &[("reason", reason)]
+            ),
+            0.0,
+            "blocks skipped for {reason}"
+        );
+    }
+    assert_eq!(
+        counter(&n0, "kvmesh_kv_event_batches_total", &[("outcome", "lost")]),
+        0.0
+    );
+    assert_eq!(counter(&n0, "kvmesh_kv_event_bad_events_total", &[]), 0.0);
+    println!(
+        "stored -> advertised in both tiers: {stored:?}; GPU eviction -> withdrawn from the GPU tier only: {evicted:?}"
+    );
 }

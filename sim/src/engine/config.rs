@@ -42,6 +42,11 @@ pub struct EngineArgs {
     /// KV cache capacity in blocks (vLLM's num_gpu_blocks).
     #[arg(long, default_value_t = 8192)]
     pub kv_blocks: u32,
+    /// Blocks of a modelled CPU offload tier (vLLM's OffloadingConnector); 0 = none. Every
+    /// block the GPU caches is copied there, evicted in LRU order, and reported in the KV events
+    /// with medium CPU. Events only: prefix hits still come from the GPU alone.
+    #[arg(long, default_value_t = 0)]
+    pub kv_offload_blocks: u32,
     /// Tokens per KV block.
     #[arg(long, default_value_t = 16)]
     pub block_size: u32,
@@ -121,6 +126,7 @@ impl EngineArgs {
         let capacity = self.kv_blocks.saturating_mul(self.block_size);
         EngineConfig {
             num_gpu_blocks: self.kv_blocks.max(1),
+            num_offload_blocks: self.kv_offload_blocks,
             block_size: self.block_size.max(1),
             max_num_seqs: self.max_num_seqs.max(1),
             max_num_batched_tokens: self.max_num_batched_tokens.max(1),

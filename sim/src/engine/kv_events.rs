@@ -12,7 +12,10 @@
 //!   "block_size", "lora_id", "medium", "lora_name"}`, `{"type": "BlockRemoved",
 //!   "block_hashes", "medium"}`, `{"type": "AllBlocksCleared"}`.
 //!
-//! Block hashes are u64, `medium` is `"GPU"`. The replay socket (ROUTER) takes a request whose
+//! Block hashes are u64, `medium` is `"GPU"`, except for the events of the CPU offload tier
+//! (`--kv-offload-blocks`), shaped as vLLM's `OffloadingConnector` sends them: a token-less
+//! `BlockStored` (parent nil, `token_ids` empty, `block_size` 0, `lora_id` nil, medium `"CPU"`)
+//! and a `BlockRemoved` with medium `"CPU"`. The replay socket (ROUTER) takes a request whose
 //! last frame is an 8-byte big-endian start seq (from a DEALER, with or without an empty
 //! delimiter frame, or a REQ) and answers, behind the same envelope, one
 //! `[topic, seq, payload]` message per buffered batch from that seq on, then the end marker
@@ -266,6 +269,24 @@ fn encode_event(e: &KvCacheEvent, format: KvEventsFormat) -> Value {
             ],
         ),
         KvCacheEvent::AllBlocksCleared => ("AllBlocksCleared", vec![]),
+        KvCacheEvent::OffloadStored { block_hashes } => (
+            "BlockStored",
+            vec![
+                ("block_hashes", hashes(block_hashes)),
+                ("parent_block_hash", Value::Nil),
+                ("token_ids", Value::Array(Vec::new())),
+                ("block_size", Value::from(0u32)),
+                ("lora_id", Value::Nil),
+                ("medium", Value::from("CPU")),
+            ],
+        ),
+        KvCacheEvent::OffloadRemoved { block_hashes } => (
+            "BlockRemoved",
+            vec![
+                ("block_hashes", hashes(block_hashes)),
+                ("medium", Value::from("CPU")),
+            ],
+        ),
     };
     match format {
         KvEventsFormat::Array => Value::Array(
@@ -340,5 +361,77 @@ mod tests {
             get(removed, "block_hashes").unwrap().as_array().unwrap()[0].as_u64(),
             Some(7)
         );
+    }
+
+    #[test]
+    fn offload_events_carry_medium_cpu_and_the_sidecar_reads_them_so() {
+        use kvmesh_protocol::kv_events::{ExactCache, KvEvent, Medium, Tier, decode_batch};
+
+        let events = vec![
+            KvCacheEvent::BlockStored {
+                block_hashes: vec![11, 12],
+                parent_block_hash: None,
+                token_ids: (0..8).collect(),
+                block_size: 4,
+                lora_id: None,
+                lora_name: None,
+            },
+            KvCacheEvent::OffloadStored {
+                block_hashes: vec![11, 12],
+            },
+            KvCacheEvent::BlockRemoved {
+                block_hashes: vec![11, 12],
+            },
+            KvCacheEvent::OffloadRemoved {
+                block_hashes: vec![12],
+            },
+        ];
+        for format in [KvEventsFormat::Array, KvEventsFormat::Map] {
+            let bytes = encode_batch(1.0, &events, format);
+            let batch = decode_batch(&bytes).unwrap();
+            assert_eq!(batch.bad_events, 0, "{format:?}");
+            assert_eq!(
+                batch.events[1],
+                KvEvent::BlockStored {
+                    block_hashes: vec![11, 12],
+                    parent_block_hash: None,
+                    token_ids: vec![],
+                    block_size: 0,
+                    lora_name: None,
+                    medium: Medium::Cpu,
+                    extra_keys: vec![],
+                },
+                "{format:?}"
+            );
+            assert!(
+                matches!(
+                    &batch.events[0],
+                    KvEvent::BlockStored {
+                        medium: Medium::Gpu,
+                        ..
+                    }
+                ),
+                "{format:?}"
+            );
+            assert_eq!(
+                batch.events[3],
+                KvEvent::BlockRemoved {
+                    block_hashes: vec![12],
+                    medium: Medium::Cpu
+                },
+                "{format:?}"
+            );
+            // GPU store, then its offload: the token-less store maps through the first one.
+            let mut cache = ExactCache::new(4);
+            let changes: Vec<_> = batch
+                .events
+                .iter()
+                .map(|e| cache.apply(e, "mock-model"))
+                .collect();
+            assert!(changes.iter().all(|c| c.skipped.is_none()), "{format:?}");
+            assert_eq!(changes[1].offload.added.len(), 2, "{format:?}");
+            assert_eq!(cache.len(Tier::Gpu), 0, "{format:?}");
+            assert_eq!(cache.len(Tier::Offload), 1, "{format:?}");
+        }
     }
 }

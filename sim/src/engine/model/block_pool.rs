@@ -39,8 +39,20 @@ pub enum KvCacheEvent {
         /// Hashes of the evicted blocks.
         block_hashes: Vec<BlockHash>,
     },
-    /// The whole prefix cache was reset.
+    /// The whole prefix cache was reset (and, with an offload tier, that tier too).
     AllBlocksCleared,
+    /// Blocks the GPU stored were copied to the CPU offload tier (never recorded by the pool:
+    /// see [`OffloadTier`](super::offload_tier::OffloadTier)). On the wire: a `BlockStored`
+    /// with the GPU's block hashes, no parent, no token ids, block size 0 and medium `CPU`.
+    OffloadStored {
+        /// Hashes of the offloaded blocks (the hashes their GPU store used).
+        block_hashes: Vec<BlockHash>,
+    },
+    /// The CPU offload tier evicted blocks. On the wire: a `BlockRemoved` with medium `CPU`.
+    OffloadRemoved {
+        /// Hashes of the evicted blocks.
+        block_hashes: Vec<BlockHash>,
+    },
 }
 
 #[derive(Debug, Clone)]

@@ -7,6 +7,9 @@ use super::timing::TimingModel;
 pub struct EngineConfig {
     /// KV capacity in blocks (vLLM's `num_gpu_blocks`).
     pub num_gpu_blocks: u32,
+    /// Blocks of the CPU offload tier whose KV events the engine publishes; 0 = no tier
+    /// (see [`OffloadTier`](super::offload_tier::OffloadTier): events only, no hits).
+    pub num_offload_blocks: u32,
     /// Tokens per block.
     pub block_size: u32,
     /// Most sequences in one batch.
@@ -25,6 +28,7 @@ impl Default for EngineConfig {
     fn default() -> Self {
         Self {
             num_gpu_blocks: 8192,
+            num_offload_blocks: 0,
             block_size: 16,
             max_num_seqs: 256,
             max_num_batched_tokens: 8192,

@@ -21,6 +21,7 @@ use std::time::Duration;
 use super::block_hash::{BlockHash, BlockHasher, CacheKey};
 use super::block_pool::{BlockId, BlockPool, KvCacheEvent};
 use super::config::{EngineConfig, EngineGauges};
+use super::offload_tier::OffloadTier;
 use super::request::{
     EngineRequest, Finished, KvTransfer, Output, RequestId, SubmitError, validate,
 };
@@ -61,6 +62,7 @@ pub struct Engine {
     cfg: EngineConfig,
     hasher: BlockHasher,
     pool: BlockPool,
+    offload: OffloadTier,
     seqs: HashMap<RequestId, Seq>,
     waiting: VecDeque<RequestId>,
     running: Vec<RequestId>,
@@ -82,6 +84,7 @@ impl Engine {
         Self {
             hasher: BlockHasher::new(cfg.seed, cfg.block_size as usize),
             pool: BlockPool::new(cfg.num_gpu_blocks),
+            offload: OffloadTier::new(cfg.num_offload_blocks),
             seqs: HashMap::new(),
             waiting: VecDeque::new(),
             running: Vec::new(),
@@ -118,6 +121,11 @@ impl Engine {
         &self.pool
     }
 
+    /// The CPU offload tier (read-only): the blocks its KV events say are offloaded.
+    pub fn offload(&self) -> &OffloadTier {
+        &self.offload
+    }
+
     /// The chained block hashes the engine would use for `tokens` under `key`.
     pub fn block_hashes(&self, tokens: &[u32], key: &CacheKey) -> Vec<BlockHash> {
         let mut v = Vec::new();
@@ -139,9 +147,10 @@ impl Engine {
             * bs
     }
 
-    /// Takes the KV cache events recorded since the last call, in order.
+    /// Takes the KV cache events recorded since the last call, in order: the GPU's, each
+    /// store followed by the offload tier's events when there is one.
     pub fn take_kv_events(&mut self) -> Vec<KvCacheEvent> {
-        self.pool.take_events()
+        self.offload.follow(self.pool.take_events())
     }
 
     /// Whether the engine holds no request.

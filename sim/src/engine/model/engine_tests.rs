@@ -155,6 +155,79 @@ fn unreferenced_blocks_are_evicted_lru_at_capacity() {
 }
 
 #[test]
+fn an_offload_tier_reports_its_copies_but_serves_no_hits() {
+    let mut e = Engine::new(EngineConfig {
+        num_offload_blocks: 256,
+        ..cfg(64)
+    });
+    let hashes_a = e.block_hashes(&prompt(1, 320), &CacheKey::default());
+    e.submit(EngineRequest::new(1, prompt(1, 320), 2), Duration::ZERO)
+        .unwrap();
+    run(&mut e);
+    let events = e.take_kv_events();
+    // Each GPU store is followed, in the same batch, by the CPU store of the same hashes.
+    let mut offloaded: Vec<u64> = Vec::new();
+    for (i, ev) in events.iter().enumerate() {
+        if let KvCacheEvent::BlockStored { block_hashes, .. } = ev {
+            assert_eq!(
+                events.get(i + 1),
+                Some(&KvCacheEvent::OffloadStored {
+                    block_hashes: block_hashes.clone()
+                })
+            );
+            offloaded.extend(block_hashes);
+        }
+    }
+    assert_eq!(offloaded, hashes_a);
+
+    // Five more prompts of 20 blocks push prompt 1 out of the 64 GPU blocks, not off the CPU.
+    for i in 2..=6u32 {
+        e.submit(
+            EngineRequest::new(u64::from(i), prompt(i, 320), 2),
+            Duration::from_secs(u64::from(i)),
+        )
+        .unwrap();
+        run(&mut e);
+    }
+    let events = e.take_kv_events();
+    assert!(hashes_a.iter().all(|h| !e.pool().contains(*h)));
+    assert!(hashes_a.iter().all(|h| e.offload().contains(*h)));
+    assert!(
+        !events
+            .iter()
+            .any(|ev| matches!(ev, KvCacheEvent::OffloadRemoved { .. })),
+        "6 × 20 blocks fit in 256"
+    );
+    assert_eq!(e.offload().len(), 6 * 20);
+
+    // The CPU copy is not a hit: prompt 1 is computed again, and its GPU store refreshes the
+    // CPU copies without reporting them again.
+    assert_eq!(
+        e.cached_prefix_tokens(&prompt(1, 320), &CacheKey::default()),
+        0
+    );
+    e.submit(
+        EngineRequest::new(7, prompt(1, 320), 2),
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    let out = run(&mut e);
+    let fin = out.last().unwrap().1.finished.clone().unwrap();
+    assert_eq!(fin.cached_tokens, 0);
+    let events = e.take_kv_events();
+    assert!(events.iter().any(|ev| matches!(
+        ev,
+        KvCacheEvent::BlockStored { block_hashes, .. } if block_hashes.contains(&hashes_a[0])
+    )));
+    assert!(
+        !events
+            .iter()
+            .any(|ev| matches!(ev, KvCacheEvent::OffloadStored { .. })),
+        "already offloaded"
+    );
+}
+
+#[test]
 fn kv_events_replay_to_the_cache_state() {
     let mut e = Engine::new(cfg(40));
     let mut cached = std::collections::HashSet::new();
@@ -187,6 +260,9 @@ fn kv_events_replay_to_the_cache_state() {
                 }
             }
             KvCacheEvent::AllBlocksCleared => cached.clear(),
+            KvCacheEvent::OffloadStored { .. } | KvCacheEvent::OffloadRemoved { .. } => {
+                panic!("an offload event without an offload tier")
+            }
         }
     }
     let actual: std::collections::HashSet<u64> = e.pool().cached_hashes().collect();
@@ -380,6 +456,9 @@ mod random_interleavings {
                 }
             }
             KvCacheEvent::AllBlocksCleared => mirror.clear(),
+            KvCacheEvent::OffloadStored { .. } | KvCacheEvent::OffloadRemoved { .. } => {
+                panic!("an offload event without an offload tier")
+            }
         }
     }
 
@@ -425,6 +504,7 @@ mod random_interleavings {
             let timing = TimingModel { instant, ..TimingModel::default() };
             let mut e = Engine::new(EngineConfig {
                 num_gpu_blocks: 24,
+                num_offload_blocks: 0,
                 block_size: 4,
                 max_num_seqs: 4,
                 max_num_batched_tokens: 32,

@@ -1,4 +1,5 @@
-//! The sans-IO engine model: pseudo-tokenizer, prefix cache, scheduler and timing.
+//! The sans-IO engine model: pseudo-tokenizer, prefix cache, scheduler and timing (plus the
+//! KV events of a CPU offload tier).
 //!
 //! No sockets, no runtime, no clock: time is a [`Duration`](std::time::Duration) since an
 //! epoch the caller chooses, passed into every call. The HTTP server drives it in real time;
@@ -8,6 +9,7 @@ pub mod block_hash;
 pub mod block_pool;
 pub mod config;
 pub mod engine;
+pub mod offload_tier;
 pub mod request;
 pub mod stats;
 pub mod timing;
@@ -17,6 +19,7 @@ pub use block_hash::{BlockHash, BlockHasher, CacheKey};
 pub use block_pool::{BlockId, BlockPool, KvCacheEvent};
 pub use config::{EngineConfig, EngineGauges};
 pub use engine::Engine;
+pub use offload_tier::OffloadTier;
 pub use request::{
     EngineRequest, Finished, KvTransfer, LoraRef, Output, RequestId, SubmitError, validate,
 };
