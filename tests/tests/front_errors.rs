@@ -181,11 +181,12 @@ fn an_unknown_model_gets_404_naming_the_available_ones() {
 /// Writes `bytes` on a fresh connection to node a, then reads until the server closes it (or
 /// 15 s pass); returns what came back and when the connection ended.
 fn stall_with(cluster: &Cluster, bytes: &[u8]) -> (String, Duration) {
+    // From before the connection: the server's header timer starts when it accepts.
+    let started = Instant::now();
     let mut stream = TcpStream::connect(cluster.sidecar("a").http_addr()).expect("connect");
     stream
         .set_read_timeout(Some(Duration::from_secs(15)))
         .expect("read timeout");
-    let started = Instant::now();
     stream.write_all(bytes).expect("write");
     let mut answer = Vec::new();
     // Ends at EOF (the server closed) or at the read timeout (it did not).
