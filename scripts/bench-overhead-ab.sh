@@ -25,54 +25,20 @@ while [[ $# -gt 0 ]]; do
 done
 [[ -n $A && -n $B ]] || { echo "usage: $0 --a DIR --b DIR [options]" >&2; exit 2; }
 WORK=$(mktemp -d)
-PIDS=()
-declare -A SIDECAR_PID
-cleanup() {
-    for pid in "${PIDS[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$WORK"
-}
-trap cleanup EXIT INT TERM
-
-wait_line() { # FILE PATTERN
-    for _ in $(seq 400); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.05; done
-    echo "timed out waiting for '$2' in $1" >&2; cat "$1" >&2; exit 1
-}
-engine() { # NAME MODEL: sets ENGINE_URL
-    "$A/kvmesh-sim" engine --port 0 --model "$2" --instant >"$WORK/$1.out" 2>&1 &
-    PIDS+=($!)
-    wait_line "$WORK/$1.out" listening
-    ENGINE_URL=$(grep -o 'http://[0-9.:]*' "$WORK/$1.out")
-}
-sidecar() { # BIN TLS_DIR NAME BACKEND [SEEDS]
-    local bin=$1 tls=$2 name=$3 backend=$4 seeds=${5:-}
-    "$bin/kvmesh" cert issue --dir "$tls" --node "$name" >/dev/null
-    "$bin/kvmesh" serve --backend "$backend" --listen 127.0.0.1:0 --mesh 127.0.0.1:0 \
-        --node-id "$name" --tls-dir "$tls" ${seeds:+--seeds "$seeds"} \
-        >"$WORK/$name.out" 2>"$WORK/$name.err" &
-    PIDS+=($!)
-    SIDECAR_PID[$name]=$!
-    wait_line "$WORK/$name.out" listening
-}
-http_of() { grep -o 'http://[0-9.:]*' "$WORK/$1.out"; }
-mesh_of() { grep -o ' mesh [0-9][0-9.:]*' "$WORK/$1.out" | cut -d' ' -f3; }
-cpu_ticks() { awk '{print $14 + $15}' "/proc/${SIDECAR_PID[$1]}/stat"; }
-cpu_us() { # NAME TICKS_BEFORE: CPU microseconds per request since TICKS_BEFORE
-    awk -v t="$(($(cpu_ticks "$1") - $2))" -v hz="$(getconf CLK_TCK)" -v n="$REQUESTS" \
-        'BEGIN {printf "%.0f", t * 1e6 / hz / n}'
-}
+# shellcheck source=lib/loopback.sh
+source "$(dirname "$0")/lib/loopback.sh"
 
 # Engine A serves another model, so every request entering at an `a` sidecar crosses the mesh.
-engine engine-a other-model
+start_engine "$A" engine-a other-model
 ENGINE_A=$ENGINE_URL
-engine engine-b mock-model
+start_engine "$A" engine-b mock-model
 ENGINE_B=$ENGINE_URL
 # Two meshes (two CAs), one per build, in front of the same two engines.
 for build in a b; do
     dir=$A; [[ $build == b ]] && dir=$B
     "$dir/kvmesh" cert init --dir "$WORK/tls-$build" >/dev/null
-    sidecar "$dir" "$WORK/tls-$build" "entry-$build" "$ENGINE_A"
-    sidecar "$dir" "$WORK/tls-$build" "serving-$build" "$ENGINE_B" "$(mesh_of "entry-$build")"
+    start_sidecar "$dir" "$WORK/tls-$build" "entry-$build" "$ENGINE_A"
+    start_sidecar "$dir" "$WORK/tls-$build" "serving-$build" "$ENGINE_B" "$(mesh_of "entry-$build")"
     for _ in $(seq 200); do
         curl -s "$(http_of "entry-$build")/v1/models" | grep -q mock-model && break
         sleep 0.05
@@ -100,6 +66,6 @@ for round in $(seq "$ROUNDS"); do
     for build in $order; do
         entry_before=$(cpu_ticks "entry-$build"); serving_before=$(cpu_ticks "serving-$build")
         load "build-$build" "$(http_of "entry-$build")"
-        echo "           CPU per request: entry $(cpu_us "entry-$build" "$entry_before") us, serving $(cpu_us "serving-$build" "$serving_before") us"
+        echo "           CPU per request: entry $(cpu_per_request "entry-$build" "$entry_before" "$REQUESTS"), serving $(cpu_per_request "serving-$build" "$serving_before" "$REQUESTS")"
     done
 done

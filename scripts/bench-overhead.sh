@@ -31,47 +31,14 @@ if [[ -z $BIN ]]; then
     BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release"
 fi
 WORK=$(mktemp -d)
-PIDS=()
-declare -A SIDECAR_PID
-cleanup() {
-    for pid in "${PIDS[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$WORK"
-}
-trap cleanup EXIT INT TERM
-
-wait_line() { # FILE PATTERN
-    for _ in $(seq 400); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.05; done
-    echo "timed out waiting for '$2' in $1" >&2; cat "$1" >&2; exit 1
-}
-engine() { # NAME MODEL: starts an engine; sets ENGINE_URL (not a subshell, so PIDS keeps it)
-    "$BIN/kvmesh-sim" engine --port 0 --model "$2" --instant >"$WORK/$1.out" 2>&1 &
-    PIDS+=($!)
-    wait_line "$WORK/$1.out" listening
-    ENGINE_URL=$(grep -o 'http://[0-9.:]*' "$WORK/$1.out")
-}
-sidecar() { # NAME BACKEND [SEEDS [EXTRA FLAGS...]]
-    local name=$1 backend=$2 seeds=${3:-}
-    shift $(($# < 3 ? $# : 3))
-    "$BIN/kvmesh" cert issue --dir "$WORK/tls" --node "$name" >/dev/null
-    "$BIN/kvmesh" serve --backend "$backend" --listen 127.0.0.1:0 --mesh 127.0.0.1:0 \
-        --node-id "$name" --tls-dir "$WORK/tls" ${seeds:+--seeds "$seeds"} "$@" \
-        >"$WORK/$name.out" 2>"$WORK/$name.err" &
-    PIDS+=($!)
-    SIDECAR_PID[$name]=$!
-    wait_line "$WORK/$name.out" listening
-}
-cpu_ticks() { awk '{print $14 + $15}' "/proc/${SIDECAR_PID[$1]}/stat"; } # NAME: user + system
-cpu_per_request() { # NAME TICKS_BEFORE REQUESTS: CPU microseconds per request since TICKS_BEFORE
-    awk -v t="$(($(cpu_ticks "$1") - $2))" -v hz="$(getconf CLK_TCK)" -v n="$3" \
-        'BEGIN {printf "%.0f us", t * 1e6 / hz / n}'
-}
+# shellcheck source=lib/loopback.sh
+source "$ROOT/scripts/lib/loopback.sh"
+engine() { start_engine "$BIN" "$@"; } # NAME MODEL
+sidecar() { start_sidecar "$BIN" "$WORK/tls" "$@"; } # NAME BACKEND [SEEDS [EXTRA FLAGS...]]
 memory() { # NAME: resident and peak resident memory of a sidecar
     awk '/VmRSS/ {rss=$2} /VmHWM/ {hwm=$2} END {printf "RSS %.1f MB, peak %.1f MB\n", rss/1024, hwm/1024}' \
         "/proc/${SIDECAR_PID[$1]}/status"
 }
-http_of() { grep -o 'http://[0-9.:]*' "$WORK/$1.out"; }
-mesh_of() { grep -o ' mesh [0-9][0-9.:]*' "$WORK/$1.out" | cut -d' ' -f3; }
 load() { # LABEL TARGET ENGINE MODEL ARGS...
     local label=$1 target=$2 eng=$3 model=$4
     shift 4
