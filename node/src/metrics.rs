@@ -91,10 +91,16 @@ pub struct NodeMetrics {
     pub kv_event_bad_events: Counter,
     /// Exact mode: prompts the engine could not tokenize for routing (routed by load).
     pub tokenize_failures: Counter,
-    /// New prefixes this node's engine is computing (see `serve::new_prefixes`).
+    /// New prefixes this node's engine is computing (see `serve::engine_queue`).
     pub new_prefixes_in_flight: Gauge,
-    /// New prefixes this node declined while its engine computed others.
-    pub new_prefixes_declined: Counter,
+    /// Requests queued at this node's engine as this node counts them exactly.
+    pub engine_queued: Gauge,
+    /// Requests this node declined (late binding), by reason.
+    pub declined: Family<ReasonLabels, Counter>,
+    /// Attempts of requests that entered here that their serving node declined.
+    pub attempts_declined: Counter,
+    /// Load reports peers sent back on answers and declines, applied to this node's view.
+    pub load_reports: Counter,
 }
 
 impl Default for NodeMetrics {
@@ -124,7 +130,10 @@ impl Default for NodeMetrics {
             kv_event_bad_events: Counter::default(),
             tokenize_failures: Counter::default(),
             new_prefixes_in_flight: Gauge::default(),
-            new_prefixes_declined: Counter::default(),
+            engine_queued: Gauge::default(),
+            declined: Family::default(),
+            attempts_declined: Counter::default(),
+            load_reports: Counter::default(),
         }
     }
 }
@@ -239,9 +248,24 @@ impl NodeMetrics {
             self.new_prefixes_in_flight.clone(),
         );
         registry.register(
-            "new_prefixes_declined",
-            "New prefixes this node declined (the entry tried their next choice) while its engine computed others",
-            self.new_prefixes_declined.clone(),
+            "engine_queued",
+            "Requests this node handed to its engine that have not started, as this node counts them (streamed ones until their first byte; others from the engine's waiting gauge)",
+            self.engine_queued.clone(),
+        );
+        registry.register(
+            "declined",
+            "Requests this node declined because its engine's queue was over the entry's bound (the entry tried the next in rank), by reason: new-prefix or queue",
+            self.declined.clone(),
+        );
+        registry.register(
+            "attempts_declined",
+            "Attempts of requests that entered at this node that their serving node declined",
+            self.attempts_declined.clone(),
+        );
+        registry.register(
+            "load_reports",
+            "Engine load reports that came back with answers and declines and refreshed this node's view",
+            self.load_reports.clone(),
         );
     }
 }

@@ -372,6 +372,7 @@ fn bench_workload(c: &mut Criterion, workload: &str, target: Target) {
                 digest_received_ms: 1_000,
                 pending: 0,
                 recent_match: 0,
+                fresh: None,
                 offload: None,
             })
             .collect();

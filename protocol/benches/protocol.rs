@@ -128,6 +128,7 @@ fn deciding(c: &mut Criterion) {
                 digest_received_ms: 1_000,
                 pending: 0,
                 recent_match: 0,
+                fresh: None,
             })
             .collect();
         let id = BenchmarkId::new(format!("512_blocks_{holders}_holders"), nodes);

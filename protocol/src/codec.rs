@@ -15,7 +15,9 @@ use rkyv::{Archive, Deserialize, Serialize};
 
 /// The current envelope format. Bump on any incompatible change to an archived type.
 /// 2: `RequestHead::new_prefix` and `may_decline`, `WireErrorCode::Busy`.
-pub const FORMAT_VERSION: u8 = 2;
+/// 3: late binding: `RequestHead::decline_above` (for `may_decline`) and `streamed`, load reports
+/// in `ResponseHead` and `WireError`, `RouteReason::Declined`.
+pub const FORMAT_VERSION: u8 = 3;
 
 /// What an envelope carries; part of the envelope so a value can only decode as its own type.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]

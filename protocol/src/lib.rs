@@ -9,6 +9,8 @@
 //! - [`summary`]: a bounded-size, sharded encoding of the set of chain hashes an engine holds.
 //! - [`wire`]: the framed, validated messages sidecars exchange when forwarding a request.
 //! - [`route`]: the routing decision, a pure function of a view of the cluster and `now`.
+//! - [`lifecycle`]: a request's attempts around that decision: the entry ranks and attempts,
+//!   the serving node admits or declines, and every answer carries the engine's load back.
 //!
 //! Nothing here does IO or reads a clock: time is always an argument, so the cluster simulator
 //! runs exactly the code the sidecar runs.
@@ -19,6 +21,7 @@ pub mod digest;
 pub mod hashing;
 pub mod index;
 pub mod kv_events;
+pub mod lifecycle;
 pub mod route;
 pub mod summary;
 pub mod wire;

@@ -11,6 +11,7 @@
 //! feed it bytes as they arrive and pull whole frames.
 
 use crate::codec::{self, DecodeError, Kind};
+use crate::lifecycle::LoadReport;
 use crate::route::RouteReason;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use rkyv::{Archive, Deserialize, Serialize};
@@ -40,13 +41,18 @@ pub struct RequestHead {
     pub reason: RouteReason,
     /// The entry sidecar's node id, for tracing.
     pub entry_node: String,
-    /// The prompt's first block when no engine held it at the entry's decision (a new
-    /// prefix): the serving node counts its uncached prefill until the first byte comes back.
-    pub new_prefix: Option<u64>,
-    /// The entry has another candidate for this new prefix: the serving node may decline it
-    /// ([`WireErrorCode::Busy`]) while its engine computes other new prefixes. Never set on a
-    /// request's last attempt.
-    pub may_decline: bool,
+    /// The prompt's first block, if it has one.
+    pub first_block: Option<u64>,
+    /// No engine held the first block at the entry's decision (a new prefix): the serving node
+    /// counts its uncached prefill until the first byte comes back.
+    pub new_prefix: bool,
+    /// The serving node may decline the request ([`WireErrorCode::Busy`]) when more requests
+    /// than this are queued at its engine: the entry's estimate of the next candidate's queue
+    /// and what the cache here is worth (see [`crate::lifecycle`]). Never set on a request's
+    /// last attempt.
+    pub decline_above: Option<u32>,
+    /// The client asked for a streamed answer (whose first byte ends the prefill).
+    pub streamed: bool,
 }
 
 /// The head of a forwarded response.
@@ -56,6 +62,8 @@ pub struct ResponseHead {
     pub headers: Vec<(String, String)>,
     /// The node whose engine served the request.
     pub served_by: String,
+    /// The serving engine's load as its sidecar saw it when the answer started.
+    pub load: Option<LoadReport>,
 }
 
 /// Why a forwarded request failed on the serving side.
@@ -73,8 +81,8 @@ pub enum WireErrorCode {
     /// The engine failed after the response started.
     Interrupted,
     Internal,
-    /// The node declined a new prefix while its engine computes others' uncached prefills
-    /// (only when the head allowed it): try the next candidate.
+    /// The node declined the request: its engine's queue was over the head's
+    /// `decline_above` (only when the head allowed it). Try the next candidate.
     Busy,
 }
 
@@ -82,6 +90,8 @@ pub enum WireErrorCode {
 pub struct WireError {
     pub code: WireErrorCode,
     pub message: String,
+    /// The serving engine's load when it declined or failed, if it knows it.
+    pub load: Option<LoadReport>,
 }
 
 /// One frame of a forwarding stream.
@@ -215,9 +225,14 @@ impl FrameDecoder {
                 if !(100..=599).contains(&head.status) || head.headers.len() > MAX_HEADERS {
                     return Err(DecodeError::Semantic("invalid response head".into()).into());
                 }
+                validate_load(head.load.as_ref())?;
                 Frame::ResponseHead(head)
             }
-            TAG_ERROR => Frame::Error(codec::decode(Kind::WireError, &payload)?),
+            TAG_ERROR => {
+                let error: WireError = codec::decode(Kind::WireError, &payload)?;
+                validate_load(error.load.as_ref())?;
+                Frame::Error(error)
+            }
             other => return Err(FrameError::UnknownTag(other)),
         };
         Ok(Some(frame))
@@ -229,6 +244,13 @@ impl FrameDecoder {
             0 => Ok(()),
             n => Err(FrameError::Truncated(n)),
         }
+    }
+}
+
+fn validate_load(load: Option<&LoadReport>) -> Result<(), DecodeError> {
+    match load.map(LoadReport::validate) {
+        Some(Err(why)) => Err(DecodeError::Semantic(format!("load report: {why}"))),
+        _ => Ok(()),
     }
 }
 
@@ -258,8 +280,10 @@ pub(crate) fn sample_request_head() -> RequestHead {
         headers: vec![("content-type".into(), "application/json".into())],
         reason: RouteReason::PrefixHit,
         entry_node: "a".into(),
-        new_prefix: Some(42),
-        may_decline: true,
+        first_block: Some(42),
+        new_prefix: true,
+        decline_above: Some(3),
+        streamed: true,
     }
 }
 
@@ -276,10 +300,12 @@ mod tests {
                 status: 200,
                 headers: vec![("content-type".into(), "text/event-stream".into())],
                 served_by: "b".into(),
+                load: None,
             }),
             Frame::Error(WireError {
                 code: WireErrorCode::Interrupted,
                 message: "gone".into(),
+                load: None,
             }),
         ];
         let mut bytes = BytesMut::new();

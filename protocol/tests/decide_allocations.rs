@@ -82,6 +82,7 @@ fn allocations_do_not_grow_with_candidates() {
                 digest_received_ms: 0,
                 pending: 0,
                 recent_match: 0,
+                fresh: None,
             })
             .collect();
         let mut scratch = DecideScratch::default();

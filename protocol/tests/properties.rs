@@ -2,6 +2,7 @@
 //! the prefix property, and the decision keeps its invariants on arbitrary clusters.
 
 use kvmesh_protocol::hashing::{ChainSeed, chain_from_text, chain_from_tokens};
+use kvmesh_protocol::lifecycle::LoadReport;
 use kvmesh_protocol::route::{BoundOn, PendingLedger, RouteError, node_key};
 use kvmesh_protocol::summary::{PeerSummary, ShardWire, SummaryBuilder, SummaryConfig};
 use kvmesh_protocol::wire::{
@@ -186,12 +187,19 @@ proptest! {
                 headers: vec![("x-request-id".into(), "abc".into())],
                 reason: RouteReason::ColdHash,
                 entry_node: "n1".into(),
-                new_prefix: Some(42),
-                may_decline: true,
+                first_block: Some(42),
+                new_prefix: true,
+                decline_above: Some(2),
+                streamed: true,
             }),
             Frame::Data(body.into()),
-            Frame::ResponseHead(ResponseHead { status, headers: vec![], served_by: "n2".into() }),
-            Frame::Error(WireError { code: WireErrorCode::EngineUnavailable, message: "down".into() }),
+            Frame::ResponseHead(ResponseHead {
+                status,
+                headers: vec![],
+                served_by: "n2".into(),
+                load: Some(LoadReport { digest_version: 9, running: 3, waiting: 1, kv_usage: 0.5, inflight: 4 }),
+            }),
+            Frame::Error(WireError { code: WireErrorCode::EngineUnavailable, message: "down".into(), load: None }),
         ];
         let mut bytes = bytes::BytesMut::new();
         frames.iter().for_each(|f| f.encode_into(&mut bytes));
@@ -280,6 +288,7 @@ fn candidates<'a>(cluster: &'a Cluster, order: &[usize]) -> Vec<Candidate<'a>> {
             digest_received_ms: 1_000,
             pending: cluster.pending[i],
             recent_match: 0,
+            fresh: None,
         })
         .collect()
 }

@@ -1,5 +1,6 @@
-//! A node whose engine is computing one new prefix declines a second, different one, and the
-//! entry sends it to the prefix's next choice (`serve::new_prefixes`); the same new prefix is
+//! A node whose engine is computing one new prefix declines a second, different one (its queue
+//! is longer than the entry believes the other engine's to be), and the entry sends it to the
+//! prefix's next choice (`protocol::lifecycle`); a request with the prefix being computed is
 //! never declined, so it still lands on one engine.
 //!
 //! Two slow modelled engines (a 1,000-token prefill takes about 2 s) and two sidecars with plain
@@ -95,8 +96,28 @@ impl Cluster {
     }
 
     fn metric(&self, name: &str, metric: &str) -> f64 {
+        self.labelled_metric(name, metric, &[])
+    }
+
+    /// How many requests `entry` believes queued at `peer` (its `/debug/cluster` estimate),
+    /// or `None` while it has no digest of it; a node sees its own engine exactly.
+    fn estimated_queue(&self, entry: &str, peer: &str) -> Option<u64> {
+        if entry == peer {
+            return Some(self.metric(peer, "kvmesh_engine_queued") as u64);
+        }
+        let cluster = self.node(entry).debug_cluster().ok()?;
+        let estimate = cluster["peers"]
+            .as_array()?
+            .iter()
+            .find(|p| p["node"] == peer)?
+            .get("estimate")?
+            .clone();
+        Some(estimate["waiting"].as_u64()? + estimate["pending"].as_u64()?)
+    }
+
+    fn labelled_metric(&self, name: &str, metric: &str, labels: &[(&str, &str)]) -> f64 {
         self.node(name)
-            .metric(metric, &[])
+            .metric(metric, labels)
             .expect("metrics")
             .unwrap_or(0.0)
     }
@@ -128,7 +149,8 @@ fn round(cluster: &Cluster, tag: &str, a_entry_is_x: bool) {
         .find(|body| first_choice(body, &names) == x)
         .expect("half of all prefixes go to X first");
     let (a_entry, b_entry) = if a_entry_is_x { (x, x) } else { (y, y) };
-    let declined_before = cluster.metric(x, "kvmesh_new_prefixes_declined_total");
+    let declined = [("reason", "new-prefix")];
+    let declined_before = cluster.labelled_metric(x, "kvmesh_declined_total", &declined);
 
     let a = cluster
         .node(a_entry)
@@ -144,6 +166,11 @@ fn round(cluster: &Cluster, tag: &str, a_entry_is_x: bool) {
     wait_until(Duration::from_secs(10), "A to be counted on X", || {
         cluster.metric(x, "kvmesh_new_prefixes_in_flight") == 1.0
     });
+    // B's entry declines only in favour of an engine it believes idler: wait until gossip has
+    // told it that Y is idle (Y may have been busy with the previous round).
+    wait_until(Duration::from_secs(10), "B's entry to see Y idle", || {
+        cluster.estimated_queue(b_entry, y) == Some(0)
+    });
 
     let b = cluster
         .node(b_entry)
@@ -154,9 +181,9 @@ fn round(cluster: &Cluster, tag: &str, a_entry_is_x: bool) {
         y,
         "B moves to its next choice while X computes A"
     );
-    assert_eq!(b.header("x-kvmesh-reason"), Some("cold-hash"));
+    assert_eq!(b.header("x-kvmesh-reason"), Some("declined"));
     assert_eq!(
-        cluster.metric(x, "kvmesh_new_prefixes_declined_total"),
+        cluster.labelled_metric(x, "kvmesh_declined_total", &declined),
         declined_before + 1.0
     );
 

@@ -3,11 +3,12 @@
 use super::headers::response_headers_from_engine;
 use crate::engine::client::error_chain;
 use crate::metrics::NodeMetrics;
-use crate::serve::new_prefixes::InFlightPrefix;
+use crate::serve::engine_queue::HandedOver;
 use crate::serve::state::AppState;
 use bytes::{Bytes, BytesMut};
 use http::Method;
 use hyper::body::{Body, Incoming};
+use kvmesh_protocol::lifecycle::{Admission, LoadReport, Outcome};
 use kvmesh_protocol::wire::{Frame, FrameDecoder, RequestHead, WireErrorCode};
 use quinn::{RecvStream, SendStream};
 use std::net::SocketAddr;
@@ -37,9 +38,12 @@ pub struct Upstream {
     /// The body's length, when the engine declared it (`content-length`).
     pub content_length: Option<u64>,
     pub body: UpstreamBody,
-    /// This node's own engine computing a new prefix: counted until the body's first byte.
-    /// (A peer serving one counts it itself.)
-    pub new_prefix: Option<InFlightPrefix>,
+    /// The serving engine's load as its sidecar reported it with the head (peers only: this
+    /// node reads its own engine's live).
+    pub report: Option<LoadReport>,
+    /// This node's own engine serving it: queued until the body's first byte, in flight until
+    /// the relay ends. (A peer serving one counts it itself.)
+    pub handed: Option<HandedOver>,
 }
 
 pub enum UpstreamBody {
@@ -51,21 +55,28 @@ pub enum UpstreamBody {
     },
 }
 
-/// A failed attempt. `retryable` failures happened before anything was committed to the
-/// client and are worth trying on the next candidate; `declined` ones are not failures at
-/// all: the target's engine was busy with other new prefixes (see `serve::new_prefixes`).
+/// Why an attempt got no response head.
 #[derive(Debug)]
-pub struct AttemptError {
-    pub retryable: bool,
-    pub declined: bool,
-    pub message: String,
+pub enum AttemptError {
+    /// The serving node declined it (late binding), with its engine's load when it sent it.
+    Declined {
+        report: Option<LoadReport>,
+        message: String,
+    },
+    /// It failed. `retryable`: it failed before anything was committed to the client and is
+    /// worth trying on the next candidate.
+    Failed {
+        retryable: bool,
+        timed_out: bool,
+        message: String,
+    },
 }
 
 impl AttemptError {
     pub fn failed(retryable: bool, message: impl Into<String>) -> Self {
-        Self {
+        Self::Failed {
             retryable,
-            declined: false,
+            timed_out: false,
             message: message.into(),
         }
     }
@@ -74,11 +85,33 @@ impl AttemptError {
         Self::failed(true, message)
     }
 
-    fn declined(message: impl Into<String>) -> Self {
-        Self {
+    /// The attempt's deadline passed before a response head.
+    pub fn timed_out(message: impl Into<String>) -> Self {
+        Self::Failed {
             retryable: true,
-            declined: true,
+            timed_out: true,
             message: message.into(),
+        }
+    }
+
+    pub fn message(&self) -> &str {
+        match self {
+            Self::Declined { message, .. } | Self::Failed { message, .. } => message,
+        }
+    }
+
+    /// The lifecycle's view of it.
+    pub fn outcome(&self) -> Outcome {
+        match *self {
+            Self::Declined { report, .. } => Outcome::Declined(report),
+            Self::Failed {
+                retryable,
+                timed_out,
+                ..
+            } => Outcome::Failed {
+                retryable,
+                timed_out,
+            },
         }
     }
 }
@@ -116,11 +149,14 @@ async fn attempt_local(
     if state.refuses_new_requests() {
         return Err(AttemptError::retryable("this node is draining"));
     }
-    let limit = state.config.route.cold_prefills_per_engine;
-    let new_prefix = state
-        .new_prefixes
-        .admit_head(&head, limit)
-        .map_err(|_| AttemptError::declined("local engine is computing other new prefixes"))?;
+    let handed = state
+        .engine_queue
+        .admit(&admission(&head))
+        .map_err(|(reason, _)| AttemptError::Declined {
+            // The entry reads this node's own engine live: no report needed.
+            report: None,
+            message: format!("local engine declined it ({})", reason.as_str()),
+        })?;
     let method = Method::from_bytes(head.method.as_bytes()).unwrap_or(Method::POST);
     let response = state
         .engine
@@ -142,8 +178,19 @@ async fn attempt_local(
         served_by: state.node_name.clone(),
         content_length: response.body().size_hint().exact(),
         body: UpstreamBody::Local(response.into_body()),
-        new_prefix,
+        report: None,
+        handed: Some(handed),
     })
+}
+
+/// What the serving side's admission needs of a request head.
+pub fn admission(head: &RequestHead) -> Admission {
+    Admission {
+        first_block: head.first_block,
+        new_prefix: head.new_prefix,
+        decline_above: head.decline_above,
+        streamed: head.streamed,
+    }
 }
 
 async fn attempt_peer(
@@ -191,13 +238,17 @@ async fn attempt_peer(
                         decoder,
                         send,
                     },
-                    new_prefix: None,
+                    report: response.load,
+                    handed: None,
                 });
             }
             Ok(Some(Frame::Error(error))) => {
                 let message = format!("peer {name}: {:?}: {}", error.code, error.message);
                 if error.code == WireErrorCode::Busy {
-                    return Err(AttemptError::declined(message));
+                    return Err(AttemptError::Declined {
+                        report: error.load,
+                        message,
+                    });
                 }
                 let retryable = matches!(
                     error.code,

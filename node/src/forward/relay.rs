@@ -17,13 +17,14 @@ use super::headers::is_event_stream;
 use crate::front::body::{BodyError, ResponseBody};
 use crate::front::errors::ApiError;
 use crate::metrics::Outcome;
-use crate::serve::new_prefixes::InFlightPrefix;
-use crate::serve::state::SharedState;
+use crate::serve::engine_queue::HandedOver;
+use crate::serve::state::{SharedState, lock};
 use bytes::Bytes;
 use futures::task::noop_waker_ref;
 use http::{HeaderName, HeaderValue, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::{Body, Frame as BodyFrame, SizeHint};
+use kvmesh_protocol::lifecycle::Plan;
 use kvmesh_protocol::wire::{Frame, FrameDecoder};
 use std::future::Future;
 use std::pin::Pin;
@@ -35,10 +36,12 @@ use tokio::time::{Instant, Sleep};
 const READ_BUFFER: usize = 16 * 1024;
 
 /// Builds the client response for `upstream`; its body relays the upstream. The `inflight`
-/// gauge is decremented when the relay ends; `reason` labels the outcome metric.
+/// gauge is decremented when the relay ends, and the request's `plan` told that it ended;
+/// `reason` labels the outcome metric.
 pub fn relay(
     state: SharedState,
     upstream: Upstream,
+    plan: Plan,
     extra_headers: Vec<(HeaderName, HeaderValue)>,
     reason: &'static str,
 ) -> Response<ResponseBody> {
@@ -48,11 +51,12 @@ pub fn relay(
         silence: Box::pin(tokio::time::sleep(silence_limit)),
         silence_limit,
         source: Some(upstream.body),
-        new_prefix: upstream.new_prefix,
+        handed: upstream.handed,
         remaining: upstream.content_length,
         sse,
         ledger: Some(Ledger {
             state,
+            plan,
             reason,
             served_by: upstream.served_by,
         }),
@@ -85,12 +89,14 @@ enum End {
 /// Records the outcome of a relay, once.
 struct Ledger {
     state: SharedState,
+    plan: Plan,
     reason: &'static str,
     served_by: String,
 }
 
 impl Ledger {
-    fn close(self, end: &End) {
+    fn close(mut self, end: &End) {
+        self.plan.ended(&mut lock(&self.state.entry));
         let outcome = match end {
             End::Complete => Outcome::Answered,
             End::ClientGone => {
@@ -116,8 +122,9 @@ struct RelayBody {
     silence_limit: Duration,
     /// `None` once the upstream ended (or broke).
     source: Option<UpstreamBody>,
-    /// A new prefix this node's engine computes, held until the first byte of the answer.
-    new_prefix: Option<InFlightPrefix>,
+    /// This node's own engine serving it: queued until the answer's first byte, in flight
+    /// until the relay ends.
+    handed: Option<HandedOver>,
     /// Bytes still to come when the upstream declared its length.
     remaining: Option<u64>,
     sse: bool,
@@ -127,6 +134,7 @@ struct RelayBody {
 
 impl RelayBody {
     fn end(&mut self, end: End) {
+        self.handed = None;
         if let Some(ledger) = self.ledger.take() {
             ledger.close(&end);
         }
@@ -176,7 +184,9 @@ impl Body for RelayBody {
         };
         let limit = this.silence_limit;
         this.silence.as_mut().reset(Instant::now() + limit);
-        this.new_prefix = None;
+        if let Some(handed) = this.handed.as_mut() {
+            handed.started();
+        }
         match next {
             Ok(Some(data)) => {
                 if let Some(remaining) = this.remaining.as_mut() {

@@ -5,6 +5,7 @@
 //! forward again.
 
 use super::FORWARDABLE_PATHS;
+use super::entry::admission;
 use super::headers::response_headers_from_engine;
 use crate::engine::client::error_chain;
 use crate::mesh::IncomingForward;
@@ -64,11 +65,15 @@ async fn handle(
         return reply_error(&mut send, refusal).await;
     }
     let _inflight = InflightGuard::new(&state.inflight_forwarded);
-    // A new prefix counts against this engine's uncached prefills until its first byte.
-    let limit = state.config.route.cold_prefills_per_engine;
-    let Ok(mut new_prefix) = state.new_prefixes.admit_head(&head, limit) else {
-        let busy = "engine is computing other new prefixes";
-        return reply_error(&mut send, wire_error(WireErrorCode::Busy, busy)).await;
+    // Counted as queued at this engine until its first byte, in flight until it ends.
+    let mut handed = match state.engine_queue.admit(&admission(&head)) {
+        Ok(handed) => handed,
+        Err((reason, report)) => {
+            let why = format!("engine queue over the entry's bound ({})", reason.as_str());
+            let mut busy = wire_error(WireErrorCode::Busy, &why);
+            busy.load = Some(report);
+            return reply_error(&mut send, busy).await;
+        }
     };
     let method = Method::from_bytes(head.method.as_bytes()).unwrap_or(Method::POST);
     let body_for_index = body.clone();
@@ -111,6 +116,7 @@ async fn handle(
         status: parts.status.as_u16(),
         headers,
         served_by: state.node_name.clone(),
+        load: Some(state.engine_queue.report()),
     })
     .encode_into(&mut out);
     loop {
@@ -135,7 +141,7 @@ async fn handle(
                 }
             },
         };
-        new_prefix.take();
+        handed.started();
         match frame {
             None => break,
             Some(Ok(frame)) => {
@@ -282,5 +288,6 @@ fn wire_error(code: WireErrorCode, message: &str) -> WireError {
     WireError {
         code,
         message: message.to_owned(),
+        load: None,
     }
 }

@@ -5,10 +5,11 @@ use super::errors::ApiError;
 use super::{debug_match, inference};
 use crate::metrics::Outcome;
 use crate::serve::routing::served_models;
-use crate::serve::state::SharedState;
+use crate::serve::state::{SharedState, lock};
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 use kvmesh_protocol::hashing::Endpoint;
+use kvmesh_protocol::lifecycle::{Estimated, PeerInput};
 use std::convert::Infallible;
 
 pub async fn handle(
@@ -149,24 +150,40 @@ fn models(state: &SharedState) -> Response<ResponseBody> {
     )
 }
 
-/// This node and every live peer with its digest and the age of its last update.
+/// This node and every live peer with its digest and the age of its last update, and the
+/// load a routing decision now would judge it by (`estimate`: the digest's, or the fresher
+/// one its sidecar reported on the return path, plus this node's pending sends).
 fn debug_cluster(state: &SharedState) -> Response<ResponseBody> {
     let now = state.now_ms();
     let view = state.view.load();
     let engine = state.engine.state();
+    let entry = lock(&state.entry);
     let peers: Vec<serde_json::Value> = view
         .peers
         .iter()
         .map(|peer| {
+            let estimate = peer.digest.as_deref().map(|digest| {
+                let input = PeerInput {
+                    key: peer.key,
+                    digest,
+                    digest_received_ms: peer.digest_received_ms,
+                    summary: None,
+                    offload: None,
+                    live: None,
+                };
+                estimate_json(&entry.estimate(&input, now), now)
+            });
             serde_json::json!({
                 "node": peer.name,
                 "mesh_addr": peer.mesh_addr.to_string(),
                 "http_addr": peer.http_addr,
                 "age_ms": now.saturating_sub(peer.digest_received_ms),
                 "digest": peer.digest.as_deref().map(digest_json),
+                "estimate": estimate,
             })
         })
         .collect();
+    drop(entry);
     json(
         StatusCode::OK,
         serde_json::json!({
@@ -182,6 +199,27 @@ fn debug_cluster(state: &SharedState) -> Response<ResponseBody> {
             "peers": peers,
         }),
     )
+}
+
+fn estimate_json(estimate: &Estimated, now: u64) -> serde_json::Value {
+    let report = estimate.last_report.map(|(report, received)| {
+        serde_json::json!({
+            "digest_version": report.digest_version,
+            "running": report.running,
+            "waiting": report.waiting,
+            "kv_usage": report.kv_usage,
+            "inflight": report.inflight,
+            "age_ms": now.saturating_sub(received),
+        })
+    });
+    serde_json::json!({
+        "source": estimate.source.as_str(),
+        "running": estimate.gauges.running,
+        "waiting": estimate.gauges.waiting,
+        "kv_usage": estimate.gauges.kv_usage,
+        "pending": estimate.pending,
+        "last_report": report,
+    })
 }
 
 fn digest_json(digest: &kvmesh_protocol::LoadDigest) -> serde_json::Value {

@@ -7,10 +7,10 @@ use super::hashing::hash_for_routing;
 use crate::forward::entry;
 use crate::forward::headers::request_headers_for_engine;
 use crate::forward::relay::relay;
-use crate::metrics::Outcome;
+use crate::metrics::Outcome as MetricOutcome;
 use crate::serve::config::ServeConfig;
 use crate::serve::routing::{RouteFailure, Routed, route};
-use crate::serve::state::SharedState;
+use crate::serve::state::{SharedState, lock};
 use crate::view::unix_ms;
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, StatusCode};
@@ -18,6 +18,7 @@ use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use hyper::{Request, Response};
 use kvmesh_protocol::hashing::Endpoint;
+use kvmesh_protocol::lifecycle::{Outcome, Progress};
 use kvmesh_protocol::route::node_key;
 use kvmesh_protocol::wire::RequestHead;
 use kvmesh_protocol::{RequestHashes, RouteReason};
@@ -56,12 +57,15 @@ async fn answer(
         let body = read_body(&parts.headers, body, &state.config).await?;
         let json = parse_json(&body)?;
         let hashes = hash_for_routing(&state, endpoint, &json).await?;
-        Ok::<_, ApiError>((body, hashes))
+        let streamed = json.get("stream").and_then(serde_json::Value::as_bool) == Some(true);
+        Ok::<_, ApiError>((body, hashes, streamed))
     };
-    let (body, hashes) = match prepared.await {
+    let (body, hashes, streamed) = match prepared.await {
         Ok(prepared) => prepared,
         Err(error) => {
-            state.metrics.record_request("none", Outcome::Rejected);
+            state
+                .metrics
+                .record_request("none", MetricOutcome::Rejected);
             return error.into_response();
         }
     };
@@ -69,7 +73,9 @@ async fn answer(
     let routed = match route(&state, &hashes, session, &request_id) {
         Ok(routed) => routed,
         Err(RouteFailure::UnknownModel(available)) => {
-            state.metrics.record_request("none", Outcome::Rejected);
+            state
+                .metrics
+                .record_request("none", MetricOutcome::Rejected);
             return ApiError::new(
                 StatusCode::NOT_FOUND,
                 format!(
@@ -82,7 +88,9 @@ async fn answer(
             .into_response();
         }
         Err(RouteFailure::NoTarget(model)) => {
-            state.metrics.record_request("none", Outcome::NoTarget);
+            state
+                .metrics
+                .record_request("none", MetricOutcome::NoTarget);
             return ApiError::unavailable(
                 format!("no engine serving `{model}` can take requests now"),
                 1,
@@ -98,15 +106,17 @@ async fn answer(
         method: "POST".into(),
         path,
         headers: request_headers_for_engine(&parts.headers, &request_id),
-        reason: routed.reason,
+        reason: routed.plan.reason(),
         entry_node: state.node_name.clone(),
-        new_prefix: None,
-        may_decline: false,
+        first_block: None,
+        new_prefix: false,
+        decline_above: None,
+        streamed,
     };
     forward(state, routed, head, body, hashes.chain, request_id).await
 }
 
-/// Tries the ranked targets in order until one answers with a response head.
+/// Makes the plan's attempts in order until one answers with a response head.
 async fn forward(
     state: SharedState,
     routed: Routed,
@@ -115,82 +125,84 @@ async fn forward(
     chain: Vec<u64>,
     request_id: String,
 ) -> Response<ResponseBody> {
-    let attempts = routed.targets.len().min(state.config.retries + 1);
-    // Any attempt of a new prefix but the last may be declined by a target busy with other
-    // new prefixes; the request then goes down the ranking, which every entry node shares
-    // (the prefix's other rendezvous choice, then the rest by rendezvous weight).
-    let new_prefix = chain.first().copied().filter(|_| routed.new_prefix);
-    head.new_prefix = new_prefix;
+    let Routed { mut plan, targets } = routed;
+    let decided = plan.reason();
     let mut failures = Vec::new();
     let mut timed_out = false;
-    let mut failed_before = false;
-    for (attempt, (target, key)) in routed
-        .targets
-        .iter()
-        .zip(&routed.target_keys)
-        .take(attempts)
-        .enumerate()
-    {
-        let reason = if failed_before {
-            RouteReason::Retry
-        } else {
-            routed.reason
-        };
-        head.reason = reason;
-        head.may_decline = new_prefix.is_some() && !failed_before && attempt + 1 < attempts;
-        let sent_at = state.record_assignment(*key, &chain);
+    loop {
+        let attempt = plan.next_attempt(&mut lock(&state.entry), &chain, state.now_ms());
+        let Some(attempt) = attempt else { break };
+        let target = &targets[attempt.candidate];
+        head.reason = attempt.reason;
+        head.first_block = attempt.first_block;
+        head.new_prefix = attempt.new_prefix;
+        head.decline_above = attempt.decline_above;
         let sent = tokio::time::timeout(
             state.config.request_timeout,
             entry::attempt(&state, target, head.clone(), body.clone(), &chain),
         );
-        let error = match sent.await {
-            Ok(Ok(upstream)) => {
+        let result = match sent.await {
+            Ok(result) => result,
+            Err(_) => Err(entry::AttemptError::timed_out("deadline exceeded")),
+        };
+        let outcome = match &result {
+            Ok(upstream) => Outcome::Started(upstream.report),
+            Err(error) => error.outcome(),
+        };
+        if matches!(
+            outcome,
+            Outcome::Started(Some(_)) | Outcome::Declined(Some(_))
+        ) {
+            state.metrics.load_reports.inc();
+        }
+        let progress = plan.on_outcome(&mut lock(&state.entry), &chain, outcome, state.now_ms());
+        let error = match result {
+            Ok(upstream) => {
                 tracing::debug!(
                     request_id,
                     served_by = upstream.served_by,
-                    reason = reason.as_str(),
-                    matched = routed.matched_blocks,
+                    reason = attempt.reason.as_str(),
+                    matched = plan.matched_blocks(),
                     "forwarded"
                 );
-                let extra = response_headers(&upstream.served_by, reason, &request_id);
+                let extra = response_headers(&upstream.served_by, attempt.reason, &request_id);
                 state.metrics.inflight.inc();
-                return relay(state.clone(), upstream, extra, reason.as_str());
+                return relay(
+                    state.clone(),
+                    upstream,
+                    plan,
+                    extra,
+                    attempt.reason.as_str(),
+                );
             }
-            Ok(Err(error)) => error,
-            Err(_) => {
-                timed_out = true;
-                entry::AttemptError::failed(false, "deadline exceeded")
-            }
+            Err(error) => error,
         };
-        // A declined or failed attempt left nothing in that engine's queue or cache (nothing
-        // worth counting on, at least): take back the optimistic record of the send.
-        state.withdraw_assignment(*key, &chain, sent_at);
-        if error.declined {
-            tracing::debug!(request_id, error = error.message, "new prefix declined");
-            continue;
+        let name = target.name(&state.node_name);
+        match &error {
+            entry::AttemptError::Declined { message, .. } => {
+                state.metrics.attempts_declined.inc();
+                tracing::debug!(request_id, target = name, error = message, "declined");
+            }
+            entry::AttemptError::Failed {
+                timed_out: deadline,
+                message,
+                ..
+            } => {
+                timed_out = *deadline;
+                tracing::warn!(request_id, target = name, error = message, "attempt failed");
+                failures.push(format!("{name}: {message}"));
+                if progress == Progress::TryNext {
+                    state.metrics.retries.inc();
+                }
+            }
         }
-        failed_before = true;
-        tracing::warn!(
-            request_id,
-            target = target.name(&state.node_name),
-            error = error.message,
-            "attempt failed"
-        );
-        failures.push(format!(
-            "{}: {}",
-            target.name(&state.node_name),
-            error.message
-        ));
-        if !error.retryable {
+        if progress != Progress::TryNext {
             break;
-        }
-        if attempt + 1 < attempts {
-            state.metrics.retries.inc();
         }
     }
     state
         .metrics
-        .record_request(routed.reason.as_str(), Outcome::Failed);
+        .record_request(decided.as_str(), MetricOutcome::Failed);
     let status = if timed_out {
         StatusCode::GATEWAY_TIMEOUT
     } else {
@@ -203,7 +215,7 @@ async fn forward(
     .into_response();
     response.headers_mut().insert(
         HeaderName::from_static("x-kvmesh-reason"),
-        HeaderValue::from_static(routed.reason.as_str()),
+        HeaderValue::from_static(decided.as_str()),
     );
     response
 }

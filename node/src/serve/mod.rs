@@ -7,7 +7,7 @@
 //! requests finish up to the drain timeout, and leaves the mesh.
 
 pub mod config;
-pub mod new_prefixes;
+pub mod engine_queue;
 pub mod publish;
 pub mod routing;
 pub mod state;
@@ -21,8 +21,9 @@ use crate::tls::NodeIdentity;
 use crate::view::{HTTP_KEY, SharedView};
 use anyhow::Context;
 use config::ServeConfig;
-use kvmesh_protocol::route::{PendingLedger, RecentSends, node_key};
-use new_prefixes::NewPrefixes;
+use engine_queue::EngineQueue;
+use kvmesh_protocol::lifecycle::EntryState;
+use kvmesh_protocol::route::{Gauges, node_key};
 use prometheus_client::registry::Registry;
 use state::{AppState, SharedState};
 use std::io::Write;
@@ -32,15 +33,9 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-/// Optimistic assignments are forgotten after this even without a newer digest.
-const PENDING_TTL_MS: u64 = 2_000;
 /// Longest wait for the first engine poll before announcing readiness anyway (the engine may be
 /// down: the node is still an entry point).
 const FIRST_POLL_WAIT: Duration = Duration::from_secs(5);
-/// Optimistic prefix matches last until a peer's own summary had time to show them.
-const RECENT_TTL_MS: u64 = 3_000;
-/// Bound on block hashes remembered for optimistic matches (~40 MB at most).
-const RECENT_MAX_ENTRIES: usize = 1_000_000;
 /// How long a drained node waits for its peers to acknowledge that it closed the mesh.
 const MESH_CLOSE_WAIT: Duration = Duration::from_secs(1);
 
@@ -78,8 +73,7 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         engine,
         view: SharedView::default(),
         self_digest: RwLock::new(None),
-        ledger: Mutex::new(PendingLedger::new(PENDING_TTL_MS)),
-        recent: Mutex::new(RecentSends::new(RECENT_TTL_MS, RECENT_MAX_ENTRIES)),
+        entry: Mutex::new(EntryState::default()),
         prefixes: Mutex::new(
             LocalPrefixes::new(
                 config.summary,
@@ -91,10 +85,7 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
             )
             .map_err(anyhow::Error::msg)?,
         ),
-        new_prefixes: NewPrefixes::new(
-            metrics.new_prefixes_in_flight.clone(),
-            metrics.new_prefixes_declined.clone(),
-        ),
+        engine_queue: EngineQueue::new(metrics.clone()),
         metrics,
         registry,
         start: Instant::now(),
@@ -107,6 +98,7 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
 
     let mut tasks = vec![
         poller,
+        tokio::spawn(poll_loop(state.clone())),
         tokio::spawn(view_loop(state.clone())),
         tokio::spawn(publish::publish_loop(state.clone())),
     ];
@@ -162,6 +154,27 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
     // fail now rather than at the idle timeout.
     state.mesh.shutdown(MESH_CLOSE_WAIT).await;
     Ok(())
+}
+
+/// Tells the engine queue each time the engine's gauges were read, so that it counts as
+/// queued exactly what the gauges cannot show yet.
+async fn poll_loop(state: SharedState) {
+    let mut engine = state.engine.watch();
+    let mut polls = 0;
+    loop {
+        let current = engine.borrow_and_update().clone();
+        if current.polls != polls {
+            polls = current.polls;
+            state.engine_queue.polled(Gauges {
+                running: current.metrics.running.max(0.0) as u32,
+                waiting: current.metrics.waiting.max(0.0) as u32,
+                kv_usage: current.metrics.kv_usage as f32,
+            });
+        }
+        if engine.changed().await.is_err() {
+            return;
+        }
+    }
 }
 
 /// Keeps the shared view in step with gossip.

@@ -36,7 +36,7 @@ pub async fn publish_loop(state: SharedState) {
         publish_summary(&state).await;
         let now = state.now_ms();
         let view = state.view.load();
-        lock(&state.ledger).prune(now, |key| {
+        lock(&state.entry).prune(now, |key| {
             view.peers
                 .iter()
                 .find(|p| p.key == key)
@@ -116,15 +116,19 @@ fn same_load(a: &LoadDigest, b: &LoadDigest) -> bool {
     } == *b
 }
 
+/// The digest's load is the engine queue's: the last poll's gauges with the queue this node
+/// counts exactly, the same figures its load reports carry.
 fn build_digest(state: &SharedState, version: u64) -> LoadDigest {
     let engine = state.engine.state();
     let metrics = &engine.metrics;
+    state.engine_queue.set_digest_version(version);
+    let gauges = state.engine_queue.gauges();
     LoadDigest {
         version,
         timestamp_ms: crate::view::unix_ms(),
-        running: metrics.running.max(0.0) as u32,
-        waiting: metrics.waiting.max(0.0) as u32,
-        kv_usage: metrics.kv_usage as f32,
+        running: gauges.running,
+        waiting: gauges.waiting,
+        kv_usage: gauges.kv_usage,
         kv_capacity_blocks: metrics.num_gpu_blocks.unwrap_or(0).min(u64::from(u32::MAX)) as u32,
         block_size: metrics.block_size.unwrap_or(16).min(u32::from(u16::MAX)) as u16,
         ttft_ewma_ms: engine.ttft_ewma_ms as f32,

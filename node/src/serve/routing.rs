@@ -1,19 +1,17 @@
-//! From this node's view of the cluster to `protocol::decide`'s candidates, and back to
-//! forwarding targets. All judgement is in `decide`; this only gathers its inputs.
+//! From this node's view of the cluster to the lifecycle's peers, and from its plan back to
+//! forwarding targets. All judgement is in `protocol` (`lifecycle::EntryState::route`, which
+//! runs `decide`); this only gathers its inputs.
 
 use crate::forward::entry::Target;
 use crate::serve::state::{AppState, lock};
-use kvmesh_protocol::route::{RouteError, decide, node_key};
-use kvmesh_protocol::{Candidate, LoadDigest, RequestHashes, Role, RouteReason, RouteRequest};
+use kvmesh_protocol::lifecycle::{PeerInput, Plan};
+use kvmesh_protocol::route::{RouteError, node_key};
+use kvmesh_protocol::{LoadDigest, RequestHashes, Role, RouteRequest};
 
-/// A routed request: targets in rank order.
+/// A routed request: its plan, and the target of each candidate the plan refers to.
 pub struct Routed {
+    pub plan: Plan,
     pub targets: Vec<Target>,
-    pub target_keys: Vec<u64>,
-    pub reason: RouteReason,
-    pub matched_blocks: u32,
-    /// No engine held the prompt's first block: a new prefix (see `serve::new_prefixes`).
-    pub new_prefix: bool,
 }
 
 pub enum RouteFailure {
@@ -37,51 +35,35 @@ pub fn route(
         let prefixes = lock(&state.prefixes);
         (prefixes.own_summary(), prefixes.own_offload())
     };
-    let ledger = lock(&state.ledger);
-    let recent = lock(&state.recent);
-    // Only nodes recently sent this chain's first block can have an optimistic match.
-    let recently_sent: Vec<u64> = recent.nodes_with_first(&hashes.chain, now).collect();
-    let recent_match = |key: u64| {
-        if recently_sent.contains(&key) {
-            recent.matched(key, &hashes.chain, now)
-        } else {
-            0
-        }
-    };
-
-    let mut candidates = Vec::with_capacity(view.peers.len() + 1);
+    let mut peers = Vec::with_capacity(view.peers.len() + 1);
     let mut targets = Vec::with_capacity(view.peers.len() + 1);
     if let Some((digest, received)) = &own {
-        candidates.push(Candidate {
-            node_key: state.node_key,
+        peers.push(PeerInput {
+            key: state.node_key,
             digest,
+            digest_received_ms: *received,
             summary: Some(&own_summary),
             offload: Some(&own_offload),
-            digest_received_ms: *received,
-            pending: ledger.pending(state.node_key, *received, now),
-            recent_match: recent_match(state.node_key),
+            // This node counts its own engine's queue exactly, every send included.
+            live: Some(state.engine_queue.gauges()),
         });
         targets.push(Target::Local);
     }
     for peer in &view.peers {
         let Some(digest) = &peer.digest else { continue };
-        candidates.push(Candidate {
-            node_key: peer.key,
+        peers.push(PeerInput {
+            key: peer.key,
             digest,
+            digest_received_ms: peer.digest_received_ms,
             summary: Some(&peer.summary),
             offload: Some(&peer.offload),
-            digest_received_ms: peer.digest_received_ms,
-            pending: ledger.pending(peer.key, peer.digest_received_ms, now),
-            recent_match: recent_match(peer.key),
+            live: None,
         });
         targets.push(Target::Peer {
             name: peer.name.clone(),
             addr: peer.mesh_addr,
         });
     }
-    drop(recent);
-    drop(ledger);
-
     let request = RouteRequest {
         model: &hashes.model,
         chain: &hashes.chain,
@@ -91,28 +73,18 @@ pub fn route(
         role: Role::Mixed,
         spread: Some(node_key(request_id)),
     };
-    match decide(&candidates, &request, &state.config.route, now) {
-        Ok(decision) => Ok(Routed {
-            target_keys: decision
-                .ranked
-                .iter()
-                .map(|&i| candidates[i].node_key)
-                .collect(),
-            targets: decision
-                .ranked
-                .iter()
-                .map(|&i| targets[i].clone())
-                .collect(),
-            reason: decision.reason,
-            matched_blocks: decision.matched_blocks,
-            new_prefix: decision.new_prefix,
+    let planned = lock(&state.entry).route(&peers, &request, &state.config.route, now);
+    match planned {
+        Ok(plan) => Ok(Routed {
+            plan: plan.with_retries(state.config.retries as u32),
+            targets,
         }),
         Err(RouteError::NoCandidate(model)) => {
-            if candidates.iter().any(|c| c.digest.serves(&model)) {
+            if peers.iter().any(|p| p.digest.serves(&model)) {
                 Err(RouteFailure::NoTarget(model))
             } else {
                 Err(RouteFailure::UnknownModel(served_models(
-                    candidates.iter().map(|c| c.digest),
+                    peers.iter().map(|p| p.digest),
                 )))
             }
         }

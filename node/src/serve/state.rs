@@ -5,10 +5,10 @@ use crate::mesh::Mesh;
 use crate::metrics::NodeMetrics;
 use crate::prefix::LocalPrefixes;
 use crate::serve::config::ServeConfig;
-use crate::serve::new_prefixes::NewPrefixes;
+use crate::serve::engine_queue::EngineQueue;
 use crate::view::{SharedView, monotonic_ms};
 use kvmesh_protocol::LoadDigest;
-use kvmesh_protocol::route::{PendingLedger, RecentSends};
+use kvmesh_protocol::lifecycle::EntryState;
 use prometheus_client::registry::Registry;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -23,13 +23,13 @@ pub struct AppState {
     pub view: SharedView,
     /// This node's own latest digest and when it was built (monotonic ms).
     pub self_digest: RwLock<Option<(Arc<LoadDigest>, u64)>>,
-    pub ledger: Mutex<PendingLedger>,
-    /// Chains this node just sent where (optimistic prefix matches).
-    pub recent: Mutex<RecentSends>,
+    /// The entry side of the routing lifecycle: this node's recent sends (pending loads,
+    /// optimistic prefix matches) and the loads peers reported back.
+    pub entry: Mutex<EntryState>,
     /// This node's own engine cache index and its summary.
     pub prefixes: Mutex<LocalPrefixes>,
-    /// New prefixes this node's engine is computing; admits or declines more.
-    pub new_prefixes: NewPrefixes,
+    /// The serving side: this node's engine's exact queue; admits or declines requests.
+    pub engine_queue: EngineQueue,
     pub metrics: NodeMetrics,
     pub registry: Registry,
     pub start: Instant,
@@ -62,20 +62,6 @@ impl AppState {
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
-    }
-
-    /// This node sent a request with `chain` to `node_key`; returns when, to withdraw it.
-    pub fn record_assignment(&self, node_key: u64, chain: &[u64]) -> u64 {
-        let now = self.now_ms();
-        lock(&self.ledger).record(node_key, now);
-        lock(&self.recent).record(node_key, chain, now);
-        now
-    }
-
-    /// `node_key` declined the request recorded at `at_ms`: it neither queues nor caches it.
-    pub fn withdraw_assignment(&self, node_key: u64, chain: &[u64], at_ms: u64) {
-        lock(&self.ledger).withdraw(node_key, at_ms);
-        lock(&self.recent).withdraw(node_key, chain, at_ms);
     }
 
     /// This node's engine accepted a request with `chain`: its blocks are now cached there.

@@ -61,16 +61,25 @@ pub struct RouteConfig {
     /// power of two choices. Every entry node considers the same few engines, so a new prefix
     /// still lands on one of them; picking the less loaded keeps a burst of new prefixes from
     /// queueing their uncached prefills on one engine (the gsp warm-up tail, BENCHMARKS.md).
-    /// 1 gives plain rendezvous. Default 2.
+    /// 1 gives plain rendezvous. Default 1: entries judge the choices' loads from views that
+    /// differ (an entry sees its own engine exactly, the others through gossip), so with 2 the
+    /// same new prefix sent to several entries at once could land on two engines; late binding
+    /// does the balancing instead, at the first choice's sidecar, which knows its queue
+    /// exactly and passes the prefix on to its next choice when that one is believed idler.
     pub cold_choices: u32,
-    /// New prefixes whose uncached prefills one engine computes at once: while its engine has
-    /// this many in flight (sent, no first byte back yet), a node declines another new prefix's
-    /// request and the entry sends it to the next in rank (the prefix's other rendezvous
-    /// choice, then the rest). The node sees every request its engine gets, so this catches
-    /// the bursts that stale digests hide from the entries (see [`super::admit_new_prefix`]).
-    /// Requests with a first block already in flight there are never declined, nor is a
-    /// request's last attempt. 0 never declines. Default 1.
-    pub cold_prefills_per_engine: u32,
+    /// Late binding: how many times one request may be declined by a serving node whose own,
+    /// exact queue is longer than the entry believed the next candidate's to be (see
+    /// [`crate::lifecycle`]). The entry judges on digests 100–600 ms old; the serving node
+    /// sees every request its engine gets, so a declined request goes to the next in rank at
+    /// the cost of one mesh round trip. A request's last attempt is never declined. 0 turns
+    /// late binding off. Default 1.
+    pub max_declines: u32,
+    /// Requests a serving node's queue may exceed the next candidate's (as the entry
+    /// estimated it) before it declines. Whatever the prompt would meet cached there and not
+    /// at the next candidate is added, as the queued requests its prefill time is worth
+    /// (see [`crate::lifecycle::decline_bound`]): a prefix is taken from its cache only when
+    /// the queue costs more than the cache saves. Default 0.
+    pub decline_slack: f64,
     /// Bonus for the session's preferred node: score units, or in the cost form that fraction
     /// of the prompt's whole prefill time. Default 0.3.
     pub session_weight: f64,
@@ -108,8 +117,9 @@ impl Default for RouteConfig {
             load_slack: 2.0,
             bound_on: BoundOn::Queued,
             spread_margin: 0.05,
-            cold_choices: 2,
-            cold_prefills_per_engine: 1,
+            cold_choices: 1,
+            max_declines: 1,
+            decline_slack: 0.0,
             session_weight: 0.3,
             min_hit_blocks: 1,
             max_digest_age_ms: 3_000,

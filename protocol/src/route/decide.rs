@@ -25,6 +25,42 @@ pub struct Candidate<'a> {
     /// Leading blocks of this request this node itself recently sent there (optimistic: the
     /// peer's summary may not show them yet).
     pub recent_match: u32,
+    /// The engine's gauges as its sidecar reported them on the return path, when that report
+    /// is newer than `digest` (see [`crate::lifecycle`]); `None`: the digest's.
+    pub fresh: Option<Gauges>,
+}
+
+impl Candidate<'_> {
+    /// The gauges the decision judges this engine's load by: the freshest it has.
+    pub fn gauges(&self) -> Gauges {
+        self.fresh.unwrap_or_else(|| Gauges::of(self.digest))
+    }
+}
+
+/// An engine's load gauges: what a digest carries and a return-path report refreshes.
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct Gauges {
+    /// Requests in the engine's running batch.
+    pub running: u32,
+    /// Requests queued ahead of a new one (see `lifecycle::ServingState::queued`).
+    pub waiting: u32,
+    /// KV cache usage, 0..=1.
+    pub kv_usage: f32,
+}
+
+impl Gauges {
+    pub fn of(digest: &LoadDigest) -> Self {
+        Self {
+            running: digest.running,
+            waiting: digest.waiting,
+            kv_usage: digest.kv_usage,
+        }
+    }
+
+    /// Everything admitted and not finished.
+    pub fn load(&self) -> u32 {
+        self.running.saturating_add(self.waiting)
+    }
 }
 
 /// What the decision needs to know about the request.
@@ -60,6 +96,18 @@ pub struct Decision {
     /// No candidate holds the prompt's first blocks (fewer than `min_hit_blocks`): a new
     /// prefix, placed by rendezvous on its first block.
     pub new_prefix: bool,
+    /// Per entry of `ranked`, what the decision believed of that engine.
+    pub estimates: Vec<Estimate>,
+}
+
+/// What a decision believed of one ranked engine.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Estimate {
+    /// Blocks of the prompt it holds.
+    pub matched: u32,
+    /// Requests queued there (waiting plus this node's pending sends): the measure a serving
+    /// node's admission compares its own queue with.
+    pub queued: u32,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -84,6 +132,8 @@ struct Entry {
     load: u32,
     /// What the load bound counts (see [`BoundOn`]).
     bounded: u32,
+    /// Waiting plus pending.
+    queued: u32,
     fresh: bool,
 }
 
@@ -169,6 +219,7 @@ pub fn decide_with(
     let mut any_fresh = false;
     for (index, candidate) in candidates.iter().enumerate() {
         let digest = candidate.digest;
+        let gauges = candidate.gauges();
         if !digest.healthy || digest.role != request.role || !digest.serves(request.model) {
             continue;
         }
@@ -191,12 +242,13 @@ pub fn decide_with(
             index,
             node_key: candidate.node_key,
             matched: on_gpu + offload_worth,
-            load: digest.load().saturating_add(candidate.pending),
+            load: gauges.load().saturating_add(candidate.pending),
             bounded: match config.bound_on {
-                BoundOn::InFlight => digest.load(),
-                BoundOn::Queued => digest.waiting,
+                BoundOn::InFlight => gauges.load(),
+                BoundOn::Queued => gauges.waiting,
             }
             .saturating_add(candidate.pending),
+            queued: gauges.waiting.saturating_add(candidate.pending),
             fresh,
         });
     }
@@ -311,6 +363,13 @@ pub fn decide_with(
         matched_blocks: chosen_entry.matched,
         best_matched_blocks: best_matched,
         new_prefix: cold,
+        estimates: top
+            .iter()
+            .map(|r| Estimate {
+                matched: entries[r.entry].matched,
+                queued: entries[r.entry].queued,
+            })
+            .collect(),
     })
 }
 
@@ -377,43 +436,64 @@ fn base_score(
     request: &RouteRequest<'_>,
     config: &RouteConfig,
 ) -> f64 {
-    let digest = candidate.digest;
-    let queued = f64::from(digest.waiting) + f64::from(candidate.pending);
+    let gauges = candidate.gauges();
+    let queued = f64::from(gauges.waiting) + f64::from(candidate.pending);
     match config.policy {
         Policy::Score => {
             let matched = match request.chain.len() {
                 0 => 0.0,
                 len => f64::from(entry.matched) / len as f64,
             };
-            config.alpha * matched + config.beta * (1.0 - f64::from(digest.kv_usage))
+            config.alpha * matched + config.beta * (1.0 - f64::from(gauges.kv_usage))
                 - config.gamma * queued / config.waiting_threshold.max(1.0)
         }
-        Policy::Cost => -estimated_ttft_ms(digest, entry.matched, queued, request, config),
+        Policy::Cost => -estimated_ttft_ms(
+            candidate.digest,
+            gauges.waiting,
+            entry.matched,
+            queued,
+            request,
+            config,
+        ),
     }
 }
 
 /// The cost form: time to drain the queue ahead plus time to prefill what is not cached.
-/// The per-request service time comes from the observed TTFT (TTFT ≈ (waiting + 1) × service),
-/// or from the prompt's own prefill time when nothing was observed yet.
 fn estimated_ttft_ms(
     digest: &LoadDigest,
+    waiting: u32,
     matched: u32,
     queued: f64,
     request: &RouteRequest<'_>,
     config: &RouteConfig,
 ) -> f64 {
-    let tokens_per_s = match f64::from(digest.prefill_tokens_per_s) {
-        tps if tps > 0.0 => tps,
-        _ => config.default_prefill_tokens_per_s.max(1.0),
-    };
     let prompt = f64::from(request.prompt_tokens);
     let cached = f64::from(matched) * f64::from(request.tokens_per_block);
-    let prefill_ms = (prompt - cached).max(0.0) / tokens_per_s * 1000.0;
-    let service_ms = match f64::from(digest.ttft_ewma_ms) {
-        ttft if ttft > 0.0 => ttft / (1.0 + f64::from(digest.waiting)),
-        _ => prompt / tokens_per_s * 1000.0,
-    };
-    queued * service_ms + prefill_ms
+    let prefill_ms = (prompt - cached).max(0.0) / prefill_tokens_per_s(digest, config) * 1000.0;
+    queued * service_ms(digest, waiting, request, config) + prefill_ms
+}
+
+/// An engine's prefill speed: what its digest reports, else the configured assumption.
+pub(crate) fn prefill_tokens_per_s(digest: &LoadDigest, config: &RouteConfig) -> f64 {
+    match f64::from(digest.prefill_tokens_per_s) {
+        tps if tps > 0.0 => tps,
+        _ => config.default_prefill_tokens_per_s.max(1.0),
+    }
+}
+
+/// The time one queued request holds up the next on this engine: from the observed TTFT
+/// (TTFT ≈ (waiting + 1) × service), or the prompt's own prefill time when nothing was
+/// observed yet.
+pub(crate) fn service_ms(
+    digest: &LoadDigest,
+    waiting: u32,
+    request: &RouteRequest<'_>,
+    config: &RouteConfig,
+) -> f64 {
+    match f64::from(digest.ttft_ewma_ms) {
+        ttft if ttft > 0.0 => ttft / (1.0 + f64::from(waiting)),
+        _ => f64::from(request.prompt_tokens) / prefill_tokens_per_s(digest, config) * 1000.0,
+    }
 }
 
 /// The session bonus, in the policy's units: score units, or (cost form) that fraction of the

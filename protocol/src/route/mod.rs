@@ -5,7 +5,6 @@
 //! inputs give the identical decision on every node, whatever order the candidates come in.
 //! The node feeds it from gossip; the simulator feeds it from a model.
 
-mod admission;
 mod config;
 mod decide;
 mod pending;
@@ -15,11 +14,12 @@ mod rendezvous;
 #[cfg(test)]
 mod tests;
 
-pub use admission::admit_new_prefix;
 pub use config::{BoundOn, Policy, RouteConfig};
 pub use decide::{
-    Candidate, DecideScratch, Decision, RouteError, RouteRequest, decide, decide_with,
+    Candidate, DecideScratch, Decision, Estimate, Gauges, RouteError, RouteRequest, decide,
+    decide_with,
 };
+pub(crate) use decide::{prefill_tokens_per_s, service_ms};
 pub use pending::PendingLedger;
 pub use reason::RouteReason;
 pub use recent::RecentSends;

@@ -21,10 +21,13 @@ pub enum RouteReason {
     LeastLoaded,
     /// An earlier attempt failed before the response started; this is the next in rank.
     Retry,
+    /// The first choice's serving node declined it (its own queue was longer than the entry
+    /// believed the next candidate's); this is the next in rank.
+    Declined,
 }
 
 impl RouteReason {
-    pub const ALL: [RouteReason; 7] = [
+    pub const ALL: [RouteReason; 8] = [
         RouteReason::PrefixHit,
         RouteReason::ColdHash,
         RouteReason::LoadSpill,
@@ -32,6 +35,7 @@ impl RouteReason {
         RouteReason::OnlyCandidate,
         RouteReason::LeastLoaded,
         RouteReason::Retry,
+        RouteReason::Declined,
     ];
 
     /// The stable name used in headers and metric labels.
@@ -44,6 +48,7 @@ impl RouteReason {
             RouteReason::OnlyCandidate => "only-candidate",
             RouteReason::LeastLoaded => "least-loaded",
             RouteReason::Retry => "retry",
+            RouteReason::Declined => "declined",
         }
     }
 }

@@ -56,6 +56,7 @@ fn candidate<'a>(
         digest_received_ms: NOW - 50,
         pending: 0,
         recent_match: 0,
+        fresh: None,
     }
 }
 
@@ -418,7 +419,10 @@ fn a_cold_prefix_goes_to_the_less_loaded_of_its_two_rendezvous_choices() {
         assert!(d.new_prefix);
         candidates[d.ranked[0]].node_key
     };
-    let config = RouteConfig::default();
+    let config = RouteConfig {
+        cold_choices: 2,
+        ..RouteConfig::default()
+    };
 
     // Equal loads: the rendezvous-first engine, as with plain rendezvous.
     let even = cluster(&names, |_| &busy);
@@ -429,12 +433,12 @@ fn a_cold_prefix_goes_to_the_less_loaded_of_its_two_rendezvous_choices() {
     // An idle engine outside the two choices does not draw the prefix.
     let third_idle = cluster(&names, |n| if n == third { &idle } else { &busy });
     assert_eq!(chosen(&third_idle, &config), node_key(first));
-    // One choice: plain rendezvous, whatever the loads.
-    let single = RouteConfig {
-        cold_choices: 1,
-        ..RouteConfig::default()
-    };
-    assert_eq!(chosen(&first_busy, &single), node_key(first));
+    // One choice (the default, which leaves the balancing to late binding): plain
+    // rendezvous, whatever the loads.
+    assert_eq!(
+        chosen(&first_busy, &RouteConfig::default()),
+        node_key(first)
+    );
     // The retries after the choices follow the rendezvous order.
     let d = decide(&first_busy, &request(&prompt), &config, NOW).unwrap();
     let order: Vec<u64> = d.ranked.iter().map(|&i| first_busy[i].node_key).collect();

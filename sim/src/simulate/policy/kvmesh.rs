@@ -246,6 +246,7 @@ fn decide_one(
                 0
             },
             recent_match: recent.iter().find(|(n, _)| *n == p).map_or(0, |&(_, m)| m),
+            fresh: None,
         });
         scratch.nodes_of.push(p);
     }

@@ -83,6 +83,7 @@ impl Oracle {
                 } else {
                     0
                 },
+                fresh: None,
             })
             .collect();
         decide_with(&mut self.scratch, &candidates, request, config, now_ms)

@@ -1,0 +1,139 @@
+//! This node's engine's exact queue ([`ServingState`]), shared by the requests that enter here
+//! and the ones peers forward: every request handed to the engine goes through
+//! [`EngineQueue::admit`], which may decline it (late binding), and holds a [`HandedOver`]
+//! guard until it ends.
+
+use super::state::lock;
+use crate::metrics::{NodeMetrics, ReasonLabels};
+use kvmesh_protocol::lifecycle::{Admission, DeclineReason, LoadReport, ServingState, Ticket};
+use kvmesh_protocol::route::Gauges;
+use std::sync::{Arc, Mutex};
+
+#[derive(Clone, Debug)]
+pub struct EngineQueue {
+    state: Arc<Mutex<ServingState>>,
+    metrics: NodeMetrics,
+}
+
+impl EngineQueue {
+    pub fn new(metrics: NodeMetrics) -> Self {
+        Self {
+            state: Arc::default(),
+            metrics,
+        }
+    }
+
+    /// Hands a request over, or declines it with this engine's load.
+    pub fn admit(&self, admission: &Admission) -> Result<HandedOver, (DeclineReason, LoadReport)> {
+        let mut state = lock(&self.state);
+        match state.admit(admission) {
+            Ok(ticket) => {
+                self.observe(&state);
+                Ok(HandedOver {
+                    queue: self.clone(),
+                    ticket: Some(ticket),
+                })
+            }
+            Err(reason) => {
+                let labels = ReasonLabels {
+                    reason: reason.as_str().to_owned(),
+                };
+                self.metrics.declined.get_or_create(&labels).inc();
+                Err((reason, state.report()))
+            }
+        }
+    }
+
+    /// What an answer tells its entry now.
+    pub fn report(&self) -> LoadReport {
+        lock(&self.state).report()
+    }
+
+    /// The engine's gauges now, with this node's exact queue.
+    pub fn gauges(&self) -> Gauges {
+        lock(&self.state).gauges()
+    }
+
+    /// The engine's gauges were just read.
+    pub fn polled(&self, gauges: Gauges) {
+        let mut state = lock(&self.state);
+        state.polled(gauges);
+        self.observe(&state);
+    }
+
+    pub fn set_digest_version(&self, version: u64) {
+        lock(&self.state).set_digest_version(version);
+    }
+
+    fn observe(&self, state: &ServingState) {
+        let metrics = &self.metrics;
+        metrics.engine_queued.set(i64::from(state.queued()));
+        metrics
+            .new_prefixes_in_flight
+            .set(state.new_prefixes_in_flight() as i64);
+    }
+}
+
+/// A request handed to the engine: counted as queued until [`HandedOver::started`] (its
+/// answer's first byte), and in flight until dropped.
+#[derive(Debug)]
+pub struct HandedOver {
+    queue: EngineQueue,
+    ticket: Option<Ticket>,
+}
+
+impl HandedOver {
+    pub fn started(&mut self) {
+        if let Some(ticket) = &mut self.ticket {
+            let mut state = lock(&self.queue.state);
+            state.started(ticket);
+            self.queue.observe(&state);
+        }
+    }
+}
+
+impl Drop for HandedOver {
+    fn drop(&mut self) {
+        if let Some(ticket) = self.ticket.take() {
+            let mut state = lock(&self.queue.state);
+            state.finished(ticket);
+            self.queue.observe(&state);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_guard_counts_until_its_first_byte_and_ends_when_dropped() {
+        let queue = EngineQueue::new(NodeMetrics::default());
+        let streamed = |decline_above| Admission {
+            first_block: Some(7),
+            new_prefix: true,
+            decline_above,
+            streamed: true,
+        };
+        let mut first = queue
+            .admit(&streamed(None))
+            .expect("an idle engine takes it");
+        assert_eq!(queue.metrics.engine_queued.get(), 1);
+        assert_eq!(queue.metrics.new_prefixes_in_flight.get(), 1);
+        let other = Admission {
+            first_block: Some(8),
+            ..streamed(Some(0))
+        };
+        let (reason, report) = queue.admit(&other).expect_err("over the bound");
+        assert_eq!((reason, report.waiting), (DeclineReason::NewPrefix, 1));
+        first.started();
+        assert_eq!(queue.metrics.engine_queued.get(), 0);
+        assert_eq!(queue.report().inflight, 1);
+        drop(first);
+        assert_eq!(queue.report().inflight, 0);
+        let labels = ReasonLabels {
+            reason: "new-prefix".into(),
+        };
+        assert_eq!(queue.metrics.declined.get_or_create(&labels).get(), 1);
+    }
+}

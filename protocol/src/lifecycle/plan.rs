@@ -1,0 +1,320 @@
+//! [`Plan`]: one request's attempts, from the entry's ranking to an answer or a failure.
+//!
+//! The entry tries the ranked engines in order. An attempt may be declined by its serving node
+//! (late binding) when the entry allowed it: never on a request's last attempt, at most
+//! `max_declines` times, and never after a failure (a retry goes where it can). A failed
+//! attempt is retried on the next in rank while retries remain and the failure left nothing
+//! committed to the client. Every outcome updates the entry's view of that engine.
+
+use super::entry::EntryState;
+use super::report::LoadReport;
+use crate::route::{
+    Candidate, Decision, RouteConfig, RouteReason, RouteRequest, prefill_tokens_per_s, service_ms,
+};
+
+/// One engine of the ranking, with what an attempt there carries.
+#[derive(Copy, Clone, Debug, PartialEq)]
+struct Planned {
+    /// Index into the candidates (the caller's peers) the plan was made from.
+    candidate: usize,
+    key: u64,
+    /// The queue above which it should pass the request on to the next in rank.
+    decline_above: u32,
+}
+
+/// One attempt to make now.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Attempt {
+    /// Index into the peers the plan was made from.
+    pub candidate: usize,
+    pub node_key: u64,
+    /// Why the request goes there (the decision's reason, or why an earlier attempt passed).
+    pub reason: RouteReason,
+    /// The serving node may decline when more requests than this are queued at its engine.
+    pub decline_above: Option<u32>,
+    /// The prompt's first block, if it has one.
+    pub first_block: Option<u64>,
+    /// No engine held the prompt's first block: the serving node counts the new prefix.
+    pub new_prefix: bool,
+}
+
+/// How an attempt ended.
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub enum Outcome {
+    /// The response head arrived (what the serving node reported with it, if anything).
+    Started(Option<LoadReport>),
+    /// The serving node declined it, with its load.
+    Declined(Option<LoadReport>),
+    /// It failed before the response head. `retryable`: nothing reached the engine that makes
+    /// another attempt unsafe or pointless.
+    Failed { retryable: bool, timed_out: bool },
+}
+
+/// What the request does next.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Progress {
+    /// Relay the answer; call [`Plan::ended`] when the request ends.
+    Served,
+    /// Make the next attempt ([`Plan::next_attempt`] returns it).
+    TryNext,
+    /// No attempt is left; `timed_out`: the last failure was the deadline.
+    GaveUp { timed_out: bool },
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+struct Sent {
+    rank: usize,
+    key: u64,
+    at_ms: u64,
+    may_decline: bool,
+}
+
+/// One request's attempts.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    targets: Vec<Planned>,
+    reason: RouteReason,
+    matched_blocks: u32,
+    first_block: Option<u64>,
+    new_prefix: bool,
+    next: usize,
+    retries_left: u32,
+    declines_left: u32,
+    failed_before: bool,
+    declined_before: bool,
+    sent: Option<Sent>,
+    served: Option<Sent>,
+    declines: u32,
+    failures: u32,
+}
+
+impl Plan {
+    /// The plan for `decision` over `candidates`, with at most `config.max_declines` declines;
+    /// retries are unlimited until [`Plan::with_retries`] bounds them.
+    pub fn new(
+        decision: &Decision,
+        candidates: &[Candidate<'_>],
+        request: &RouteRequest<'_>,
+        config: &RouteConfig,
+    ) -> Self {
+        let targets = decision
+            .ranked
+            .iter()
+            .enumerate()
+            .map(|(rank, &candidate)| {
+                let next = rank + 1;
+                let decline_above = match decision.ranked.get(next) {
+                    Some(_) => decline_bound(
+                        &candidates[candidate],
+                        decision.estimates[rank].matched,
+                        decision.estimates[next].queued,
+                        decision.estimates[next].matched,
+                        request,
+                        config,
+                    ),
+                    None => u32::MAX,
+                };
+                Planned {
+                    candidate,
+                    key: candidates[candidate].node_key,
+                    decline_above,
+                }
+            })
+            .collect();
+        Self {
+            targets,
+            reason: decision.reason,
+            matched_blocks: decision.matched_blocks,
+            first_block: request.chain.first().copied(),
+            new_prefix: decision.new_prefix,
+            next: 0,
+            retries_left: u32::MAX,
+            declines_left: config.max_declines,
+            failed_before: false,
+            declined_before: false,
+            sent: None,
+            served: None,
+            declines: 0,
+            failures: 0,
+        }
+    }
+
+    /// At most `retries` attempts after failed ones.
+    pub fn with_retries(mut self, retries: u32) -> Self {
+        self.retries_left = retries;
+        self
+    }
+
+    /// The decision's reason.
+    pub fn reason(&self) -> RouteReason {
+        self.reason
+    }
+
+    /// Blocks of the prompt the first choice was believed to hold.
+    pub fn matched_blocks(&self) -> u32 {
+        self.matched_blocks
+    }
+
+    /// Whether no engine held the prompt's first block.
+    pub fn new_prefix(&self) -> bool {
+        self.new_prefix
+    }
+
+    /// Attempts declined so far.
+    pub fn declines(&self) -> u32 {
+        self.declines
+    }
+
+    /// Attempts failed so far.
+    pub fn failures(&self) -> u32 {
+        self.failures
+    }
+
+    /// The ranked engines' node keys, best first.
+    pub fn ranked_keys(&self) -> impl Iterator<Item = u64> + '_ {
+        self.targets.iter().map(|t| t.key)
+    }
+
+    /// The next attempt, recorded as a send in `entry`; `None` when one is in progress, the
+    /// request was served, or no engine is left.
+    pub fn next_attempt(
+        &mut self,
+        entry: &mut EntryState,
+        chain: &[u64],
+        now_ms: u64,
+    ) -> Option<Attempt> {
+        if self.sent.is_some() || self.served.is_some() {
+            return None;
+        }
+        let rank = self.next;
+        let target = *self.targets.get(rank)?;
+        self.next += 1;
+        let may_decline =
+            self.declines_left > 0 && !self.failed_before && rank + 1 < self.targets.len();
+        let reason = if self.failed_before {
+            RouteReason::Retry
+        } else if self.declined_before {
+            RouteReason::Declined
+        } else {
+            self.reason
+        };
+        entry.record_send(target.key, chain, now_ms);
+        self.sent = Some(Sent {
+            rank,
+            key: target.key,
+            at_ms: now_ms,
+            may_decline,
+        });
+        Some(Attempt {
+            candidate: target.candidate,
+            node_key: target.key,
+            reason,
+            decline_above: may_decline.then_some(target.decline_above),
+            first_block: self.first_block,
+            new_prefix: self.new_prefix,
+        })
+    }
+
+    /// Applies how the current attempt ended, to the plan and to `entry`'s view.
+    pub fn on_outcome(
+        &mut self,
+        entry: &mut EntryState,
+        chain: &[u64],
+        outcome: Outcome,
+        now_ms: u64,
+    ) -> Progress {
+        let Some(sent) = self.sent.take() else {
+            return self.progress_after(false);
+        };
+        let outcome = match outcome {
+            // A decline the entry did not allow is a fault of the peer: a failure.
+            Outcome::Declined(_) if !sent.may_decline => Outcome::Failed {
+                retryable: true,
+                timed_out: false,
+            },
+            other => other,
+        };
+        match outcome {
+            Outcome::Started(report) => {
+                if let Some(report) = report {
+                    // The report counts this request: it is pending no longer.
+                    entry.settle_send(sent.key, sent.at_ms);
+                    entry.apply_report(sent.key, report, sent.at_ms, now_ms);
+                }
+                self.served = Some(sent);
+                Progress::Served
+            }
+            Outcome::Declined(report) => {
+                entry.withdraw_send(sent.key, chain, sent.at_ms);
+                if let Some(report) = report {
+                    entry.apply_report(sent.key, report, sent.at_ms, now_ms);
+                }
+                self.declines += 1;
+                self.declines_left = self.declines_left.saturating_sub(1);
+                self.declined_before = true;
+                self.progress_after(false)
+            }
+            Outcome::Failed {
+                retryable,
+                timed_out,
+            } => {
+                entry.withdraw_send(sent.key, chain, sent.at_ms);
+                self.failures += 1;
+                self.failed_before = true;
+                if !retryable || self.retries_left == 0 {
+                    self.next = self.targets.len();
+                    return Progress::GaveUp { timed_out };
+                }
+                self.retries_left -= 1;
+                self.progress_after(timed_out)
+            }
+        }
+    }
+
+    fn progress_after(&self, timed_out: bool) -> Progress {
+        if self.next < self.targets.len() {
+            Progress::TryNext
+        } else {
+            Progress::GaveUp { timed_out }
+        }
+    }
+
+    /// The served request ended (however): its send stops counting as pending there.
+    pub fn ended(&mut self, entry: &mut EntryState) {
+        if let Some(sent) = self.served.take() {
+            entry.settle_send(sent.key, sent.at_ms);
+        }
+    }
+
+    /// The rank of the attempt in progress or served, for tests.
+    pub fn current_rank(&self) -> Option<usize> {
+        self.sent.or(self.served).map(|sent| sent.rank)
+    }
+}
+
+/// The queue above which `target` should pass a request on to the next candidate in rank,
+/// believed to have `next_queued` requests queued and to hold `next_matched` blocks of the
+/// prompt: that queue, plus the configured slack, plus what the blocks `target` holds beyond
+/// the next one's are worth there in queued requests (the prefill time they save over the
+/// time one queued request holds up the next).
+pub fn decline_bound(
+    target: &Candidate<'_>,
+    target_matched: u32,
+    next_queued: u32,
+    next_matched: u32,
+    request: &RouteRequest<'_>,
+    config: &RouteConfig,
+) -> u32 {
+    let extra_blocks = target_matched.saturating_sub(next_matched);
+    let worth = if extra_blocks == 0 {
+        0.0
+    } else {
+        let saved_ms = f64::from(extra_blocks) * f64::from(request.tokens_per_block)
+            / prefill_tokens_per_s(target.digest, config)
+            * 1000.0;
+        let service = service_ms(target.digest, target.gauges().waiting, request, config);
+        saved_ms / service.max(1.0)
+    };
+    let bound = f64::from(next_queued) + config.decline_slack.max(0.0) + worth;
+    bound.floor().min(f64::from(u32::MAX)) as u32
+}

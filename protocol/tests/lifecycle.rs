@@ -1,0 +1,286 @@
+//! Property tests of the request lifecycle: the entry's plans and the serving side's queue,
+//! driven through random interleavings of requests and outcomes.
+
+use kvmesh_protocol::hashing::HASH_VERSION;
+use kvmesh_protocol::lifecycle::{
+    Admission, EntryState, LoadReport, Outcome, PeerInput, Plan, Progress, ServingState,
+};
+use kvmesh_protocol::route::node_key;
+use kvmesh_protocol::{LoadDigest, Role, RouteConfig, RouteRequest};
+use proptest::prelude::*;
+
+fn digest(waiting: u32, running: u32) -> LoadDigest {
+    LoadDigest {
+        version: 1,
+        timestamp_ms: 0,
+        running,
+        waiting,
+        kv_usage: 0.3,
+        kv_capacity_blocks: 1000,
+        block_size: 16,
+        ttft_ewma_ms: 80.0,
+        prefill_tokens_per_s: 4000.0,
+        inflight_forwarded: 0,
+        role: Role::Mixed,
+        healthy: true,
+        hash_version: HASH_VERSION,
+        models: vec!["m".into()],
+        loras: vec![],
+    }
+}
+
+/// What a random serving node answers to one attempt.
+#[derive(Copy, Clone, Debug)]
+enum Answer {
+    Start,
+    Decline,
+    FailRetryable,
+    FailFinal,
+    TimeOut,
+}
+
+fn answer() -> impl Strategy<Value = Answer> {
+    prop_oneof![
+        4 => Just(Answer::Start),
+        3 => Just(Answer::Decline),
+        2 => Just(Answer::FailRetryable),
+        1 => Just(Answer::FailFinal),
+        1 => Just(Answer::TimeOut),
+    ]
+}
+
+fn report(waiting: u32) -> LoadReport {
+    LoadReport {
+        digest_version: 1,
+        running: 2,
+        waiting,
+        kv_usage: 0.4,
+        inflight: waiting + 2,
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Whatever the serving nodes answer: a request is attempted at most once per candidate,
+    /// an attempt that may be declined always has a next in rank, no more attempts may be
+    /// declined than configured, and once every request has ended the entry counts nothing
+    /// as pending anywhere.
+    #[test]
+    fn plans_keep_their_invariants(
+        loads in prop::collection::vec((0u32..6, 0u32..6), 1..8),
+        requests in prop::collection::vec(
+            (prop::collection::vec(0u64..4, 0..6), prop::collection::vec(answer(), 8)),
+            1..12,
+        ),
+        max_declines in 0u32..3,
+        retries in 0u32..4,
+        concurrent in any::<bool>(),
+    ) {
+        let digests: Vec<LoadDigest> = loads.iter().map(|&(w, r)| digest(w, r)).collect();
+        let keys: Vec<u64> = (0..digests.len()).map(|i| node_key(&format!("node-{i}"))).collect();
+        let peers: Vec<PeerInput<'_>> = digests
+            .iter()
+            .zip(&keys)
+            .map(|(digest, &key)| PeerInput {
+                key,
+                digest,
+                digest_received_ms: 0,
+                summary: None,
+                offload: None,
+                live: None,
+            })
+            .collect();
+        let config = RouteConfig { max_declines, ..RouteConfig::default() };
+        let mut entry = EntryState::default();
+        let now = 100;
+        let chains: Vec<Vec<u64>> = requests
+            .iter()
+            .map(|(blocks, _)| blocks.iter().map(|b| b + 1).collect())
+            .collect();
+        let mut plans: Vec<(Plan, usize)> = Vec::new();
+        let mut served: Vec<usize> = Vec::new();
+        for (index, chain) in chains.iter().enumerate() {
+            let request = RouteRequest {
+                model: "m",
+                chain,
+                prompt_tokens: 64,
+                tokens_per_block: 16.0,
+                session: None,
+                role: Role::Mixed,
+                spread: Some(index as u64),
+            };
+            let plan = entry.route(&peers, &request, &config, now).unwrap();
+            plans.push((plan.with_retries(retries), index));
+        }
+        for (plan, index) in plans.iter_mut() {
+            let (chain, answers) = (&chains[*index], &requests[*index].1);
+            let ranked: Vec<u64> = plan.ranked_keys().collect();
+            let mut attempted = Vec::new();
+            let mut declinable = 0;
+            let mut outcome_count = 0;
+            while let Some(attempt) = plan.next_attempt(&mut entry, chain, now) {
+                prop_assert!(!attempted.contains(&attempt.node_key), "attempted twice");
+                attempted.push(attempt.node_key);
+                let rank = ranked.iter().position(|&k| k == attempt.node_key).unwrap();
+                if attempt.decline_above.is_some() {
+                    declinable += 1;
+                    prop_assert!(rank + 1 < ranked.len(), "a last attempt may be declined");
+                }
+                let outcome = match answers[outcome_count % answers.len()] {
+                    Answer::Start => Outcome::Started((outcome_count % 2 == 0).then(|| report(1))),
+                    Answer::Decline => Outcome::Declined(Some(report(5))),
+                    Answer::FailRetryable => Outcome::Failed { retryable: true, timed_out: false },
+                    Answer::FailFinal => Outcome::Failed { retryable: false, timed_out: false },
+                    Answer::TimeOut => Outcome::Failed { retryable: true, timed_out: true },
+                };
+                outcome_count += 1;
+                match plan.on_outcome(&mut entry, chain, outcome, now) {
+                    Progress::Served => {
+                        served.push(*index);
+                        break;
+                    }
+                    Progress::TryNext => {}
+                    Progress::GaveUp { .. } => break,
+                }
+            }
+            prop_assert!(plan.declines() <= max_declines);
+            prop_assert!(plan.declines() <= declinable);
+            prop_assert!(plan.failures() <= retries + 1);
+            if !concurrent {
+                plan.ended(&mut entry);
+            }
+        }
+        for (plan, _) in plans.iter_mut() {
+            plan.ended(&mut entry);
+        }
+        for &key in &keys {
+            prop_assert_eq!(entry.pending(key, 0, now), 0, "pending after every request ended");
+        }
+    }
+
+    /// Whatever the order of hand-overs, first bytes and ends: a request allowed no decline is
+    /// never declined, and once every request has ended and the engine was polled idle,
+    /// nothing is queued, in flight or counted as a new prefix.
+    #[test]
+    fn the_serving_queue_returns_to_zero(
+        ops in prop::collection::vec(
+            (any::<bool>(), prop::option::of(0u64..3), prop::option::of(0u32..3), 0u8..4),
+            1..64,
+        ),
+    ) {
+        let mut serving = ServingState::new();
+        let mut tickets = Vec::new();
+        for (streamed, new_prefix, decline_above, action) in ops {
+            match action {
+                0 | 1 => {
+                    let admission = Admission {
+                        first_block: new_prefix,
+                        new_prefix: new_prefix.is_some(),
+                        decline_above,
+                        streamed,
+                    };
+                    match serving.admit(&admission) {
+                        Ok(ticket) => tickets.push(ticket),
+                        Err(_) => prop_assert!(decline_above.is_some(), "declined a last attempt"),
+                    }
+                }
+                2 if !tickets.is_empty() => {
+                    let i = tickets.len() / 2;
+                    serving.started(&mut tickets[i]);
+                }
+                3 if !tickets.is_empty() => serving.finished(tickets.swap_remove(0)),
+                _ => serving.polled(kvmesh_protocol::route::Gauges {
+                    running: 1,
+                    waiting: tickets.len() as u32,
+                    kv_usage: 0.5,
+                }),
+            }
+            prop_assert!(serving.inflight() as usize == tickets.len());
+        }
+        for ticket in tickets.drain(..) {
+            serving.finished(ticket);
+        }
+        serving.polled(kvmesh_protocol::route::Gauges { running: 0, waiting: 0, kv_usage: 0.0 });
+        prop_assert_eq!(serving.queued(), 0);
+        prop_assert_eq!(serving.inflight(), 0);
+        prop_assert_eq!(serving.new_prefixes_in_flight(), 0);
+    }
+}
+
+/// Issue 21: a burst of distinct prompts sent at once to one entry, over two idle engines
+/// whose gossip shows nothing yet. The entry's own engine is exact (`live`); the peer's answers
+/// carry its load back. Neither engine may end up with the burst.
+#[test]
+fn a_burst_of_new_prefixes_from_one_entry_spreads_over_both_engines() {
+    for burst in [200u64, 1_000] {
+        let gossiped = digest(0, 0);
+        let (own_key, peer_key) = (node_key("node-1"), node_key("node-2"));
+        let mut engines = [ServingState::new(), ServingState::new()];
+        let mut entry = EntryState::default();
+        let config = RouteConfig::default();
+        let mut served = [0u64; 2];
+        let mut tickets = Vec::new();
+        for i in 0..burst {
+            let chain = [i * 7 + 1, i * 7 + 2];
+            let request = RouteRequest {
+                model: "m",
+                chain: &chain,
+                prompt_tokens: 32,
+                tokens_per_block: 16.0,
+                session: None,
+                role: Role::Mixed,
+                spread: Some(i),
+            };
+            let peers = [
+                PeerInput {
+                    key: own_key,
+                    digest: &gossiped,
+                    digest_received_ms: 0,
+                    summary: None,
+                    offload: None,
+                    live: Some(engines[0].gauges()),
+                },
+                PeerInput {
+                    key: peer_key,
+                    digest: &gossiped,
+                    digest_received_ms: 0,
+                    summary: None,
+                    offload: None,
+                    live: None,
+                },
+            ];
+            let now = 10;
+            let mut plan = entry.route(&peers, &request, &config, now).unwrap();
+            assert!(plan.new_prefix());
+            while let Some(attempt) = plan.next_attempt(&mut entry, &chain, now) {
+                let engine = &mut engines[attempt.candidate];
+                let admission = Admission {
+                    first_block: attempt.first_block,
+                    new_prefix: attempt.new_prefix,
+                    decline_above: attempt.decline_above,
+                    streamed: true,
+                };
+                let outcome = match engine.admit(&admission) {
+                    Ok(ticket) => {
+                        tickets.push(ticket);
+                        served[attempt.candidate] += 1;
+                        // The entry's own engine needs no report: it is read live.
+                        Outcome::Started((attempt.candidate == 1).then(|| engine.report()))
+                    }
+                    Err(_) => Outcome::Declined(Some(engine.report())),
+                };
+                if plan.on_outcome(&mut entry, &chain, outcome, now) != Progress::TryNext {
+                    break;
+                }
+            }
+        }
+        let share = served[0].max(served[1]) as f64 / burst as f64;
+        assert!(
+            share <= 0.6,
+            "burst of {burst}: {served:?} served by the two engines"
+        );
+        eprintln!("burst of {burst}: served {served:?}");
+        drop(tickets);
+    }
+}
