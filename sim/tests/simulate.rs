@@ -201,3 +201,36 @@ fn a_sweep_reports_every_size_and_gossip_grows_with_n() {
     let svg = kvmesh_sim::simulate::svg::gossip_vs_nodes(&report).expect("a sweep plots");
     assert!(svg.starts_with("<svg") && svg.contains("kvmesh"));
 }
+
+/// Issue 21 in the model: a burst of distinct prompts sent at once to one entry node spreads
+/// over the engines (late binding declines against the next candidate's load, and a declined
+/// request counts as pending where it goes), and serving nodes do decline some of it.
+#[test]
+fn a_burst_of_distinct_prompts_through_one_entry_spreads() {
+    for (nodes, requests) in [(2, 200), (3, 200), (2, 1_000)] {
+        let report = run(&format!(
+            "--nodes {nodes} --entry-nodes 1 --workload hot --hot-fraction 0 \
+             --hot-system-len 96 --hot-question-len 32 --hot-output-len 4 \
+             --requests {requests} --rate 1000000 --policy kvmesh,round-robin --seed 3"
+        ));
+        let kvmesh = by_policy(&report, "kvmesh");
+        let round_robin = by_policy(&report, "round-robin");
+        assert_eq!(kvmesh.completed, requests);
+        let share = kvmesh.load_imbalance / nodes as f64;
+        assert!(
+            share <= 0.6,
+            "{nodes} nodes, {requests} prompts: the busiest engine served {:.0}% ({} declines)",
+            share * 100.0,
+            kvmesh.declines
+        );
+        assert!(kvmesh.declines > 0, "the entry's own engine declined some");
+        println!(
+            "{nodes} nodes, {requests} prompts: busiest {:.0}%, {} declines, mean TTFT {:.3} s \
+             against round-robin's {:.3} s",
+            share * 100.0,
+            kvmesh.declines,
+            kvmesh.ttft_s.mean,
+            round_robin.ttft_s.mean
+        );
+    }
+}

@@ -146,10 +146,19 @@ pub struct SimulateArgs {
     /// Policies simulated in parallel (each in its own thread).
     #[arg(long, default_value_t = 1)]
     pub jobs: usize,
-    /// Threads running the engines of one gossiping policy's simulation (results do not
-    /// depend on it).
+    /// Threads publishing the nodes' digests and summaries in one gossiping policy's
+    /// simulation (results do not depend on it).
     #[arg(long, default_value_t = 2)]
     pub threads: usize,
+    /// Round trip of a message between two sidecars, milliseconds: what a forwarded attempt,
+    /// its answer's head and a decline cost (default: the added latency of a cross-node
+    /// request on loopback, BENCHMARKS.md).
+    #[arg(long, default_value_t = 0.28)]
+    pub mesh_rtt_ms: f64,
+    /// Requests enter at the first this many nodes only (default: every node, at random): a
+    /// batch job that calls one sidecar, say.
+    #[arg(long)]
+    pub entry_nodes: Option<usize>,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
 }
@@ -204,6 +213,8 @@ impl SimulateArgs {
             chwbl_epsilon: 0.25,
             zone_size: self.zone_size.max(1),
             threads: self.threads.max(1),
+            mesh_hop_ns: (self.mesh_rtt_ms.max(0.0) * 1e6 / 2.0) as u64,
+            entry_nodes: self.entry_nodes.unwrap_or(nodes).clamp(1, nodes.max(1)),
             self_summary: self.self_view == SelfView::Summary,
             seed: self.seed,
         }

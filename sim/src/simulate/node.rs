@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use kvmesh_protocol::hashing::HASH_VERSION;
 use kvmesh_protocol::index::{IndexChanges, PrefixIndex};
+use kvmesh_protocol::lifecycle::ServingState;
+use kvmesh_protocol::route::Gauges;
 use kvmesh_protocol::{LoadDigest, Role, SummaryBuilder, SummaryConfig};
 
 use crate::engine::model::{Engine, EngineConfig, EngineRequest, Output};
@@ -42,6 +44,8 @@ pub struct SimNode {
     /// Requests submitted in total.
     pub served: u64,
     pub ttft_ewma_ms: f64,
+    /// The sidecar's exact count of its engine's queue (the gossiping policies' serving side).
+    pub serving: ServingState,
     digest_version: u64,
     /// The load fields and time of the last gossiped digest.
     last_gossiped: Option<((u32, u32, u32), u64)>,
@@ -62,6 +66,7 @@ impl SimNode {
             inflight: 0,
             served: 0,
             ttft_ewma_ms: 0.0,
+            serving: ServingState::new(),
             digest_version: 0,
             last_gossiped: None,
             wake_ns: None,
@@ -169,17 +174,29 @@ impl SimNode {
         };
     }
 
-    /// The digest of the engine's state now.
-    pub fn digest(&mut self, now_ns: u64) -> LoadDigest {
+    /// The engine's gauges as its `/metrics` shows them now.
+    pub fn engine_gauges(&self) -> Gauges {
         let gauges = self.engine.gauges();
-        let config = self.engine.config();
-        self.digest_version += 1;
-        LoadDigest {
-            version: self.digest_version,
-            timestamp_ms: now_ns / 1_000_000,
+        Gauges {
             running: gauges.running as u32,
             waiting: gauges.waiting as u32,
             kv_usage: gauges.kv_usage.clamp(0.0, 1.0) as f32,
+        }
+    }
+
+    /// The digest of the engine's state now, as the sidecar builds it: the serving state's
+    /// gauges (the last poll's, with the exact queue).
+    pub fn digest(&mut self, now_ns: u64) -> LoadDigest {
+        let gauges = self.serving.gauges();
+        let config = self.engine.config();
+        self.digest_version += 1;
+        self.serving.set_digest_version(self.digest_version);
+        LoadDigest {
+            version: self.digest_version,
+            timestamp_ms: now_ns / 1_000_000,
+            running: gauges.running,
+            waiting: gauges.waiting,
+            kv_usage: gauges.kv_usage,
             kv_capacity_blocks: config.num_gpu_blocks,
             block_size: config.block_size as u16,
             ttft_ewma_ms: self.ttft_ewma_ms as f32,

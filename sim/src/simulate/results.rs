@@ -76,6 +76,8 @@ pub struct PolicyResult {
     pub prefix_reach_99_s: Option<f64>,
     /// `decide`'s reasons, for the policies that call it.
     pub reasons: BTreeMap<String, u64>,
+    /// Attempts a serving node declined (late binding; the gossiping policies).
+    pub declines: u64,
     pub simulated_s: f64,
     pub wall_s: f64,
     /// TTFT CDF, 100 points (quantile, seconds), for plots.

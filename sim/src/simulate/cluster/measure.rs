@@ -103,6 +103,7 @@ pub(super) fn summarize(sim: &Sim<'_>, wall_s: f64) -> PolicyResult {
         prefix_reach_50_s: reach.map(|r| r.0),
         prefix_reach_99_s: reach.map(|r| r.1),
         reasons: sim.reasons.clone(),
+        declines: sim.declines,
         simulated_s,
         wall_s,
         ttft_cdf: cdf(&ttft, 100),

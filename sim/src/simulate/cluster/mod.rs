@@ -6,12 +6,12 @@
 //! - [`sequential`]: a discrete-event loop over arrivals and engine wake-ups (a min-heap of
 //!   each engine's `next_event_time`, stale entries skipped). The centralized policies read
 //!   every engine's instantaneous load at each arrival, so they need it.
-//! - [`epochs`]: for the gossiping policies, whose decisions read engines only through
-//!   digests published at each tick: all arrivals of a tick interval are routed first, then
-//!   every engine runs through its submissions to the tick and publishes, independently of the
-//!   others, so engines run on several threads. Same results for any thread count.
+//! - [`lifecycle`]: for the gossiping policies, the same loop with every request's lifecycle
+//!   as the sidecars run it: ranked at its entry from gossiped views, attempted, admitted or
+//!   declined by the serving node's exact queue one mesh hop away, answered with a load report
+//!   one hop later; digests and summaries published at every tick.
 
-mod epochs;
+mod lifecycle;
 mod measure;
 mod sequential;
 
@@ -25,7 +25,7 @@ use super::gossip::epidemic::{DelayDistribution, GossipParams};
 use super::gossip::view::{LagClasses, Published};
 use super::node::{EngineEvent, MODEL, SimNode};
 use super::policy::chwbl::Ring;
-use super::policy::kvmesh::{Kvmesh, Pending, Visibility};
+use super::policy::kvmesh::{Kvmesh, Visibility};
 use super::policy::oracle::Oracle;
 use super::policy::{PolicyKind, least_loaded, power_of_two, random, round_robin};
 use super::prompt::{self, BLOCK_TOKENS};
@@ -49,8 +49,13 @@ pub struct ClusterConfig {
     pub zone_size: usize,
     /// Whether a node's own candidate carries its own summary (see `--self-view`).
     pub self_summary: bool,
-    /// Threads running engines in the epoch loop.
+    /// Threads publishing the nodes' digests and summaries at each tick.
     pub threads: usize,
+    /// One-way delay of a message between two sidecars (an attempt, an answer's head, a
+    /// decline), nanoseconds.
+    pub mesh_hop_ns: u64,
+    /// Requests enter at nodes `0..entry_nodes`, uniformly at random.
+    pub entry_nodes: usize,
     pub seed: u64,
 }
 
@@ -116,6 +121,8 @@ struct Sim<'c> {
     records: Vec<Record>,
     reasons: BTreeMap<String, u64>,
     rejected: u64,
+    /// Attempts a serving node declined (late binding).
+    declines: u64,
     first_arrival: Option<u64>,
     last_done: u64,
 }
@@ -129,7 +136,7 @@ pub fn run(
     let started = std::time::Instant::now();
     let mut sim = Sim::new(config, policy);
     if sim.gossip.is_some() {
-        epochs::run(&mut sim, requests);
+        lifecycle::run(&mut sim, requests);
     } else {
         sequential::run(&mut sim, requests);
     }
@@ -167,8 +174,13 @@ impl<'c> Sim<'c> {
             let delays = DelayDistribution::simulate(&config.gossip, n, runs, config.seed);
             let lags = LagClasses::new(&delays, config.lag_classes, config.seed);
             Gossip {
-                published: (0..n)
-                    .map(|_| Published::new(&lags, config.self_summary))
+                published: nodes
+                    .iter_mut()
+                    .map(|node| {
+                        let mut published = Published::new(&lags, config.self_summary);
+                        published.publish_initial_digest(node.digest(0));
+                        published
+                    })
                     .collect(),
                 delays,
                 lags,
@@ -190,6 +202,7 @@ impl<'c> Sim<'c> {
             records: Vec::new(),
             reasons: BTreeMap::new(),
             rejected: 0,
+            declines: 0,
             first_arrival: None,
             last_done: 0,
         }
@@ -212,7 +225,8 @@ impl<'c> Sim<'c> {
             return None;
         }
         let chain = prompt::chain(self.config.seed, &tokens);
-        let entry = self.rng.below(self.nodes.len() as u64) as u32;
+        let entries = self.config.entry_nodes.clamp(1, self.nodes.len());
+        let entry = self.rng.below(entries as u64) as u32;
         Some(Prepared {
             id,
             entry,
@@ -261,53 +275,9 @@ impl<'c> Sim<'c> {
                 count_reason(decision.ok(), &mut self.reasons)
                     .unwrap_or_else(|| random::pick(&mut self.rng, n))
             }
-            Router::Kvmesh(_) => unreachable!("kvmesh routes a tick interval at a time"),
+            Router::Kvmesh(_) => unreachable!("kvmesh runs the lifecycle loop"),
         };
         Some(self.commit(target, prepared))
-    }
-
-    /// Routes the arrivals of one tick interval (the gossiping policies).
-    fn arrive_batch(&mut self, requests: Vec<SimRequest>) -> Vec<Submission> {
-        let prepared: Vec<Prepared> = requests.iter().filter_map(|r| self.prepare(r)).collect();
-        let Router::Kvmesh(kvmesh) = &mut self.router else {
-            unreachable!("only kvmesh routes in batches");
-        };
-        let g = self.gossip.as_ref().expect("kvmesh gossips");
-        let batch: Vec<Pending<'_>> = prepared
-            .iter()
-            .map(|p| Pending {
-                entry: p.entry,
-                chain: &p.chain,
-                prompt_tokens: p.tokens.len() as u32,
-                session: p.session,
-                spread: mix64(p.id),
-                now_ns: p.now,
-            })
-            .collect();
-        let decisions = kvmesh.decide_batch(
-            &batch,
-            &g.published,
-            &g.lags,
-            &self.config.route,
-            self.config.threads,
-        );
-        drop(batch);
-        let mut submissions = Vec::with_capacity(prepared.len());
-        for (prepared, decided) in prepared.into_iter().zip(decisions) {
-            let target = match decided {
-                Ok((target, decision)) => {
-                    count_reason(Some(decision), &mut self.reasons);
-                    target
-                }
-                Err(_) => {
-                    // No digest has arrived yet: the entry node serves it itself.
-                    *self.reasons.entry("no-view".into()).or_default() += 1;
-                    prepared.entry as usize
-                }
-            };
-            submissions.push(self.commit(target, prepared));
-        }
-        submissions
     }
 
     /// The target's side of a routed request: its index learns the chain.

@@ -64,6 +64,9 @@ impl LagClasses {
     }
 }
 
+/// Publication time of the initial digest ([`Published::publish_initial_digest`]).
+const INITIAL: u64 = u64::MAX;
+
 #[derive(Debug, Default)]
 struct Replica {
     summary: PeerSummary,
@@ -96,6 +99,14 @@ impl Published {
 
     pub fn publish_digest(&mut self, now_ns: u64, digest: LoadDigest) {
         self.digests.push_back((now_ns, digest));
+    }
+
+    /// The digest every node holds when the run starts: the mesh converged before the first
+    /// request (as the demo and the tests wait for), so it is visible through every class at
+    /// once.
+    pub fn publish_initial_digest(&mut self, digest: LoadDigest) {
+        self.digests.clear();
+        self.digests.push_back((INITIAL, digest));
     }
 
     pub fn publish_shards(&mut self, now_ns: u64, shards: Vec<DecodedShard>) {
@@ -133,7 +144,7 @@ impl Published {
             self.first_batch += 1;
         }
         let slowest = (0..lags.len()).map(|c| lags.lag_ns(c)).max().unwrap_or(0);
-        while self.digests.len() > 1 && self.digests[1].0 + slowest <= now_ns {
+        while self.digests.len() > 1 && self.digests[1].0.saturating_add(slowest) <= now_ns {
             self.digests.pop_front();
         }
     }
@@ -155,8 +166,8 @@ impl Published {
         self.digests
             .iter()
             .rev()
-            .find(|(at, _)| at + lag <= now_ns)
-            .map(|(at, d)| (d, at + lag))
+            .find(|(at, _)| *at == INITIAL || at + lag <= now_ns)
+            .map(|(at, d)| (d, if *at == INITIAL { 0 } else { at + lag }))
     }
 }
 

@@ -1,0 +1,438 @@
+//! The event loop of the gossiping policies: every request's lifecycle in simulated time, as
+//! the sidecars run it (`protocol::lifecycle`).
+//!
+//! An arrival is ranked at its entry node over that node's view (gossiped digests and
+//! summaries at their lag, its own engine read live) and attempted in rank order. An attempt
+//! reaches a peer one mesh hop later, where the peer's serving state admits it (the engine gets
+//! it then) or declines it; the answer or the decline, with the peer's load report, reaches the
+//! entry one hop after that, and a declined request's next attempt leaves at once. A request
+//! served by a peer gets its first token (and its end) one hop after the engine produced it.
+//! At every digest tick each node reads its engine's gauges into its serving state and
+//! publishes its digest and changed summary shards (on `threads` threads: nodes are
+//! independent there).
+//!
+//! Events at equal times run engines first, then the tick, then attempts and replies (in the
+//! order they were sent), then arrivals; the outcome is the same for any thread count.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+
+use kvmesh_protocol::lifecycle::{Admission, Attempt, Outcome, Plan, Progress, Ticket};
+use kvmesh_protocol::summary::ShardWire;
+use kvmesh_protocol::{Role, RouteRequest};
+
+use super::{Prepared, Router, Sim};
+use crate::rng::mix64;
+use crate::simulate::gossip::view::{LagClasses, Published};
+use crate::simulate::node::{EngineEvent, MODEL, SimNode};
+use crate::simulate::policy::PolicyKind;
+use crate::simulate::prompt::BLOCK_TOKENS;
+use crate::simulate::workload::SimRequest;
+
+/// What happens at an instant, in the order events at one instant run.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Event {
+    /// An engine's next step is due.
+    Engine(u32),
+    /// Every node polls its engine and publishes.
+    Tick,
+    /// An attempt of request `id` reaches node `node`.
+    Attempt { id: u64, node: u32 },
+    /// The answer to an attempt of request `id` reaches its entry.
+    Reply { id: u64 },
+}
+
+/// A request between its arrival and its end.
+struct Routing {
+    entry: u32,
+    plan: Plan,
+    /// The node of each candidate the plan refers to.
+    nodes: Vec<u32>,
+    chain: Vec<u64>,
+    /// Taken when an engine admits it.
+    prepared: Option<Prepared>,
+    attempt: Option<Attempt>,
+    /// The outcome on its way back to the entry.
+    reply: Option<Outcome>,
+    ticket: Option<Ticket>,
+    /// The entry heard that it started.
+    started: bool,
+    /// The engine finished it (possibly before its entry heard it started).
+    finished: bool,
+}
+
+struct Loop {
+    heap: BinaryHeap<Reverse<(u64, Event, u64)>>,
+    seq: u64,
+    routing: HashMap<u64, Routing>,
+    hop_ns: u64,
+}
+
+impl Loop {
+    fn push(&mut self, at: u64, event: Event) {
+        self.seq += 1;
+        self.heap.push(Reverse((at, event, self.seq)));
+    }
+}
+
+pub(super) fn run(sim: &mut Sim<'_>, requests: impl Iterator<Item = SimRequest>) {
+    let tick_ns = (sim.config.digest_interval_s * 1e9).max(1.0) as u64;
+    let mut state = Loop {
+        heap: BinaryHeap::new(),
+        seq: 0,
+        routing: HashMap::new(),
+        hop_ns: sim.config.mesh_hop_ns,
+    };
+    state.push(0, Event::Tick);
+    let mut requests = requests.peekable();
+    let mut outputs = Vec::new();
+    let mut events = Vec::new();
+    loop {
+        let t_event = state.heap.peek().map_or(u64::MAX, |Reverse((t, ..))| *t);
+        let t_arrival = requests.peek().map_or(u64::MAX, |r| r.arrival_ns);
+        if t_event == u64::MAX && t_arrival == u64::MAX {
+            break;
+        }
+        if t_arrival < t_event {
+            let request = requests.next().expect("peeked");
+            arrive(sim, &mut state, &request);
+            continue;
+        }
+        let Reverse((now, event, _)) = state.heap.pop().expect("peeked");
+        match event {
+            Event::Engine(i) => {
+                let node = &mut sim.nodes[i as usize];
+                if node.wake_ns != Some(now) {
+                    continue;
+                }
+                node.wake_ns = None;
+                events.clear();
+                node.advance_at(now, &mut outputs, &mut events);
+                schedule(node, i, now, &mut state);
+                engine_events(sim, &mut state, i, &events);
+            }
+            Event::Tick => {
+                tick(sim, now);
+                let done = requests.peek().is_none()
+                    && state.routing.is_empty()
+                    && sim.nodes.iter().all(|node| node.engine.is_idle());
+                if !done {
+                    state.push(now + tick_ns, Event::Tick);
+                }
+            }
+            Event::Attempt { id, node } => admit(sim, &mut state, id, node, now),
+            Event::Reply { id } => {
+                let outcome = state
+                    .routing
+                    .get_mut(&id)
+                    .and_then(|r| r.reply.take())
+                    .expect("a reply is sent with its outcome");
+                reply(sim, &mut state, id, outcome, now);
+            }
+        }
+    }
+}
+
+/// Ranks an arrival at its entry node and makes its first attempt.
+fn arrive(sim: &mut Sim<'_>, state: &mut Loop, request: &SimRequest) {
+    let Some(prepared) = sim.prepare(request) else {
+        return;
+    };
+    let (id, entry, now) = (prepared.id, prepared.entry, prepared.now);
+    let route_request = RouteRequest {
+        model: MODEL,
+        chain: &prepared.chain,
+        prompt_tokens: prepared.tokens.len() as u32,
+        tokens_per_block: BLOCK_TOKENS as f32,
+        session: prepared.session,
+        role: Role::Mixed,
+        spread: Some(mix64(id)),
+    };
+    let live = sim.nodes[entry as usize].serving.gauges();
+    let g = sim.gossip.as_ref().expect("gossiping policies");
+    let Router::Kvmesh(kvmesh) = &mut sim.router else {
+        unreachable!("only kvmesh runs the lifecycle");
+    };
+    let routed = kvmesh.route(
+        entry,
+        &route_request,
+        &g.published,
+        &g.lags,
+        live,
+        &sim.config.route,
+        now,
+    );
+    let Ok(routed) = routed else {
+        // Not expected: every node has its own digest from the first tick, which runs before
+        // any arrival, and every modelled engine serves the model.
+        *sim.reasons.entry("no-view".into()).or_default() += 1;
+        sim.rejected += 1;
+        return;
+    };
+    *sim.reasons
+        .entry(routed.plan.reason().to_string())
+        .or_default() += 1;
+    state.routing.insert(
+        id,
+        Routing {
+            entry,
+            plan: routed.plan,
+            nodes: routed.nodes,
+            chain: prepared.chain.clone(),
+            prepared: Some(prepared),
+            attempt: None,
+            reply: None,
+            ticket: None,
+            started: false,
+            finished: false,
+        },
+    );
+    next_attempt(sim, state, id, now);
+}
+
+/// Makes the plan's next attempt: locally at once, to a peer one hop later.
+fn next_attempt(sim: &mut Sim<'_>, state: &mut Loop, id: u64, now: u64) {
+    let Router::Kvmesh(kvmesh) = &mut sim.router else {
+        unreachable!("only kvmesh runs the lifecycle");
+    };
+    let routing = state.routing.get_mut(&id).expect("routing");
+    let attempt =
+        routing
+            .plan
+            .next_attempt(kvmesh.entry(routing.entry), &routing.chain, now / 1_000_000);
+    let Some(attempt) = attempt else {
+        give_up(sim, state, id);
+        return;
+    };
+    routing.attempt = Some(attempt);
+    let (target, entry) = (routing.nodes[attempt.candidate], routing.entry);
+    if target == entry {
+        admit(sim, state, id, target, now);
+    } else {
+        let at = now + state.hop_ns;
+        state.push(at, Event::Attempt { id, node: target });
+    }
+}
+
+/// The serving side: node `node`'s sidecar admits the attempt (its engine gets the request)
+/// or declines it; the outcome goes back to the entry.
+fn admit(sim: &mut Sim<'_>, state: &mut Loop, id: u64, node: u32, now: u64) {
+    let routing = &state.routing[&id];
+    let attempt = routing.attempt.expect("an attempt in flight");
+    let remote = node != routing.entry;
+    let admission = Admission {
+        first_block: attempt.first_block,
+        new_prefix: attempt.new_prefix,
+        decline_above: attempt.decline_above,
+        // The simulated clients stream (TTFT is the first token).
+        streamed: true,
+    };
+    let serving = &mut sim.nodes[node as usize].serving;
+    let outcome = match serving.admit(&admission) {
+        Ok(ticket) => {
+            let report = remote.then(|| serving.report());
+            let routing = state.routing.get_mut(&id).expect("routing");
+            routing.ticket = Some(ticket);
+            let prepared = routing.prepared.take().expect("admitted once");
+            let submission = sim.commit(node as usize, prepared);
+            submit(sim, state, node, submission, now);
+            Outcome::Started(report)
+        }
+        Err(_) => {
+            sim.declines += 1;
+            Outcome::Declined(remote.then(|| serving.report()))
+        }
+    };
+    if remote {
+        let routing = state.routing.get_mut(&id).expect("routing");
+        routing.reply = Some(outcome);
+        let at = now + state.hop_ns;
+        state.push(at, Event::Reply { id });
+    } else {
+        reply(sim, state, id, outcome, now);
+    }
+}
+
+/// The entry learns how its attempt went.
+fn reply(sim: &mut Sim<'_>, state: &mut Loop, id: u64, outcome: Outcome, now: u64) {
+    let Router::Kvmesh(kvmesh) = &mut sim.router else {
+        unreachable!("only kvmesh runs the lifecycle");
+    };
+    let routing = state.routing.get_mut(&id).expect("routing");
+    let entry = kvmesh.entry(routing.entry);
+    let progress = routing
+        .plan
+        .on_outcome(entry, &routing.chain, outcome, now / 1_000_000);
+    match progress {
+        Progress::Served => {
+            routing.started = true;
+            if routing.finished {
+                routing.plan.ended(entry);
+                state.routing.remove(&id);
+            }
+        }
+        Progress::TryNext => next_attempt(sim, state, id, now),
+        Progress::GaveUp { .. } => give_up(sim, state, id),
+    }
+}
+
+/// No attempt is left (not expected: nothing fails in the model, and a request's last attempt
+/// is never declined).
+fn give_up(sim: &mut Sim<'_>, state: &mut Loop, id: u64) {
+    state.routing.remove(&id);
+    sim.rejected += 1;
+}
+
+/// Hands a request to node `node`'s engine at `now`.
+fn submit(sim: &mut Sim<'_>, state: &mut Loop, node: u32, submission: super::Submission, now: u64) {
+    let target = submission.target;
+    let engine = &mut sim.nodes[target];
+    if engine.submit(submission.request, now) {
+        schedule(engine, node, now, state);
+    } else {
+        sim.refused(target);
+    }
+}
+
+/// What an engine step did: the serving sidecar sees first bytes and ends, the entry the
+/// ends; a peer's answer reaches its client one hop later.
+fn engine_events(sim: &mut Sim<'_>, state: &mut Loop, node: u32, events: &[EngineEvent]) {
+    sim.apply(node as usize, events);
+    for event in events {
+        let (request, finished) = match *event {
+            EngineEvent::FirstToken { request, .. } => (request, false),
+            EngineEvent::Finished { request, .. } => (request, true),
+        };
+        let Some(routing) = state.routing.get_mut(&request) else {
+            continue;
+        };
+        let serving = &mut sim.nodes[node as usize].serving;
+        if routing.entry != node {
+            let record = &mut sim.records[request as usize];
+            if finished {
+                record.done_ns += state.hop_ns;
+            } else {
+                record.first_ns += state.hop_ns;
+            }
+        }
+        if !finished {
+            if let Some(ticket) = routing.ticket.as_mut() {
+                serving.started(ticket);
+            }
+            continue;
+        }
+        if let Some(ticket) = routing.ticket.take() {
+            serving.finished(ticket);
+        }
+        routing.finished = true;
+        if routing.started {
+            let Router::Kvmesh(kvmesh) = &mut sim.router else {
+                unreachable!("only kvmesh runs the lifecycle");
+            };
+            routing.plan.ended(kvmesh.entry(routing.entry));
+            state.routing.remove(&request);
+        }
+    }
+}
+
+/// Every node reads its engine's gauges and publishes.
+fn tick(sim: &mut Sim<'_>, now: u64) {
+    let summaries = matches!(sim.policy, PolicyKind::Kvmesh | PolicyKind::KvmeshZoned);
+    let threads = sim.config.threads.max(1);
+    let n = sim.nodes.len();
+    let g = sim.gossip.as_mut().expect("the lifecycle loop gossips");
+    let lags = &g.lags;
+    let chunk = n.div_ceil(threads);
+    let results: Vec<TickTotals> = std::thread::scope(|scope| {
+        let mut handles = Vec::new();
+        let mut parts = sim
+            .nodes
+            .chunks_mut(chunk)
+            .zip(g.published.chunks_mut(chunk))
+            .zip(g.unpublished_prefixes.chunks_mut(chunk))
+            .peekable();
+        let mut last = None;
+        while let Some(((nodes, published), unpublished)) = parts.next() {
+            let work = move || {
+                let mut totals = TickTotals::default();
+                for ((node, view), waiting) in nodes.iter_mut().zip(published).zip(unpublished) {
+                    let gauges = node.engine_gauges();
+                    node.serving.polled(gauges);
+                    publish(node, view, waiting, &mut totals, lags, summaries, now);
+                }
+                totals
+            };
+            if parts.peek().is_some() {
+                handles.push(scope.spawn(work));
+            } else {
+                last = Some(work());
+            }
+        }
+        let mut results: Vec<TickTotals> = handles
+            .into_iter()
+            .map(|h| h.join().expect("a publishing thread panicked"))
+            .collect();
+        results.extend(last);
+        results
+    });
+    for totals in results {
+        g.digest_bytes += totals.digest_bytes;
+        g.summary_bytes += totals.summary_bytes;
+        g.publish_waits_s.extend(totals.publish_waits_s);
+    }
+}
+
+/// What the nodes of one thread published at a tick.
+#[derive(Default)]
+struct TickTotals {
+    digest_bytes: u64,
+    summary_bytes: u64,
+    publish_waits_s: Vec<f64>,
+}
+
+/// The node publishes its digest (when the sidecar would) and its changed shards.
+fn publish(
+    node: &mut SimNode,
+    view: &mut Published,
+    unpublished: &mut Vec<u64>,
+    totals: &mut TickTotals,
+    lags: &LagClasses,
+    summaries: bool,
+    now: u64,
+) {
+    let digest = node.digest(now);
+    if node.should_gossip(&digest, now) {
+        totals.digest_bytes += digest.encode().len() as u64;
+        view.publish_digest(now, digest);
+    }
+    // kvmesh-local gossips no summary (and nobody reads one).
+    let changed = node.summary.publish_dirty();
+    if summaries {
+        let shards: Vec<_> = changed
+            .into_iter()
+            .filter_map(|shard| {
+                totals.summary_bytes += shard.bytes.len() as u64;
+                ShardWire::decode(&shard.bytes).ok()
+            })
+            .collect();
+        view.publish_shards(now, shards);
+        totals.publish_waits_s.extend(
+            unpublished
+                .drain(..)
+                .map(|at| now.saturating_sub(at) as f64 / 1e9),
+        );
+    } else {
+        unpublished.clear();
+    }
+    view.sync_all_and_trim(lags, now);
+}
+
+fn schedule(node: &mut SimNode, index: u32, now: u64, state: &mut Loop) {
+    if let Some(next) = node.engine.next_event_time() {
+        let at = (next.as_nanos() as u64).max(now);
+        if node.wake_ns != Some(at) {
+            node.wake_ns = Some(at);
+            state.push(at, Event::Engine(index));
+        }
+    }
+}
