@@ -6,6 +6,11 @@
 #   scripts/bench-sim.sh quality    # Mooncake trace, 16 nodes, every policy
 #   scripts/bench-sim.sh scale      # 1,000 nodes x 200,000 requests (kvmesh), time and memory
 #   scripts/bench-sim.sh sweep      # gossip bytes and hit rate against N, up to 10,000 nodes
+#   scripts/bench-sim.sh matrix     # kvmesh against least-loaded and the oracle: every
+#                                   # workload and both shared traces, 8,192 and 32,768 KV
+#                                   # blocks, 16 nodes (issue 14's table); FORM=cost for the
+#                                   # cost form
+#   scripts/bench-sim.sh large      # gsp at 512 and 1,024 nodes, kvmesh against the oracle
 #
 # Uses a release build; the simulator is single-threaded per policy except for the engines of
 # gossiping policies (--threads, default 2).
@@ -16,6 +21,8 @@ mkdir -p "$OUT"
 cargo build --release -q -p kvmesh-sim
 SIM=target/release/kvmesh-sim
 TRACE=sim/data/mooncake_synthetic_trace.jsonl
+TRACES=${TRACES:-../shared/data/traces}
+FORM=${FORM:-score}
 what=${1:-all}
 
 machine() {
@@ -54,4 +61,44 @@ if [[ $what == all || $what == sweep ]]; then
     --rate-per-node 1 --kv-blocks 2048 --gsp-groups 256 --gsp-output-len 64 \
     --policy kvmesh,kvmesh-zoned --zone-size 64 --lag-classes 4 \
     --json "$OUT/sweep.json" --svg-dir "$OUT/sweep" | tee "$OUT/sweep.md"
+fi
+
+if [[ $what == all || $what == matrix ]]; then
+  machine
+  # One row per (workload, KV blocks): mean and p99 TTFT of kvmesh over least-loaded's and the
+  # oracle's, measured in the same invocation (same seed, same requests).
+  echo "| workload | KV blocks | kvmesh mean / least-loaded | / oracle | kvmesh p99 / least-loaded | kvmesh hit rate | declines |"
+  echo "|---|---:|---:|---:|---:|---:|---:|"
+  for kv in 8192 32768; do
+    for w in gsp chat rag hot mooncake azure; do
+      case $w in
+        mooncake) source=(--trace "$TRACES/mooncake_synthetic_trace.jsonl") ;;
+        azure) source=(--trace "$TRACES/azure_llm_2023_conv.csv") ;;
+        *) source=(--workload "$w") ;;
+      esac
+      json="$OUT/matrix-$w-$kv-$FORM.json"
+      "$SIM" simulate --nodes 16 "${source[@]}" --kv-blocks "$kv" --route-form "$FORM" \
+        --policy least-loaded,oracle,kvmesh --jobs 2 --threads 1 --json "$json" > /dev/null
+      python3 - "$json" "$w" "$kv" <<'PY'
+import json, sys
+report = json.load(open(sys.argv[1]))
+by = {r["policy"]: r for r in report["runs"][0]["results"]}
+k, ll, o = by["kvmesh"], by["least-loaded"], by["oracle"]
+ratio = lambda a, b: a / b if b else float("nan")
+print(f"| {sys.argv[2]} | {sys.argv[3]} | {ratio(k['ttft_s']['mean'], ll['ttft_s']['mean']):.3f} "
+      f"| {ratio(k['ttft_s']['mean'], o['ttft_s']['mean']):.3f} "
+      f"| {ratio(k['ttft_s']['p99'], ll['ttft_s']['p99']):.3f} | {k['hit_rate']*100:.1f}% | {k['declines']} |")
+PY
+    done
+  done
+fi
+
+if [[ $what == all || $what == large ]]; then
+  machine
+  for n in 512 1024; do
+    /usr/bin/time -f "wall %e s, user %U s, max RSS %M KB" \
+      "$SIM" simulate --nodes "$n" --workload gsp --requests-per-node 20 --rate-per-node 1 \
+      --kv-blocks 8192 --route-form "$FORM" --policy oracle,kvmesh --jobs 2 --lag-classes 4 \
+      --json "$OUT/large$n-$FORM.json" | tee "$OUT/large$n-$FORM.md"
+  done
 fi

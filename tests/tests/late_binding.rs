@@ -1,0 +1,165 @@
+//! Late binding and fresh load over real processes (issue 14 §2–§3): an answer carries the
+//! serving engine's load back to the entry, whose view shows it at once; a serving node whose
+//! queue is longer than the entry believed the next candidate's declines the request, which is
+//! served by that candidate.
+//!
+//! Two nodes with slow modelled engines (a 1,000-token prefill takes about 2 s), so that
+//! requests stay queued (no first token yet) while the test looks.
+
+use std::time::Duration;
+
+use kvmesh_protocol::route::{node_key, rendezvous_weight};
+use kvmesh_tests::http::OpenResponse;
+use kvmesh_tests::openai::{completion_body, served_by};
+use kvmesh_tests::{CONVERGENCE_TIMEOUT, Cluster, NodeSpec, Request, Timing, wait_until};
+use serde_json::Value;
+
+const PREFILL_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// `shared` on both engines; `only-b` on b's alone, to load b through its own sidecar.
+fn two_slow_nodes() -> Cluster {
+    let slow = Timing::Scaled(20.0);
+    let cluster = Cluster::start(&[
+        NodeSpec::new("a", &["shared"]).timing(slow),
+        NodeSpec::new("b", &["shared", "only-b"]).timing(slow),
+    ]);
+    cluster.wait_membership(&["a", "b"], CONVERGENCE_TIMEOUT);
+    cluster.wait_models(&["a", "b"], &["only-b", "shared"], CONVERGENCE_TIMEOUT);
+    cluster
+}
+
+/// A streamed request with a ~1,000-token prompt of its own.
+fn long_streamed(model: &str, tag: &str) -> Request {
+    let prompt = format!(
+        "{tag}: {}",
+        "words that take a while to prefill. ".repeat(110)
+    );
+    Request::post_json("/v1/completions", &completion_body(model, &prompt, 2, true))
+        .timeout(PREFILL_TIMEOUT)
+}
+
+/// `entry`'s view of `peer` in its `/debug/cluster`.
+fn estimate_of(cluster: &Cluster, entry: &str, peer: &str) -> Value {
+    let described = cluster
+        .sidecar(entry)
+        .debug_cluster()
+        .expect("/debug/cluster");
+    described["peers"]
+        .as_array()
+        .and_then(|peers| peers.iter().find(|p| p["node"] == peer))
+        .map(|p| p["estimate"].clone())
+        .unwrap_or(Value::Null)
+}
+
+fn finish(mut response: OpenResponse) {
+    let mut body = String::new();
+    std::io::Read::read_to_string(&mut response, &mut body).expect("response body");
+    assert!(
+        body.contains("data: [DONE]"),
+        "the stream completes: {body}"
+    );
+}
+
+#[test]
+fn an_answer_carries_the_serving_engines_load_back_to_the_entry() {
+    let cluster = two_slow_nodes();
+    let reports_before = metric(&cluster, "a", "kvmesh_load_reports_total");
+    // Only b serves `only-b`: a forwards it, and b's answer head comes back while the engine
+    // is still prefilling (no first token, so queued there).
+    let response = cluster
+        .sidecar("a")
+        .try_open(long_streamed("only-b", "reported"))
+        .expect("the response head");
+    assert_eq!(response.status, 200);
+    assert_eq!(response.header("x-kvmesh-node"), Some("b"));
+    let estimate = estimate_of(&cluster, "a", "b");
+    let report = &estimate["last_report"];
+    assert_eq!(
+        (report["waiting"].as_u64(), report["inflight"].as_u64()),
+        (Some(1), Some(1)),
+        "b reported its queue with the head: {estimate}"
+    );
+    assert!(
+        report["age_ms"].as_u64().is_some_and(|age| age < 10_000),
+        "{estimate}"
+    );
+    assert_eq!(
+        estimate["waiting"].as_u64(),
+        Some(1),
+        "a's view of b counts the request at once: {estimate}"
+    );
+    assert_eq!(
+        metric(&cluster, "a", "kvmesh_load_reports_total"),
+        reports_before + 1.0
+    );
+    finish(response);
+}
+
+#[test]
+fn a_node_whose_queue_is_longer_than_the_next_candidates_declines_and_the_next_serves() {
+    let cluster = two_slow_nodes();
+    // Three long prefills queued at b, through b's own sidecar (its queue counts them).
+    let busy: Vec<OpenResponse> = (0..3)
+        .map(|i| {
+            cluster
+                .sidecar("b")
+                .try_open(long_streamed("only-b", &format!("load {i}")))
+                .expect("the response head")
+        })
+        .collect();
+    wait_until(Duration::from_secs(10), "b to count 3 queued", || {
+        metric(&cluster, "b", "kvmesh_engine_queued") == 3.0
+    });
+    // a must rank b first: a session whose preferred node is b (its bonus outweighs the queue
+    // term of 3 requests), sent once a knows b's load (the premise is a's belief, not luck).
+    let session = (0..)
+        .map(|i| format!("session-{i}"))
+        .find(|s| {
+            let key = node_key(s);
+            rendezvous_weight(key, node_key("b")) > rendezvous_weight(key, node_key("a"))
+        })
+        .expect("half of all sessions prefer b");
+    wait_until(Duration::from_secs(10), "a to see b's queue", || {
+        estimate_of(&cluster, "a", "b")["waiting"].as_u64() == Some(3)
+    });
+    let declined_before = labelled(&cluster, "b", "kvmesh_declined_total", "queue");
+    // A prompt shorter than a block: nothing cached anywhere to weigh against the queue.
+    let request = Request::post_json(
+        "/v1/completions",
+        &completion_body("shared", "hi", 1, false),
+    )
+    .header("x-session-id", &session)
+    .timeout(PREFILL_TIMEOUT);
+    let response = cluster.sidecar("a").send(request);
+    assert_eq!(response.status, 200, "{}", response.describe());
+    assert_eq!(
+        served_by(&response),
+        "a",
+        "b declined it; a, the next in rank, served it"
+    );
+    assert_eq!(response.header("x-kvmesh-reason"), Some("declined"));
+    assert_eq!(
+        labelled(&cluster, "b", "kvmesh_declined_total", "queue"),
+        declined_before + 1.0
+    );
+    assert_eq!(metric(&cluster, "a", "kvmesh_attempts_declined_total"), 1.0);
+    for response in busy {
+        finish(response);
+    }
+}
+
+fn metric(cluster: &Cluster, node: &str, name: &str) -> f64 {
+    cluster
+        .sidecar(node)
+        .metric(name, &[])
+        .expect("metrics")
+        .unwrap_or(0.0)
+}
+
+fn labelled(cluster: &Cluster, node: &str, name: &str, reason: &str) -> f64 {
+    cluster
+        .sidecar(node)
+        .metric(name, &[("reason", reason)])
+        .expect("metrics")
+        .unwrap_or(0.0)
+}
