@@ -188,7 +188,7 @@ async fn forward(
                 message,
                 ..
             } => {
-                timed_out = *deadline;
+                timed_out |= *deadline;
                 tracing::warn!(request_id, target = name, error = message, "attempt failed");
                 failures.push(format!("{name}: {message}"));
                 if progress == Progress::TryNext {

@@ -32,6 +32,7 @@ impl EngineQueue {
                 Ok(HandedOver {
                     queue: self.clone(),
                     ticket: Some(ticket),
+                    started: false,
                 })
             }
             Err(reason) => {
@@ -80,10 +81,15 @@ impl EngineQueue {
 pub struct HandedOver {
     queue: EngineQueue,
     ticket: Option<Ticket>,
+    /// Called for every chunk of an answer: only the first takes the lock.
+    started: bool,
 }
 
 impl HandedOver {
     pub fn started(&mut self) {
+        if std::mem::replace(&mut self.started, true) {
+            return;
+        }
         if let Some(ticket) = &mut self.ticket {
             let mut state = lock(&self.queue.state);
             state.started(ticket);
