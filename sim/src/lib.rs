@@ -13,3 +13,4 @@ pub mod report;
 pub mod rng;
 pub mod simulate;
 pub mod text;
+pub mod workload;

@@ -1,0 +1,5 @@
+//! Workloads at the token level.
+
+pub mod segment;
+
+pub use segment::Segment;
