@@ -176,9 +176,11 @@ configure() {
             ENGINE_NOTE="trace: Mooncake synthetic trace at ${scale}x its timestamps, prompts clipped to 2048 tokens, outputs to 64; engines: 16384 KV blocks x 16 tokens, modelled time x0.3"
             ;;
         chat)
+            # 16 sessions open at a time: at 8 req/s a session's next turn comes about 2 s
+            # after its previous one.
             ENGINE_ARGS=(--kv-blocks 8192 --block-size 16)
-            LOAD_ARGS+=(--rate 8 --duration "$DURATION")
-            ENGINE_NOTE="chat: multi-turn sessions at 8 req/s for ${DURATION} s; engines: 8192 KV blocks x 16 tokens"
+            LOAD_ARGS+=(--rate 8 --duration "$DURATION" --chat-sessions 16)
+            ENGINE_NOTE="chat: multi-turn sessions (16 open at a time) at 8 req/s for ${DURATION} s; engines: 8192 KV blocks x 16 tokens"
             ;;
         rag)
             ENGINE_ARGS=(--kv-blocks 8192 --block-size 16)

@@ -10,20 +10,7 @@ use super::gossip::CALIBRATED_HOP_S;
 use super::gossip::epidemic::GossipParams;
 use super::policy::PolicyKind;
 use crate::engine::model::{EngineConfig, TimingModel};
-use crate::load::workload::chat::ChatArgs;
-use crate::load::workload::gsp::GspArgs;
-use crate::load::workload::hot::HotArgs;
-use crate::load::workload::rag::RagArgs;
-
-/// Synthetic workloads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum WorkloadName {
-    Gsp,
-    Chat,
-    Rag,
-    Hot,
-}
+use crate::workload::{WorkloadArgs, WorkloadKind};
 
 /// What a node's own candidate carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
@@ -52,12 +39,9 @@ pub struct SimulateArgs {
     /// Policies to compare, comma separated (default: all).
     #[arg(long = "policy", value_enum, value_delimiter = ',')]
     pub policies: Vec<PolicyKind>,
-    /// Synthetic workload (ignored with --trace).
-    #[arg(long, value_enum, default_value_t = WorkloadName::Gsp)]
-    pub workload: WorkloadName,
-    /// Replay a Mooncake JSONL (or Azure CSV) trace instead of a synthetic workload.
-    #[arg(long)]
-    pub trace: Option<PathBuf>,
+    /// Workload (--trace FILE implies trace).
+    #[arg(long, value_enum, default_value_t = WorkloadKind::Gsp)]
+    pub workload: WorkloadKind,
     /// Requests to simulate (default: the trace's length, or 2,000).
     #[arg(long)]
     pub requests: Option<u64>,
@@ -123,17 +107,9 @@ pub struct SimulateArgs {
     /// Nodes per zone of the kvmesh-zoned policy.
     #[arg(long, default_value_t = 64)]
     pub zone_size: usize,
-    /// Chat sessions open at any time.
-    #[arg(long, default_value_t = 256)]
-    pub chat_sessions: usize,
     #[command(flatten)]
-    pub gsp: GspArgs,
-    #[command(flatten)]
-    pub chat: ChatArgs,
-    #[command(flatten)]
-    pub rag: RagArgs,
-    #[command(flatten)]
-    pub hot: HotArgs,
+    #[serde(flatten)]
+    pub workload_args: WorkloadArgs,
     /// Run at each of these node counts (comma separated) instead of --nodes.
     #[arg(long, value_delimiter = ',')]
     pub sweep_nodes: Vec<usize>,
@@ -165,6 +141,11 @@ impl SimulateArgs {
         list.sort();
         list.dedup();
         list
+    }
+
+    /// The workload to run.
+    pub fn workload_kind(&self) -> WorkloadKind {
+        self.workload_args.kind(self.workload)
     }
 
     pub fn cluster_config(&self, nodes: usize) -> ClusterConfig {

@@ -4,12 +4,11 @@
 //! drawn Zipf-wise (popular documents recur, so their text is shared across requests when they
 //! come first), in draw order, after a shared instruction, then a fresh question.
 
-use super::{BodySettings, RequestSpec, Workload, key};
+use super::{Form, Request, Segment, Workload, key};
 use crate::rng::SplitMix64;
-use crate::text;
 
 /// Tokens of the instruction every RAG prompt starts with.
-const INSTRUCTION_LEN: usize = 32;
+const INSTRUCTION_LEN: u32 = 32;
 
 /// Parameters of the `rag` workload.
 #[derive(Debug, Clone, clap::Args, serde::Serialize)]
@@ -37,13 +36,13 @@ pub struct RagArgs {
 /// The `rag` workload.
 pub struct Rag {
     args: RagArgs,
-    body: BodySettings,
+    seed: u64,
     cdf: Vec<f64>,
 }
 
 impl Rag {
     /// Builds the workload (precomputes the Zipf CDF).
-    pub fn new(args: RagArgs, body: BodySettings) -> Self {
+    pub fn new(args: RagArgs, seed: u64) -> Self {
         let n = args.rag_docs.max(1) as usize;
         let mut cdf = Vec::with_capacity(n);
         let mut acc = 0.0;
@@ -54,12 +53,12 @@ impl Rag {
         for c in &mut cdf {
             *c /= acc;
         }
-        Self { args, body, cdf }
+        Self { args, seed, cdf }
     }
 
     /// The documents of request `index`, in prompt order.
     pub fn documents(&self, index: u64) -> Vec<u32> {
-        let mut rng = SplitMix64::new(key(self.body.seed, &[3, index]));
+        let mut rng = SplitMix64::new(key(self.seed, &[3, index]));
         let k = (self.args.rag_k as usize).min(self.cdf.len());
         let mut docs = Vec::with_capacity(k);
         let mut attempts = 0;
@@ -76,38 +75,29 @@ impl Rag {
 }
 
 impl Workload for Rag {
-    fn name(&self) -> &'static str {
-        "rag"
-    }
-
     fn natural_size(&self) -> Option<u64> {
         None
     }
 
-    fn request(&self, index: u64) -> RequestSpec {
-        let seed = self.body.seed;
-        let docs = self.documents(index);
-        let mut prompt = text::text(key(seed, &[4]), INSTRUCTION_LEN);
-        for &d in &docs {
-            text::push_text(
-                &mut prompt,
-                key(seed, &[5, u64::from(d)]),
-                self.args.rag_doc_len as usize,
-            );
-        }
-        text::push_text(
-            &mut prompt,
-            key(seed, &[6, index]),
-            self.args.rag_question_len as usize,
-        );
-        RequestSpec {
-            api: self.body.api,
-            body: self.body.prompt_body(&prompt, self.args.rag_output_len),
+    fn request(&self, index: u64) -> Request {
+        let seed = self.seed;
+        let mut segments = vec![Segment {
+            key: key(seed, &[4]),
+            tokens: INSTRUCTION_LEN,
+        }];
+        segments.extend(self.documents(index).into_iter().map(|d| Segment {
+            key: key(seed, &[5, u64::from(d)]),
+            tokens: self.args.rag_doc_len,
+        }));
+        segments.push(Segment {
+            key: key(seed, &[6, index]),
+            tokens: self.args.rag_question_len.max(1),
+        });
+        Request {
+            segments,
+            form: Form::Prompt,
+            output_tokens: self.args.rag_output_len.max(1),
             session: None,
-            input_tokens: (INSTRUCTION_LEN
-                + docs.len() * self.args.rag_doc_len as usize
-                + self.args.rag_question_len as usize) as u64,
-            output_tokens: self.args.rag_output_len,
         }
     }
 }
@@ -115,7 +105,6 @@ impl Workload for Rag {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::load::workload::Api;
 
     #[test]
     fn documents_are_distinct_and_popular_ones_recur() {
@@ -127,15 +116,7 @@ mod tests {
             rag_question_len: 4,
             rag_output_len: 2,
         };
-        let rag = Rag::new(
-            args,
-            BodySettings {
-                model: "m".into(),
-                stream: false,
-                api: Api::Completions,
-                seed: 1,
-            },
-        );
+        let rag = Rag::new(args, 1);
         let mut counts = vec![0u32; 100];
         for i in 0..2000 {
             let d = rag.documents(i);
@@ -154,7 +135,13 @@ mod tests {
             counts[0],
             counts[50]
         );
-        assert_eq!(rag.request(7).input_tokens, 32 + 4 * 8 + 4);
-        assert_eq!(rag.request(7).body, rag.request(7).body, "deterministic");
+        let request = rag.request(7);
+        assert_eq!(request.prompt_tokens(), 32 + 4 * 8 + 4);
+        assert_eq!(
+            request.segments[0],
+            rag.request(8).segments[0],
+            "one instruction"
+        );
+        assert_eq!(request, rag.request(7), "deterministic");
     }
 }
