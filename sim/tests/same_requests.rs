@@ -147,6 +147,7 @@ fn every_synthetic_workload_is_the_same_in_both() {
         "--workload chat --chat-sessions 8 --chat-turns 3 --chat-system-len 256 \
          --chat-user-len 16 --chat-output-len 8",
         "--workload rag --rag-docs 20 --rag-doc-len 256 --rag-k 3 --rag-output-len 8",
+        "--workload rag-pressure",
         "--workload hot --hot-system-len 256 --hot-question-len 16 --hot-output-len 8",
     ] {
         let repeated = assert_same_requests(&format!("{flags} --rate 25"));

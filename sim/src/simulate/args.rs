@@ -12,6 +12,9 @@ use super::policy::PolicyKind;
 use crate::engine::model::{EngineConfig, TimingModel};
 use crate::workload::{WorkloadArgs, WorkloadKind};
 
+/// KV blocks per engine unless `--kv-blocks` or the workload says otherwise.
+const DEFAULT_KV_BLOCKS: u32 = 8192;
+
 /// What a node's own candidate carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -92,9 +95,10 @@ pub struct SimulateArgs {
     /// score and node key alone.
     #[arg(long, default_value_t = RouteConfig::default().spread_margin)]
     pub spread_margin: f64,
-    /// KV cache blocks per engine.
-    #[arg(long, default_value_t = 8192)]
-    pub kv_blocks: u32,
+    /// KV cache blocks per engine (default 8192, or the size the workload is made for:
+    /// rag-pressure's small cache).
+    #[arg(long)]
+    pub kv_blocks: Option<u32>,
     /// Most sequences in an engine's batch.
     #[arg(long, default_value_t = 256)]
     pub max_num_seqs: u32,
@@ -148,6 +152,14 @@ impl SimulateArgs {
         self.workload_args.kind(self.workload)
     }
 
+    /// KV cache blocks per engine.
+    pub fn kv_blocks(&self) -> u32 {
+        self.kv_blocks
+            .or(self.workload_kind().kv_blocks())
+            .unwrap_or(DEFAULT_KV_BLOCKS)
+            .max(1)
+    }
+
     pub fn cluster_config(&self, nodes: usize) -> ClusterConfig {
         let route = RouteConfig {
             policy: match self.route_form {
@@ -160,7 +172,7 @@ impl SimulateArgs {
         ClusterConfig {
             nodes,
             engine: EngineConfig {
-                num_gpu_blocks: self.kv_blocks.max(1),
+                num_gpu_blocks: self.kv_blocks(),
                 max_num_seqs: self.max_num_seqs.max(1),
                 timing: TimingModel {
                     prefill_tokens_per_s: self.prefill_tokens_per_s.max(1.0),

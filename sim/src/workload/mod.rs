@@ -82,6 +82,9 @@ pub enum WorkloadKind {
     Chat,
     /// Retrieval-augmented prompts over a Zipf-popular corpus.
     Rag,
+    /// RAG under cache pressure: a fixed preset (the --rag-* flags do not apply) for engines
+    /// whose KV cache holds only a few of its contexts (see `workload::rag::PRESSURE`).
+    RagPressure,
     /// One system prompt in a share of the traffic (a hot prefix), the rest distinct.
     Hot,
     /// Trace replay (Mooncake JSONL or Azure CSV).
@@ -95,8 +98,17 @@ impl WorkloadKind {
             WorkloadKind::Gsp => "gsp",
             WorkloadKind::Chat => "chat",
             WorkloadKind::Rag => "rag",
+            WorkloadKind::RagPressure => "rag-pressure",
             WorkloadKind::Hot => "hot",
             WorkloadKind::Trace => "trace",
+        }
+    }
+
+    /// KV blocks per engine the workload is made for, if it is made for one.
+    pub fn kv_blocks(self) -> Option<u32> {
+        match self {
+            WorkloadKind::RagPressure => Some(rag::PRESSURE_KV_BLOCKS),
+            _ => None,
         }
     }
 }
@@ -136,6 +148,7 @@ impl WorkloadArgs {
             WorkloadKind::Gsp => Arc::new(gsp::Gsp::new(self.gsp.clone(), seed)),
             WorkloadKind::Chat => Arc::new(chat::Chat::new(self.chat.clone(), seed)),
             WorkloadKind::Rag => Arc::new(rag::Rag::new(self.rag.clone(), seed)),
+            WorkloadKind::RagPressure => Arc::new(rag::Rag::new(rag::PRESSURE, seed)),
             WorkloadKind::Hot => Arc::new(hot::Hot::new(self.hot.clone(), seed)),
             WorkloadKind::Trace => {
                 let entries = trace::load(&self.trace.path())?;
