@@ -18,7 +18,9 @@ usage() {
 Usage: scripts/demo.sh [options]
 
   --nodes N             engines and sidecars (default 4)
-  --workload W          gsp | trace | chat | rag, or a comma-separated list (default gsp,trace)
+  --workload W          gsp | trace | chat | rag | rag-pressure, or a comma-separated list
+                        (default gsp,trace; rag-pressure: RAG on engines whose KV cache holds
+                        only two or three of its document pairs)
   --duration S          seconds of load per run (default 40)
   --keep                after the runs, leave a kvmesh cluster running and print curl and
                         openai client commands to try it by hand (Ctrl-C stops it)
@@ -28,14 +30,15 @@ Usage: scripts/demo.sh [options]
   --no-vllm-router      do not run vllm-router even if it is on PATH
   --out DIR             report directory (default demo-report)
   --bin-dir DIR         use the kvmesh and kvmesh-sim binaries in DIR; skip the build
-  --quick               a short gsp run (the end-to-end test of scripts/test.sh); implies
-                        --workload gsp and a small request count
+  --quick               a short run (the end-to-end test of scripts/test.sh): gsp unless
+                        --workload says otherwise; gsp with a small request count,
+                        rag-pressure for 15 s
   -h, --help            this text
 EOF
 }
 
 NODES=4
-WORKLOADS=gsp,trace
+WORKLOADS=
 DURATION=40
 KEEP=0
 WITH_VLLM_ROUTER=0
@@ -53,16 +56,19 @@ while [[ $# -gt 0 ]]; do
         --no-vllm-router) NO_VLLM_ROUTER=1; shift ;;
         --out) OUT=$2; shift 2 ;;
         --bin-dir) BIN_DIR=$2; shift 2 ;;
-        --quick) QUICK=1; WORKLOADS=gsp; shift ;;
+        --quick) QUICK=1; shift ;;
         -h | --help) usage; exit 0 ;;
         *) printf 'demo.sh: unknown option %s\n\n' "$1" >&2; usage >&2; exit 2 ;;
     esac
 done
+if [[ -z $WORKLOADS ]]; then
+    if [[ $QUICK == 1 ]]; then WORKLOADS=gsp; else WORKLOADS=gsp,trace; fi
+fi
 [[ $NODES =~ ^[0-9]+$ && $NODES -ge 2 ]] || { echo "demo.sh: --nodes must be >= 2" >&2; exit 2; }
 [[ $DURATION =~ ^[0-9]+$ && $DURATION -ge 5 ]] || { echo "demo.sh: --duration must be an integer >= 5" >&2; exit 2; }
 IFS=, read -r -a WORKLOAD_LIST <<<"$WORKLOADS"
 for w in "${WORKLOAD_LIST[@]}"; do
-    case $w in gsp | trace | chat | rag) ;; *) echo "demo.sh: unknown workload $w" >&2; exit 2 ;; esac
+    case $w in gsp | trace | chat | rag | rag-pressure) ;; *) echo "demo.sh: unknown workload $w" >&2; exit 2 ;; esac
 done
 
 T0=$(date +%s)
@@ -176,14 +182,29 @@ configure() {
             ENGINE_NOTE="trace: Mooncake synthetic trace at ${scale}x its timestamps, prompts clipped to 2048 tokens, outputs to 64; engines: 16384 KV blocks x 16 tokens, modelled time x0.3"
             ;;
         chat)
+            # 16 sessions open at a time: at 8 req/s a session's next turn comes about 2 s
+            # after its previous one.
             ENGINE_ARGS=(--kv-blocks 8192 --block-size 16)
-            LOAD_ARGS+=(--rate 8 --duration "$DURATION")
-            ENGINE_NOTE="chat: multi-turn sessions at 8 req/s for ${DURATION} s; engines: 8192 KV blocks x 16 tokens"
+            LOAD_ARGS+=(--rate 8 --duration "$DURATION" --chat-sessions 16)
+            ENGINE_NOTE="chat: multi-turn sessions (16 open at a time) at 8 req/s for ${DURATION} s; engines: 8192 KV blocks x 16 tokens"
             ;;
         rag)
             ENGINE_ARGS=(--kv-blocks 8192 --block-size 16)
             LOAD_ARGS+=(--rate 8 --duration "$DURATION")
             ENGINE_NOTE="rag: Zipf-popular documents at 8 req/s for ${DURATION} s; engines: 8192 KV blocks x 16 tokens"
+            ;;
+        rag-pressure)
+            # RAG under cache pressure, kvmesh-sim's preset (sim/src/workload/rag.rs): six
+            # 2048-token documents, two per request, Zipf-popular. The engines get the small
+            # KV cache the preset is made for (PRESSURE_KV_BLOCKS; a test keeps the two equal):
+            # each holds only two or three of the 30 document pairs.
+            # --quick: 15 s of load.
+            local rate=4 secs=$DURATION
+            [[ $QUICK == 1 ]] && secs=15
+            EXPECTED_S=$secs
+            ENGINE_ARGS=(--kv-blocks 640 --block-size 16)
+            LOAD_ARGS+=(--rate "$rate" --duration "$secs")
+            ENGINE_NOTE="rag-pressure: 6 documents of 2048 tokens, 2 per request (Zipf), 64-token questions, 32 output tokens, at $rate req/s (Poisson) for $secs s; engines: 640 KV blocks x 16 tokens, two or three document pairs each"
             ;;
     esac
 }

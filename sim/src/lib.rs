@@ -1,5 +1,7 @@
-//! kvmesh-sim: a vLLM-compatible mock engine, a load generator and (later) a cluster simulator.
+//! kvmesh-sim: a vLLM-compatible mock engine, a load generator and a cluster simulator.
 //!
+//! - [`workload`] defines what each request of a run asks for, at the token level, once for
+//!   the load generator and the simulator.
 //! - [`engine::model`] is the sans-IO engine model (tokenizer, prefix cache, scheduler,
 //!   timing), reusable with virtual time.
 //! - [`engine`] also holds the HTTP server and the KV-event publisher around it.
@@ -13,3 +15,4 @@ pub mod report;
 pub mod rng;
 pub mod simulate;
 pub mod text;
+pub mod workload;

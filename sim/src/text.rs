@@ -25,12 +25,18 @@ pub fn piece(key: u64, index: u64) -> &'static str {
     PIECES[(mix64(key ^ mix64(index.wrapping_add(0x5851_f42d_4c95_7f2d))) % 64) as usize]
 }
 
+/// The pieces of the text stream named by `key`, in order, as indices into [`PIECES`]. The
+/// stream is endless; its first `n` pieces do not depend on how many are taken.
+pub fn pieces(key: u64) -> impl Iterator<Item = usize> {
+    let mut rng = SplitMix64::new(key);
+    std::iter::repeat_with(move || (rng.next_u64() % 64) as usize)
+}
+
 /// Appends `tokens` pieces of the text stream named by `key` to `out`.
 pub fn push_text(out: &mut String, key: u64, tokens: usize) {
     out.reserve(tokens * PIECE_BYTES);
-    let mut rng = SplitMix64::new(key);
-    for _ in 0..tokens {
-        out.push_str(PIECES[(rng.next_u64() % 64) as usize]);
+    for p in pieces(key).take(tokens) {
+        out.push_str(PIECES[p]);
     }
 }
 

@@ -2,12 +2,8 @@
 
 use std::path::PathBuf;
 
-use super::workload::Api;
-use super::workload::chat::ChatArgs;
-use super::workload::gsp::GspArgs;
-use super::workload::hot::HotArgs;
-use super::workload::rag::RagArgs;
-use super::workload::trace::TraceArgs;
+use super::render::Api;
+use crate::workload::{WorkloadArgs, WorkloadKind};
 
 /// How a request's target is chosen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
@@ -19,22 +15,6 @@ pub enum Pick {
     RoundRobin,
 }
 
-/// Which workload to run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum WorkloadKind {
-    /// Generated shared prefix (SGLang's benchmark).
-    Gsp,
-    /// Multi-turn chat sessions.
-    Chat,
-    /// Retrieval-augmented prompts over a Zipf-popular corpus.
-    Rag,
-    /// One system prompt in a share of the traffic (a hot prefix), the rest distinct.
-    Hot,
-    /// Trace replay (Mooncake JSONL or Azure CSV).
-    Trace,
-}
-
 /// `kvmesh-sim load`: an open- or closed-loop load generator for OpenAI-compatible servers.
 #[derive(Debug, Clone, clap::Args)]
 pub struct LoadArgs {
@@ -44,7 +24,7 @@ pub struct LoadArgs {
     /// How each request picks its target.
     #[arg(long, value_enum, default_value_t = Pick::Random)]
     pub pick: Pick,
-    /// Workload.
+    /// Workload (--trace FILE implies trace).
     #[arg(long, value_enum, default_value_t = WorkloadKind::Gsp)]
     pub workload: WorkloadKind,
     /// Open loop: Poisson arrivals at this many requests per second.
@@ -54,7 +34,7 @@ pub struct LoadArgs {
     /// without --rate, which follows the trace's timestamps.
     #[arg(long)]
     pub concurrency: Option<usize>,
-    /// Requests to send (default: one pass over gsp/trace, 1000 for chat/rag/hot; unbounded with
+    /// Requests to send (default: one pass over gsp/trace, 1000 for the others; unbounded with
     /// --duration alone).
     #[arg(long)]
     pub requests: Option<u64>,
@@ -64,7 +44,7 @@ pub struct LoadArgs {
     /// Stream responses (SSE) and measure TTFT and inter-token latency from the stream.
     #[arg(long)]
     pub stream: bool,
-    /// Endpoint for gsp/rag/trace prompts (chat always uses chat completions).
+    /// Endpoint for prompts (the chat workload always uses chat completions).
     #[arg(long, value_enum, default_value_t = Api::Completions)]
     pub api: Api,
     /// `model` field of requests.
@@ -99,17 +79,12 @@ pub struct LoadArgs {
     pub threads: Option<usize>,
     #[command(flatten)]
     #[allow(missing_docs)]
-    pub gsp: GspArgs,
-    #[command(flatten)]
-    #[allow(missing_docs)]
-    pub chat: ChatArgs,
-    #[command(flatten)]
-    #[allow(missing_docs)]
-    pub rag: RagArgs,
-    #[command(flatten)]
-    #[allow(missing_docs)]
-    pub hot: HotArgs,
-    #[command(flatten)]
-    #[allow(missing_docs)]
-    pub trace: TraceArgs,
+    pub workload_args: WorkloadArgs,
+}
+
+impl LoadArgs {
+    /// The workload to run.
+    pub fn workload_kind(&self) -> WorkloadKind {
+        self.workload_args.kind(self.workload)
+    }
 }

@@ -9,11 +9,12 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::config::{LoadArgs, Pick, WorkloadKind};
+use super::config::{LoadArgs, Pick};
+use super::render::Api;
 use super::runner::{Arrivals, Record, arrivals};
 use super::scrape::EngineCounters;
 use super::stats::{Summary, summarize};
-use super::workload::Api;
+use crate::workload::WorkloadKind;
 
 /// Version tag of the JSON report.
 pub const SCHEMA: &str = "kvmesh-sim.load.v1";
@@ -264,7 +265,7 @@ pub fn build(
         schema: SCHEMA,
         started_at_unix_s,
         config: ReportConfig {
-            workload: args.workload,
+            workload: args.workload_kind(),
             targets: targets.to_vec(),
             engines: engines.to_vec(),
             pick: args.pick,

@@ -8,17 +8,14 @@ use http::HeaderValue;
 use tokio::sync::mpsc;
 
 use super::client::{LoadClient, Outcome};
-use super::config::{LoadArgs, Pick, WorkloadKind};
+use super::config::{LoadArgs, Pick};
 use super::records_file;
+use super::render::{BodySettings, RequestSpec};
 use super::report::{self, Report};
 use super::scrape::{self, EngineCounters};
-use super::workload::chat::Chat;
-use super::workload::gsp::Gsp;
-use super::workload::hot::Hot;
-use super::workload::rag::Rag;
-use super::workload::trace::{self, Trace};
-use super::workload::{BodySettings, Workload};
-use crate::rng::{SplitMix64, mix64};
+use crate::rng::mix64;
+use crate::workload::arrivals::Poisson;
+use crate::workload::{Workload, WorkloadKind};
 
 /// One finished request.
 #[derive(Debug, Clone)]
@@ -46,38 +43,67 @@ pub enum Arrivals {
     Closed(usize),
 }
 
-/// Builds the workload the arguments name.
-pub fn build_workload(args: &LoadArgs) -> anyhow::Result<Arc<dyn Workload>> {
-    let body = BodySettings {
-        model: args.model.clone(),
-        stream: args.stream,
-        api: args.api,
-        seed: args.seed,
-    };
-    Ok(match args.workload {
-        WorkloadKind::Gsp => Arc::new(Gsp::new(args.gsp.clone(), body)),
-        WorkloadKind::Chat => Arc::new(Chat::new(args.chat.clone(), body)),
-        WorkloadKind::Rag => Arc::new(Rag::new(args.rag.clone(), body)),
-        WorkloadKind::Hot => Arc::new(Hot::new(args.hot.clone(), body)),
-        WorkloadKind::Trace => {
-            let entries = trace::load(&args.trace.trace)?;
-            Arc::new(Trace::new(
-                entries,
-                args.trace.clone(),
-                body,
-                args.time_scale,
-            ))
-        }
-    })
-}
-
 /// The arrival process the arguments ask for.
 pub fn arrivals(args: &LoadArgs) -> Arrivals {
-    match (args.rate, args.concurrency, args.workload) {
+    match (args.rate, args.concurrency, args.workload_kind()) {
         (Some(r), _, _) => Arrivals::Poisson(r.max(1e-9)),
         (None, Some(c), _) => Arrivals::Closed(c.max(1)),
         (None, None, WorkloadKind::Trace) => Arrivals::Trace,
         (None, None, _) => Arrivals::Closed(16),
+    }
+}
+
+/// What a run sends, and when: request `i`'s HTTP request and, in an open loop, its release
+/// time. Everything here follows from the arguments and the seed.
+pub struct Plan {
+    workload: Arc<dyn Workload>,
+    body: BodySettings,
+    arrivals: Arrivals,
+    /// Multiplier on the workload's own arrival times.
+    time_scale: f64,
+    seed: u64,
+}
+
+impl Plan {
+    /// The plan of `args` (loads the trace file of the trace workload).
+    pub fn new(args: &LoadArgs) -> anyhow::Result<Self> {
+        Ok(Self {
+            workload: args.workload_args.build(args.workload_kind(), args.seed)?,
+            body: BodySettings {
+                model: args.model.clone(),
+                stream: args.stream,
+                api: args.api,
+            },
+            arrivals: arrivals(args),
+            time_scale: args.time_scale,
+            seed: args.seed,
+        })
+    }
+
+    /// Request `index`.
+    pub fn request(&self, index: u64) -> RequestSpec {
+        self.body.render(&self.workload.request(index))
+    }
+
+    /// Requests in one pass over the workload, if it has a natural size.
+    pub fn natural_size(&self) -> Option<u64> {
+        self.workload.natural_size()
+    }
+
+    /// Release times after the start of the run, in request order (none in a closed loop).
+    pub fn release_times(&self) -> Option<impl Iterator<Item = Duration> + '_> {
+        let mut poisson = match self.arrivals {
+            Arrivals::Poisson(rate) => Some(Poisson::new(rate, self.seed)),
+            Arrivals::Trace => None,
+            Arrivals::Closed(_) => return None,
+        };
+        Some((0u64..).map(move |i| {
+            let at_s = match &mut poisson {
+                Some(p) => p.next().unwrap_or(0.0),
+                None => self.workload.arrival_s(i).unwrap_or(0.0) * self.time_scale,
+            };
+            Duration::from_secs_f64(at_s.max(0.0))
+        }))
     }
 }
 
@@ -97,10 +123,10 @@ pub async fn run(args: &LoadArgs) -> anyhow::Result<Report> {
             .map(|t| t.trim_end_matches('/').to_owned())
             .collect()
     };
-    let workload = build_workload(args)?;
+    let plan = Plan::new(args)?;
     let total = args
         .requests
-        .unwrap_or_else(|| match (args.duration, workload.natural_size()) {
+        .unwrap_or_else(|| match (args.duration, plan.natural_size()) {
             (Some(_), _) => u64::MAX,
             (None, Some(n)) => n,
             (None, None) => 1000,
@@ -111,7 +137,6 @@ pub async fn run(args: &LoadArgs) -> anyhow::Result<Report> {
     } else {
         scrape_all(&client, &engines).await
     };
-    let arrivals = arrivals(args);
     let started_unix = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs_f64())
@@ -120,7 +145,7 @@ pub async fn run(args: &LoadArgs) -> anyhow::Result<Report> {
     let (tx, mut rx) = mpsc::unbounded_channel::<Record>();
     let ctx = Arc::new(Ctx {
         client: client.clone(),
-        workload: workload.clone(),
+        plan,
         targets: targets.clone(),
         pick: args.pick,
         seed: args.seed,
@@ -130,7 +155,7 @@ pub async fn run(args: &LoadArgs) -> anyhow::Result<Report> {
     let deadline = args
         .duration
         .map(|d| start + Duration::from_secs_f64(d.max(0.0)));
-    tokio::spawn(dispatch(ctx, arrivals, total, start, deadline, tx));
+    tokio::spawn(dispatch(ctx, total, start, deadline, tx));
     let mut records = Vec::new();
     let mut last_done = start;
     while let Some(r) = rx.recv().await {
@@ -160,7 +185,7 @@ pub async fn run(args: &LoadArgs) -> anyhow::Result<Report> {
 
 struct Ctx {
     client: LoadClient,
-    workload: Arc<dyn Workload>,
+    plan: Plan,
     targets: Vec<String>,
     pick: Pick,
     seed: u64,
@@ -171,7 +196,7 @@ struct Ctx {
 impl Ctx {
     async fn one(&self, index: u64, start: Instant) -> Record {
         let sent_at = start.elapsed();
-        let spec = self.workload.request(index);
+        let spec = self.plan.request(index);
         let target = match self.pick {
             Pick::RoundRobin => (index % self.targets.len() as u64) as usize,
             Pick::Random => (mix64(self.seed ^ mix64(index)) % self.targets.len() as u64) as usize,
@@ -185,20 +210,10 @@ impl Ctx {
         {
             headers.push(("x-session-id", s));
         }
-        let keep_text = self.workload.wants_text();
         let outcome = self
             .client
-            .measure(
-                &url,
-                spec.body,
-                &headers,
-                self.stream,
-                keep_text,
-                self.timeout,
-            )
+            .measure(&url, spec.body, &headers, self.stream, false, self.timeout)
             .await;
-        let text = outcome.error.is_none().then_some(outcome.text.as_str());
-        self.workload.complete(index, text);
         Record {
             index,
             sent_at,
@@ -211,55 +226,45 @@ impl Ctx {
 
 async fn dispatch(
     ctx: Arc<Ctx>,
-    arrivals: Arrivals,
     total: u64,
     start: Instant,
     deadline: Option<Instant>,
     tx: mpsc::UnboundedSender<Record>,
 ) {
     let past_deadline = move |at: Instant| deadline.is_some_and(|d| at >= d);
-    match arrivals {
-        Arrivals::Closed(c) => {
-            let next = Arc::new(AtomicU64::new(0));
-            for _ in 0..c {
-                let (ctx, next, tx) = (ctx.clone(), next.clone(), tx.clone());
-                tokio::spawn(async move {
-                    loop {
-                        let i = next.fetch_add(1, Ordering::Relaxed);
-                        if i >= total || past_deadline(Instant::now()) {
-                            return;
-                        }
-                        let r = ctx.one(i, start).await;
-                        if tx.send(r).is_err() {
-                            return;
-                        }
+    let Some(release_times) = ctx.plan.release_times() else {
+        let Arrivals::Closed(c) = ctx.plan.arrivals else {
+            unreachable!("only a closed loop has no release times")
+        };
+        let next = Arc::new(AtomicU64::new(0));
+        for _ in 0..c {
+            let (ctx, next, tx) = (ctx.clone(), next.clone(), tx.clone());
+            tokio::spawn(async move {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= total || past_deadline(Instant::now()) {
+                        return;
                     }
-                });
-            }
-        }
-        Arrivals::Poisson(_) | Arrivals::Trace => {
-            let mut rng = SplitMix64::new(mix64(ctx.seed ^ 0x6172_7269_7661_6c73));
-            let mut t = 0.0f64;
-            for i in 0..total {
-                let offset = match arrivals {
-                    Arrivals::Poisson(rate) => {
-                        t += rng.exponential(rate);
-                        Duration::from_secs_f64(t)
-                    }
-                    _ => ctx.workload.arrival(i).unwrap_or(Duration::ZERO),
-                };
-                let at = start + offset;
-                if past_deadline(at) {
-                    break;
-                }
-                tokio::time::sleep_until(at.into()).await;
-                let (ctx, tx) = (ctx.clone(), tx.clone());
-                tokio::spawn(async move {
                     let r = ctx.one(i, start).await;
-                    let _ = tx.send(r);
-                });
-            }
+                    if tx.send(r).is_err() {
+                        return;
+                    }
+                }
+            });
         }
+        return;
+    };
+    for (i, offset) in (0..total).zip(release_times) {
+        let at = start + offset;
+        if past_deadline(at) {
+            break;
+        }
+        tokio::time::sleep_until(at.into()).await;
+        let (ctx, tx) = (ctx.clone(), tx.clone());
+        tokio::spawn(async move {
+            let r = ctx.one(i, start).await;
+            let _ = tx.send(r);
+        });
     }
 }
 

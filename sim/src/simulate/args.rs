@@ -10,20 +10,10 @@ use super::gossip::CALIBRATED_HOP_S;
 use super::gossip::epidemic::GossipParams;
 use super::policy::PolicyKind;
 use crate::engine::model::{EngineConfig, TimingModel};
-use crate::load::workload::chat::ChatArgs;
-use crate::load::workload::gsp::GspArgs;
-use crate::load::workload::hot::HotArgs;
-use crate::load::workload::rag::RagArgs;
+use crate::workload::{WorkloadArgs, WorkloadKind};
 
-/// Synthetic workloads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum WorkloadName {
-    Gsp,
-    Chat,
-    Rag,
-    Hot,
-}
+/// KV blocks per engine unless `--kv-blocks` or the workload says otherwise.
+const DEFAULT_KV_BLOCKS: u32 = 8192;
 
 /// What a node's own candidate carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
@@ -52,12 +42,9 @@ pub struct SimulateArgs {
     /// Policies to compare, comma separated (default: all).
     #[arg(long = "policy", value_enum, value_delimiter = ',')]
     pub policies: Vec<PolicyKind>,
-    /// Synthetic workload (ignored with --trace).
-    #[arg(long, value_enum, default_value_t = WorkloadName::Gsp)]
-    pub workload: WorkloadName,
-    /// Replay a Mooncake JSONL (or Azure CSV) trace instead of a synthetic workload.
-    #[arg(long)]
-    pub trace: Option<PathBuf>,
+    /// Workload (--trace FILE implies trace).
+    #[arg(long, value_enum, default_value_t = WorkloadKind::Gsp)]
+    pub workload: WorkloadKind,
     /// Requests to simulate (default: the trace's length, or 2,000).
     #[arg(long)]
     pub requests: Option<u64>,
@@ -108,9 +95,10 @@ pub struct SimulateArgs {
     /// score and node key alone.
     #[arg(long, default_value_t = RouteConfig::default().spread_margin)]
     pub spread_margin: f64,
-    /// KV cache blocks per engine.
-    #[arg(long, default_value_t = 8192)]
-    pub kv_blocks: u32,
+    /// KV cache blocks per engine (default 8192, or the size the workload is made for:
+    /// rag-pressure's small cache).
+    #[arg(long)]
+    pub kv_blocks: Option<u32>,
     /// Most sequences in an engine's batch.
     #[arg(long, default_value_t = 256)]
     pub max_num_seqs: u32,
@@ -123,17 +111,9 @@ pub struct SimulateArgs {
     /// Nodes per zone of the kvmesh-zoned policy.
     #[arg(long, default_value_t = 64)]
     pub zone_size: usize,
-    /// Chat sessions open at any time.
-    #[arg(long, default_value_t = 256)]
-    pub chat_sessions: usize,
     #[command(flatten)]
-    pub gsp: GspArgs,
-    #[command(flatten)]
-    pub chat: ChatArgs,
-    #[command(flatten)]
-    pub rag: RagArgs,
-    #[command(flatten)]
-    pub hot: HotArgs,
+    #[serde(flatten)]
+    pub workload_args: WorkloadArgs,
     /// Run at each of these node counts (comma separated) instead of --nodes.
     #[arg(long, value_delimiter = ',')]
     pub sweep_nodes: Vec<usize>,
@@ -176,6 +156,19 @@ impl SimulateArgs {
         list
     }
 
+    /// The workload to run.
+    pub fn workload_kind(&self) -> WorkloadKind {
+        self.workload_args.kind(self.workload)
+    }
+
+    /// KV cache blocks per engine.
+    pub fn kv_blocks(&self) -> u32 {
+        self.kv_blocks
+            .or(self.workload_kind().kv_blocks())
+            .unwrap_or(DEFAULT_KV_BLOCKS)
+            .max(1)
+    }
+
     pub fn cluster_config(&self, nodes: usize) -> ClusterConfig {
         let route = RouteConfig {
             policy: match self.route_form {
@@ -188,7 +181,7 @@ impl SimulateArgs {
         ClusterConfig {
             nodes,
             engine: EngineConfig {
-                num_gpu_blocks: self.kv_blocks.max(1),
+                num_gpu_blocks: self.kv_blocks(),
                 max_num_seqs: self.max_num_seqs.max(1),
                 timing: TimingModel {
                     prefill_tokens_per_s: self.prefill_tokens_per_s.max(1.0),

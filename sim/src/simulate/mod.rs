@@ -9,8 +9,8 @@
 //! (the real `decide` over an instant global view) and kvmesh itself (the real `decide` over
 //! each entry node's stale view, with the sidecar's optimistic accounting).
 //!
-//! - [`workload`]: token-level request generators (gsp, chat, rag, Mooncake traces);
-//!   [`prompt`]: segments → token ids → prefix chain.
+//! - [`workload`]: a workload's requests (`crate::workload`, shared with the load generator)
+//!   with their arrival times; [`prompt`]: segments → token ids → prefix chain.
 //! - [`cluster`]: the event loop of one run; [`results`]: what it measures.
 //! - [`run`]: every policy over the same requests, at one or several cluster sizes;
 //!   [`report`] and [`svg`]: the markdown table and the plots.

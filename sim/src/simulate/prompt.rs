@@ -1,9 +1,11 @@
-//! Prompts at the token level: segments of deterministic tokens, and their prefix chain.
+//! Prompts at the token level: segments, their token ids, and the prefix chain.
 //!
 //! A simulated prompt is a list of [`Segment`]s (a system prompt, a document, a question, a
-//! Mooncake 512-token hash block). Each segment expands to deterministic token ids derived
-//! from its key, so two prompts that start with the same segments start with the same tokens:
-//! the engine model's own prefix cache hits exactly where the chain below says it should.
+//! Mooncake 512-token hash block), defined by the workload (`crate::workload`). [`tokens`]
+//! gives their token ids, which are the mock engine's ids of the text the load generator sends
+//! for the same request, so two prompts that start with the same segments start with the same
+//! tokens: the engine model's own prefix cache hits exactly where the chain below says it
+//! should, and where a real mock engine's would.
 //!
 //! The chain is cut into [`BLOCK_TOKENS`]-token blocks like the engine's KV blocks (only full
 //! blocks count) and hashed directly from the token ids: `h_0 = H(seed, block_0)`,
@@ -11,34 +13,12 @@
 //! names its whole prefix); the simulator uses a SplitMix-based hash instead of blake3 because
 //! it hashes tens of millions of blocks per run and only needs equality, not wire stability.
 
-use crate::engine::model::tokenizer::VOCAB_SIZE;
+pub use crate::workload::segment::{Segment, tokens};
+
 use crate::rng::mix64;
 
 /// Tokens per KV block (vLLM's default, and the engine model's).
 pub const BLOCK_TOKENS: usize = 16;
-
-/// A run of `tokens` deterministic tokens named by `key`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Segment {
-    pub key: u64,
-    pub tokens: u32,
-}
-
-/// Token `index` of the segment named `key`.
-#[inline]
-fn token(key: u64, index: u32) -> u32 {
-    (mix64(key ^ mix64(u64::from(index) ^ 0x746f_6b65_6e00)) % u64::from(VOCAB_SIZE)) as u32
-}
-
-/// The token ids of `segments`, concatenated.
-pub fn tokens(segments: &[Segment]) -> Vec<u32> {
-    let total: usize = segments.iter().map(|s| s.tokens as usize).sum();
-    let mut out = Vec::with_capacity(total);
-    for s in segments {
-        out.extend((0..s.tokens).map(|i| token(s.key, i)));
-    }
-    out
-}
 
 /// The prefix chain of `tokens`: one hash per full block.
 pub fn chain(seed: u64, tokens: &[u32]) -> Vec<u64> {

@@ -1,15 +1,14 @@
 //! A whole `simulate` invocation: every policy over the same requests, at one or several
 //! cluster sizes.
 
-use crate::load::workload::trace::{self, TraceEntry};
+use std::sync::Arc;
 
-use super::args::{SimulateArgs, WorkloadName};
+use super::args::SimulateArgs;
 use super::cluster;
 use super::policy::PolicyKind;
 use super::results::PolicyResult;
-use super::workload::{
-    Arrivals, ChatGen, Generator, GspGen, HotGen, RagGen, RequestStream, TraceGen,
-};
+use super::workload::{Arrivals, RequestStream};
+use crate::workload::{Workload, WorkloadKind, trace};
 
 /// Default request count of synthetic workloads.
 const DEFAULT_REQUESTS: u64 = 2_000;
@@ -40,9 +39,22 @@ pub struct Report {
     pub runs: Vec<SizeRun>,
 }
 
-/// Loaded inputs shared by every run.
+/// The workload every run draws its requests from.
 pub struct Inputs {
-    trace: Option<Vec<TraceEntry>>,
+    workload: Arc<dyn Workload>,
+    /// Whether it brings its own arrival times (a trace).
+    own_timeline: bool,
+}
+
+impl Inputs {
+    /// The workload `args` name (loads the trace file of the trace workload).
+    pub fn new(args: &SimulateArgs) -> Result<Self, SimulateError> {
+        let workload = args.workload_args.build(args.workload_kind(), args.seed)?;
+        Ok(Self {
+            own_timeline: workload.arrival_s(0).is_some(),
+            workload,
+        })
+    }
 }
 
 pub fn simulate(args: &SimulateArgs) -> Result<Report, SimulateError> {
@@ -56,9 +68,7 @@ pub fn simulate(args: &SimulateArgs) -> Result<Report, SimulateError> {
             "a cluster needs at least one node".into(),
         ));
     }
-    let inputs = Inputs {
-        trace: args.trace.as_deref().map(trace::load).transpose()?,
-    };
+    let inputs = Inputs::new(args)?;
     let mut runs = Vec::new();
     for nodes in sizes {
         let results = run_size(args, &inputs, nodes);
@@ -66,9 +76,11 @@ pub fn simulate(args: &SimulateArgs) -> Result<Report, SimulateError> {
     }
     Ok(Report {
         args: args.clone(),
-        workload: match (&args.trace, args.workload) {
-            (Some(path), _) => format!("trace {}", path.display()),
-            (None, w) => format!("{w:?}").to_lowercase(),
+        workload: match args.workload_kind() {
+            WorkloadKind::Trace => {
+                format!("trace {}", args.workload_args.trace.path().display())
+            }
+            kind => kind.name().to_owned(),
         },
         runs,
     })
@@ -111,22 +123,10 @@ fn run_one(
 
 /// The request stream of a run: identical for every policy of the run.
 pub fn stream(args: &SimulateArgs, inputs: &Inputs, nodes: usize) -> RequestStream {
-    let seed = args.seed;
-    let (generator, natural): (Box<dyn Generator + Send>, Option<u64>) = match &inputs.trace {
-        Some(entries) => (
-            Box::new(TraceGen::new(entries.clone(), seed)),
-            Some(entries.len() as u64),
-        ),
-        None => match args.workload {
-            WorkloadName::Gsp => (Box::new(GspGen::new(args.gsp.clone(), seed)), None),
-            WorkloadName::Chat => (
-                Box::new(ChatGen::new(args.chat.clone(), args.chat_sessions, seed)),
-                None,
-            ),
-            WorkloadName::Rag => (Box::new(RagGen::new(args.rag.clone(), seed)), None),
-            WorkloadName::Hot => (Box::new(HotGen::new(args.hot.clone(), seed)), None),
-        },
-    };
+    let natural = inputs
+        .own_timeline
+        .then(|| inputs.workload.natural_size())
+        .flatten();
     let arrivals = match (args.rate, args.rate_per_node, natural) {
         (Some(rate), _, _) => Arrivals::Poisson(rate),
         (None, Some(per_node), _) => Arrivals::Poisson(per_node * nodes as f64),
@@ -138,5 +138,5 @@ pub fn stream(args: &SimulateArgs, inputs: &Inputs, nodes: usize) -> RequestStre
         .or(args.requests_per_node.map(|r| r * nodes as u64))
         .or(natural)
         .unwrap_or(DEFAULT_REQUESTS);
-    RequestStream::new(generator, arrivals, limit, seed)
+    RequestStream::new(inputs.workload.clone(), arrivals, limit, args.seed)
 }

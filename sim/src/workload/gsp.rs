@@ -4,8 +4,7 @@
 //! different questions of `question_len` tokens; every request asks for `output_len` tokens.
 //! One pass sends every (group, question) pair once, in a seeded random order.
 
-use super::{BodySettings, RequestSpec, Workload, key, permutation};
-use crate::text;
+use super::{Form, Request, Segment, Workload, key, permutation};
 
 /// Parameters of the `gsp` workload.
 #[derive(Debug, Clone, clap::Args, serde::Serialize)]
@@ -30,45 +29,42 @@ pub struct GspArgs {
 /// The `gsp` workload.
 pub struct Gsp {
     args: GspArgs,
-    body: BodySettings,
+    seed: u64,
     order: Vec<u32>,
 }
 
 impl Gsp {
     /// Builds the workload.
-    pub fn new(args: GspArgs, body: BodySettings) -> Self {
+    pub fn new(args: GspArgs, seed: u64) -> Self {
         let n = (args.gsp_groups.max(1) * args.gsp_prompts_per_group.max(1)) as usize;
-        let order = permutation(n, body.seed ^ 0x0067_7370);
-        Self { args, body, order }
+        let order = permutation(n, seed ^ 0x0067_7370);
+        Self { args, seed, order }
     }
 }
 
 impl Workload for Gsp {
-    fn name(&self) -> &'static str {
-        "gsp"
-    }
-
     fn natural_size(&self) -> Option<u64> {
         Some(self.order.len() as u64)
     }
 
-    fn request(&self, index: u64) -> RequestSpec {
+    fn request(&self, index: u64) -> Request {
         let pair = self.order[(index % self.order.len() as u64) as usize];
         let ppg = self.args.gsp_prompts_per_group.max(1);
         let (group, question) = (u64::from(pair / ppg), u64::from(pair % ppg));
-        let seed = self.body.seed;
-        let mut prompt = text::text(key(seed, &[1, group]), self.args.gsp_system_len as usize);
-        text::push_text(
-            &mut prompt,
-            key(seed, &[2, group, question]),
-            self.args.gsp_question_len as usize,
-        );
-        RequestSpec {
-            api: self.body.api,
-            body: self.body.prompt_body(&prompt, self.args.gsp_output_len),
+        Request {
+            segments: vec![
+                Segment {
+                    key: key(self.seed, &[1, group]),
+                    tokens: self.args.gsp_system_len,
+                },
+                Segment {
+                    key: key(self.seed, &[2, group, question]),
+                    tokens: self.args.gsp_question_len.max(1),
+                },
+            ],
+            form: Form::Prompt,
+            output_tokens: self.args.gsp_output_len.max(1),
             session: None,
-            input_tokens: u64::from(self.args.gsp_system_len + self.args.gsp_question_len),
-            output_tokens: self.args.gsp_output_len,
         }
     }
 }
@@ -76,7 +72,6 @@ impl Workload for Gsp {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::load::workload::Api;
 
     #[test]
     fn one_pass_covers_every_pair_and_groups_share_their_system_prompt() {
@@ -87,30 +82,22 @@ mod tests {
             gsp_question_len: 4,
             gsp_output_len: 2,
         };
-        let g = Gsp::new(
-            args,
-            BodySettings {
-                model: "m".into(),
-                stream: false,
-                api: Api::Completions,
-                seed: 2,
-            },
-        );
+        let g = Gsp::new(args, 2);
         assert_eq!(g.natural_size(), Some(12));
-        let prompts: Vec<String> = (0..12)
-            .map(|i| {
-                let v: serde_json::Value = serde_json::from_slice(&g.request(i).body).unwrap();
-                v["prompt"].as_str().unwrap().to_owned()
-            })
-            .collect();
-        let mut unique = prompts.clone();
-        unique.sort();
+        let requests: Vec<Request> = (0..12).map(|i| g.request(i)).collect();
+        let mut unique = requests.clone();
+        unique.sort_by_key(|r| r.segments[1].key);
         unique.dedup();
         assert_eq!(unique.len(), 12, "every (group, question) once");
-        let mut systems: Vec<&str> = prompts.iter().map(|p| &p[..64]).collect();
-        systems.sort();
+        let mut systems: Vec<Segment> = requests.iter().map(|r| r.segments[0]).collect();
+        systems.sort_by_key(|s| s.key);
         systems.dedup();
         assert_eq!(systems.len(), 3, "three shared 16-token system prompts");
-        assert!(prompts.iter().all(|p| p.len() == 20 * 4));
+        assert!(requests.iter().all(|r| r.prompt_tokens() == 20));
+        assert_eq!(
+            g.request(12),
+            requests[0],
+            "the next pass repeats the first"
+        );
     }
 }

@@ -10,8 +10,7 @@
 //! system prompts instead of one: the control "the same load over distinct prefixes".
 //! `fraction` 0 gives every request a distinct prefix.
 
-use super::{BodySettings, RequestSpec, Workload, key};
-use crate::text;
+use super::{Form, Request, Segment, Workload, key};
 
 /// Key labels of the workload's text streams (distinct from the other workloads').
 const TAG: u64 = 0x686f_7400;
@@ -58,16 +57,21 @@ impl HotArgs {
         }
     }
 
-    /// The text keys and lengths (tokens) of request `index`'s two segments: system prompt,
-    /// then question.
-    pub fn segments(&self, seed: u64, index: u64) -> [(u64, u32); 2] {
+    /// Request `index`'s two segments under `seed`: system prompt, then question.
+    pub fn segments(&self, seed: u64, index: u64) -> [Segment; 2] {
         let system = match self.system_prompt(seed, index) {
             SystemPrompt::Shared(n) => key(seed, &[TAG + 2, u64::from(n)]),
             SystemPrompt::Own => key(seed, &[TAG + 3, index]),
         };
         [
-            (system, self.hot_system_len),
-            (key(seed, &[TAG + 4, index]), self.hot_question_len.max(1)),
+            Segment {
+                key: system,
+                tokens: self.hot_system_len,
+            },
+            Segment {
+                key: key(seed, &[TAG + 4, index]),
+                tokens: self.hot_question_len.max(1),
+            },
         ]
     }
 }
@@ -80,38 +84,27 @@ fn unit(bits: u64) -> f64 {
 /// The `hot` workload.
 pub struct Hot {
     args: HotArgs,
-    body: BodySettings,
+    seed: u64,
 }
 
 impl Hot {
     /// Builds the workload.
-    pub fn new(args: HotArgs, body: BodySettings) -> Self {
-        Self { args, body }
+    pub fn new(args: HotArgs, seed: u64) -> Self {
+        Self { args, seed }
     }
 }
 
 impl Workload for Hot {
-    fn name(&self) -> &'static str {
-        "hot"
-    }
-
     fn natural_size(&self) -> Option<u64> {
         None
     }
 
-    fn request(&self, index: u64) -> RequestSpec {
-        let mut prompt = String::new();
-        let mut tokens = 0u64;
-        for (key, len) in self.args.segments(self.body.seed, index) {
-            text::push_text(&mut prompt, key, len as usize);
-            tokens += u64::from(len);
-        }
-        RequestSpec {
-            api: self.body.api,
-            body: self.body.prompt_body(&prompt, self.args.hot_output_len),
+    fn request(&self, index: u64) -> Request {
+        Request {
+            segments: self.args.segments(self.seed, index).to_vec(),
+            form: Form::Prompt,
+            output_tokens: self.args.hot_output_len.max(1),
             session: None,
-            input_tokens: tokens,
-            output_tokens: self.args.hot_output_len,
         }
     }
 }
@@ -119,7 +112,6 @@ impl Workload for Hot {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::load::workload::Api;
     use std::collections::HashMap;
 
     fn args(fraction: f64, prefixes: u32) -> HotArgs {
@@ -133,29 +125,14 @@ mod tests {
     }
 
     fn hot(fraction: f64, prefixes: u32) -> Hot {
-        Hot::new(
-            args(fraction, prefixes),
-            BodySettings {
-                model: "m".into(),
-                stream: false,
-                api: Api::Completions,
-                seed: 5,
-            },
-        )
+        Hot::new(args(fraction, prefixes), 5)
     }
 
-    fn prompt(workload: &Hot, index: u64) -> String {
-        let v: serde_json::Value = serde_json::from_slice(&workload.request(index).body).unwrap();
-        v["prompt"].as_str().unwrap().to_owned()
-    }
-
-    /// Occurrences of each 16-token system prompt (the first 64 bytes) over `n` requests.
-    fn system_counts(workload: &Hot, n: u64) -> HashMap<String, u32> {
+    /// Occurrences of each system prompt over `n` requests.
+    fn system_counts(workload: &Hot, n: u64) -> HashMap<Segment, u32> {
         let mut counts = HashMap::new();
         for i in 0..n {
-            *counts
-                .entry(prompt(workload, i)[..64].to_owned())
-                .or_default() += 1;
+            *counts.entry(workload.request(i).segments[0]).or_default() += 1;
         }
         counts
     }
@@ -172,10 +149,9 @@ mod tests {
             "only the hot prompt repeats"
         );
         assert_eq!(counts.len() as u32, 2_000 - top + 1);
-        let spec = workload.request(3);
-        assert_eq!(spec.input_tokens, 20);
-        assert_eq!(prompt(&workload, 3).len(), 20 * 4);
-        assert_eq!(spec.body, workload.request(3).body, "deterministic");
+        let request = workload.request(3);
+        assert_eq!(request.prompt_tokens(), 20);
+        assert_eq!(request, workload.request(3), "deterministic");
     }
 
     #[test]
@@ -189,8 +165,8 @@ mod tests {
             "{shared:?}"
         );
         for i in 0..200 {
-            let (a, b) = (prompt(&one, i), prompt(&many, i));
-            assert_eq!(a[64..], b[64..], "request {i} keeps its question");
+            let (a, b) = (one.request(i).segments, many.request(i).segments);
+            assert_eq!(a[1], b[1], "request {i} keeps its question");
             let shared_a = one.args.system_prompt(5, i) != SystemPrompt::Own;
             let shared_b = many.args.system_prompt(5, i) != SystemPrompt::Own;
             assert_eq!(shared_a, shared_b, "request {i} keeps its share");

@@ -1,21 +1,21 @@
 //! `trace`: replay of a request trace.
 //!
 //! - Mooncake JSONL (`timestamp` ms, `input_length`, `output_length`, `hash_ids`): each hash id
-//!   maps to a deterministic block of [`MOONCAKE_BLOCK_TOKENS`] tokens of text (seeded from the
-//!   id and the run seed), so requests sharing their first k ids share their first k blocks
-//!   byte for byte; the last block is cut to make `input_length` tokens.
+//!   is a segment of [`MOONCAKE_BLOCK_TOKENS`] tokens keyed by the id (and the run seed), so
+//!   requests sharing their first k ids share their first k blocks token for token; the last
+//!   one is cut to make `input_length` tokens, and a prompt longer than its ids ends with text
+//!   of its own.
 //! - Azure LLM inference CSV (`TIMESTAMP,ContextTokens,GeneratedTokens`): arrivals and lengths
-//!   only; every prompt is fresh text.
+//!   only; every prompt is text of its own.
 //!
-//! Arrival times come from the trace (scaled by the caller) unless a rate is given.
+//! A run longer than the trace replays it again, with fresh ids (a later pass shares nothing
+//! with an earlier one) and timestamps shifted by the trace's span.
 
-use std::path::Path;
-use std::time::Duration;
+use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use super::{BodySettings, RequestSpec, Workload, key};
-use crate::text;
+use super::{Form, Request, Segment, Workload, key};
 
 /// Tokens per Mooncake hash block.
 pub const MOONCAKE_BLOCK_TOKENS: u64 = 512;
@@ -173,12 +173,19 @@ fn parse_timestamp(s: &str) -> Option<f64> {
     Some(days as f64 * 86_400.0 + h * 3600.0 + min * 60.0 + sec)
 }
 
+/// The project's copy of the Mooncake synthetic trace (the default `--trace`).
+pub const DEFAULT_TRACE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/data/mooncake_synthetic_trace.jsonl"
+);
+
 /// Parameters of the `trace` workload.
 #[derive(Debug, Clone, clap::Args, serde::Serialize)]
 pub struct TraceArgs {
-    /// Trace file: Mooncake `.jsonl` or Azure `.csv`.
-    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/data/mooncake_synthetic_trace.jsonl"))]
-    pub trace: std::path::PathBuf,
+    /// Trace file: Mooncake `.jsonl` or Azure `.csv` (default: the Mooncake synthetic trace in
+    /// sim/data).
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
     /// Clip prompts to this many tokens (keeps the trace's prefix structure).
     #[arg(long)]
     pub max_input_tokens: Option<u64>,
@@ -187,116 +194,97 @@ pub struct TraceArgs {
     pub max_output_tokens: Option<u32>,
 }
 
+impl TraceArgs {
+    /// The trace file to replay.
+    pub fn path(&self) -> PathBuf {
+        self.trace.clone().unwrap_or_else(|| DEFAULT_TRACE.into())
+    }
+}
+
 /// The `trace` workload.
 pub struct Trace {
     entries: Vec<TraceEntry>,
     args: TraceArgs,
-    body: BodySettings,
-    time_scale: f64,
+    seed: u64,
+    /// Time from the first entry of one pass to the first of the next, seconds.
+    span_s: f64,
 }
 
 impl Trace {
-    /// Builds the workload from loaded entries; arrivals are `at_s · time_scale`.
-    pub fn new(
-        entries: Vec<TraceEntry>,
-        args: TraceArgs,
-        body: BodySettings,
-        time_scale: f64,
-    ) -> Self {
+    /// Builds the workload from loaded entries (at least one).
+    pub fn new(entries: Vec<TraceEntry>, args: TraceArgs, seed: u64) -> Self {
+        assert!(!entries.is_empty(), "a trace has entries");
+        let last = entries.last().map_or(0.0, |e| e.at_s);
+        let span_s = last + last / entries.len() as f64;
         Self {
             entries,
             args,
-            body,
-            time_scale,
+            seed,
+            span_s,
         }
     }
 
-    /// The prompt text of `entry` (see the module docs).
-    pub fn prompt(&self, index: u64, entry: &TraceEntry) -> String {
-        let len = self
-            .args
-            .max_input_tokens
-            .map_or(entry.input_len, |m| entry.input_len.min(m));
-        let mut out = String::with_capacity(len as usize * text::PIECE_BYTES);
-        if entry.hash_ids.is_empty() {
-            text::push_text(&mut out, key(self.body.seed, &[9, index]), len as usize);
-            return out;
-        }
-        let mut left = len;
-        for &id in &entry.hash_ids {
-            if left == 0 {
-                break;
-            }
-            let n = left.min(MOONCAKE_BLOCK_TOKENS);
-            // Generate the whole block and cut it, so a block's first n tokens do not depend
-            // on where the prompt ends.
-            let block = text::text(
-                key(self.body.seed, &[10, id]),
-                MOONCAKE_BLOCK_TOKENS as usize,
-            );
-            out.push_str(&block[..n as usize * text::PIECE_BYTES]);
-            left -= n;
-        }
-        if left > 0 {
-            // The trace's ids do not cover the prompt: finish with request-private text.
-            text::push_text(&mut out, key(self.body.seed, &[11, index]), left as usize);
-        }
-        out
+    fn entry(&self, index: u64) -> (&TraceEntry, u64) {
+        let n = self.entries.len() as u64;
+        (&self.entries[(index % n) as usize], index / n)
     }
 }
 
 impl Workload for Trace {
-    fn name(&self) -> &'static str {
-        "trace"
-    }
-
     fn natural_size(&self) -> Option<u64> {
         Some(self.entries.len() as u64)
     }
 
-    fn request(&self, index: u64) -> RequestSpec {
-        let entry = &self.entries[(index % self.entries.len() as u64) as usize];
-        let prompt = self.prompt(index, entry);
+    fn request(&self, index: u64) -> Request {
+        let (entry, pass) = self.entry(index);
+        let len = self
+            .args
+            .max_input_tokens
+            .map_or(entry.input_len, |m| entry.input_len.min(m));
+        let mut left = len.clamp(1, u64::from(u32::MAX)) as u32;
+        let mut segments = Vec::with_capacity(entry.hash_ids.len() + 1);
+        for &id in &entry.hash_ids {
+            if left == 0 {
+                break;
+            }
+            let tokens = left.min(MOONCAKE_BLOCK_TOKENS as u32);
+            segments.push(Segment {
+                key: key(self.seed, &[10, pass, id]),
+                tokens,
+            });
+            left -= tokens;
+        }
+        if left > 0 {
+            segments.push(Segment {
+                key: key(self.seed, &[11, index]),
+                tokens: left,
+            });
+        }
         let output = self
             .args
             .max_output_tokens
-            .map_or(entry.output_len, |m| entry.output_len.min(m))
-            .max(1);
-        RequestSpec {
-            api: self.body.api,
-            body: self.body.prompt_body(&prompt, output),
+            .map_or(entry.output_len, |m| entry.output_len.min(m));
+        Request {
+            segments,
+            form: Form::Prompt,
+            output_tokens: output.max(1),
             session: None,
-            input_tokens: prompt.len().div_ceil(text::PIECE_BYTES) as u64,
-            output_tokens: output,
         }
     }
 
-    fn arrival(&self, index: u64) -> Option<Duration> {
-        let n = self.entries.len() as u64;
-        let pass = index / n;
-        let last = self.entries.last().map_or(0.0, |e| e.at_s);
-        let at = self.entries[(index % n) as usize].at_s + pass as f64 * last;
-        Some(Duration::from_secs_f64((at * self.time_scale).max(0.0)))
+    fn arrival_s(&self, index: u64) -> Option<f64> {
+        let (entry, pass) = self.entry(index);
+        Some(entry.at_s + pass as f64 * self.span_s)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::load::workload::Api;
-
-    fn settings() -> BodySettings {
-        BodySettings {
-            model: "m".into(),
-            stream: false,
-            api: Api::Completions,
-            seed: 1,
-        }
-    }
 
     fn args() -> TraceArgs {
         TraceArgs {
-            trace: "x.jsonl".into(),
+            trace: None,
             max_input_tokens: None,
             max_output_tokens: None,
         }
@@ -311,14 +299,54 @@ mod tests {
         )
         .unwrap();
         assert_eq!(entries[1].at_s, 0.5);
-        let t = Trace::new(entries.clone(), args(), settings(), 2.0);
-        let a = t.prompt(0, &entries[0]);
-        let b = t.prompt(1, &entries[1]);
-        assert_eq!(a.len(), 1200 * 4);
-        assert_eq!(b.len(), 1100 * 4);
-        assert_eq!(a[..1024 * 4], b[..1024 * 4]);
-        assert_ne!(a[1024 * 4..1100 * 4], b[1024 * 4..1100 * 4]);
-        assert_eq!(t.arrival(1), Some(Duration::from_secs(1)));
+        let t = Trace::new(entries, args(), 1);
+        let (a, b) = (t.request(0), t.request(1));
+        let lengths = |r: &Request| r.segments.iter().map(|s| s.tokens).collect::<Vec<_>>();
+        assert_eq!(lengths(&a), [512, 512, 176]);
+        assert_eq!(lengths(&b), [512, 512, 76]);
+        assert_eq!(a.segments[..2], b.segments[..2]);
+        assert_ne!(a.segments[2].key, b.segments[2].key);
+        assert_eq!(a.output_tokens, 3);
+        // The second pass: fresh ids, a span later (0.5 s + 0.5 s / 2 entries).
+        let again = t.request(2);
+        assert_eq!(lengths(&again), lengths(&a));
+        assert_ne!(again.segments[0].key, a.segments[0].key);
+        assert_eq!(t.arrival_s(1), Some(0.5));
+        assert_eq!(t.arrival_s(3), Some(1.25));
+    }
+
+    #[test]
+    fn clips_apply_and_prompts_beyond_the_ids_end_with_their_own_text() {
+        let entries = parse_mooncake(
+            "{\"timestamp\": 0, \"input_length\": 700, \"output_length\": 300, \"hash_ids\": [1]}\n",
+            "t",
+        )
+        .unwrap();
+        let t = Trace::new(entries.clone(), args(), 1);
+        let r = t.request(0);
+        assert_eq!(r.prompt_tokens(), 700);
+        assert_eq!(
+            r.segments[1].tokens, 188,
+            "own text after the one 512-token id"
+        );
+        let clipped = Trace::new(
+            entries,
+            TraceArgs {
+                max_input_tokens: Some(100),
+                max_output_tokens: Some(10),
+                ..args()
+            },
+            1,
+        )
+        .request(0);
+        assert_eq!(
+            clipped.segments,
+            [Segment {
+                key: r.segments[0].key,
+                tokens: 100
+            }]
+        );
+        assert_eq!(clipped.output_tokens, 10);
     }
 
     #[test]

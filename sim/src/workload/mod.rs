@@ -1,0 +1,177 @@
+//! Workloads: what request `i` of a run asks for, defined once at the token level.
+//!
+//! A workload turns its parameters (a clap argument struct, shared by `kvmesh-sim load` and
+//! `kvmesh-sim simulate`) and the run's seed into [`Request`]s: the prompt as [`Segment`]s,
+//! the output length and the session. The load generator renders a request as text and a
+//! JSON body (`crate::load::render`); the simulator hashes its tokens
+//! (`crate::simulate::prompt`). Both therefore run the same requests for the same seed and
+//! arguments, token for token, and a simulated result can be checked against a measured one.
+//! Every request is a pure function of its index (no state, no answers fed back), so either
+//! side can build request `i` whenever it sends it.
+
+pub mod arrivals;
+pub mod chat;
+pub mod gsp;
+pub mod hot;
+pub mod rag;
+pub mod segment;
+pub mod trace;
+
+use std::sync::Arc;
+
+pub use segment::Segment;
+
+use crate::rng::mix64;
+
+/// Request `index` of a workload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    /// The prompt.
+    pub segments: Vec<Segment>,
+    /// How the segments are sent.
+    pub form: Form,
+    /// Tokens to generate (at least one).
+    pub output_tokens: u32,
+    /// The conversation it belongs to (see [`session_id`]).
+    pub session: Option<u64>,
+}
+
+impl Request {
+    /// Prompt tokens: the segments' (the chat template adds a few per message, see [`Form`]).
+    pub fn prompt_tokens(&self) -> u64 {
+        self.segments.iter().map(|s| u64::from(s.tokens)).sum()
+    }
+}
+
+/// How a request's segments are sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Form {
+    /// One prompt: the segments' text, concatenated.
+    Prompt,
+    /// A conversation, one message per segment: the system prompt, then user and assistant
+    /// messages in turn, ending with a user message. The engine renders them with its chat
+    /// template, which adds a few tokens around each message that the simulator leaves out.
+    Chat,
+}
+
+/// The `x-session-id` (and OpenAI `user`) value of session `session`.
+pub fn session_id(session: u64) -> String {
+    format!("session-{session}")
+}
+
+/// A source of requests.
+pub trait Workload: Send + Sync {
+    /// Requests in one pass over the workload, if it has a natural size.
+    fn natural_size(&self) -> Option<u64>;
+    /// Request `index`.
+    fn request(&self, index: u64) -> Request;
+    /// When request `index` arrives on the workload's own timeline (traces), in seconds after
+    /// the first request.
+    fn arrival_s(&self, _index: u64) -> Option<f64> {
+        None
+    }
+}
+
+/// Which workload to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WorkloadKind {
+    /// Generated shared prefix (SGLang's benchmark).
+    Gsp,
+    /// Multi-turn chat sessions.
+    Chat,
+    /// Retrieval-augmented prompts over a Zipf-popular corpus.
+    Rag,
+    /// RAG under cache pressure: a fixed preset (the --rag-* flags do not apply) for engines
+    /// whose KV cache holds only a few of its contexts (see `workload::rag::PRESSURE`).
+    RagPressure,
+    /// One system prompt in a share of the traffic (a hot prefix), the rest distinct.
+    Hot,
+    /// Trace replay (Mooncake JSONL or Azure CSV).
+    Trace,
+}
+
+impl WorkloadKind {
+    /// The name on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            WorkloadKind::Gsp => "gsp",
+            WorkloadKind::Chat => "chat",
+            WorkloadKind::Rag => "rag",
+            WorkloadKind::RagPressure => "rag-pressure",
+            WorkloadKind::Hot => "hot",
+            WorkloadKind::Trace => "trace",
+        }
+    }
+
+    /// KV blocks per engine the workload is made for, if it is made for one.
+    pub fn kv_blocks(self) -> Option<u32> {
+        match self {
+            WorkloadKind::RagPressure => Some(rag::PRESSURE_KV_BLOCKS),
+            _ => None,
+        }
+    }
+}
+
+/// The parameters of every workload.
+#[derive(Debug, Clone, clap::Args, serde::Serialize)]
+pub struct WorkloadArgs {
+    #[command(flatten)]
+    pub gsp: gsp::GspArgs,
+    #[command(flatten)]
+    pub chat: chat::ChatArgs,
+    #[command(flatten)]
+    pub rag: rag::RagArgs,
+    #[command(flatten)]
+    pub hot: hot::HotArgs,
+    #[command(flatten)]
+    pub trace: trace::TraceArgs,
+}
+
+impl WorkloadArgs {
+    /// The workload to run when `--workload` says `kind`: a `--trace FILE` makes it a trace.
+    pub fn kind(&self, kind: WorkloadKind) -> WorkloadKind {
+        match self.trace.trace {
+            Some(_) => WorkloadKind::Trace,
+            None => kind,
+        }
+    }
+
+    /// The workload `kind` with these parameters under `seed` (loads the trace file for
+    /// [`WorkloadKind::Trace`]).
+    pub fn build(
+        &self,
+        kind: WorkloadKind,
+        seed: u64,
+    ) -> Result<Arc<dyn Workload>, trace::TraceError> {
+        Ok(match kind {
+            WorkloadKind::Gsp => Arc::new(gsp::Gsp::new(self.gsp.clone(), seed)),
+            WorkloadKind::Chat => Arc::new(chat::Chat::new(self.chat.clone(), seed)),
+            WorkloadKind::Rag => Arc::new(rag::Rag::new(self.rag.clone(), seed)),
+            WorkloadKind::RagPressure => Arc::new(rag::Rag::new(rag::PRESSURE, seed)),
+            WorkloadKind::Hot => Arc::new(hot::Hot::new(self.hot.clone(), seed)),
+            WorkloadKind::Trace => {
+                let entries = trace::load(&self.trace.path())?;
+                Arc::new(trace::Trace::new(entries, self.trace.clone(), seed))
+            }
+        })
+    }
+}
+
+/// A text key from the run seed and a few labels.
+pub fn key(seed: u64, parts: &[u64]) -> u64 {
+    parts
+        .iter()
+        .fold(mix64(seed ^ 0x6b76_6d65_7368), |h, &p| mix64(h ^ p))
+}
+
+/// A seeded Fisher-Yates permutation of `0..n`.
+pub fn permutation(n: usize, seed: u64) -> Vec<u32> {
+    let mut v: Vec<u32> = (0..n as u32).collect();
+    let mut rng = crate::rng::SplitMix64::new(seed);
+    for i in (1..v.len()).rev() {
+        let j = rng.below(i as u64 + 1) as usize;
+        v.swap(i, j);
+    }
+    v
+}
