@@ -52,6 +52,7 @@ pub fn relay(
         silence_limit,
         source: Some(upstream.body),
         handed: upstream.handed,
+        first_byte: false,
         remaining: upstream.content_length,
         sse,
         ledger: Some(Ledger {
@@ -125,6 +126,8 @@ struct RelayBody {
     /// This node's own engine serving it: queued until the answer's first byte, in flight
     /// until the relay ends.
     handed: Option<HandedOver>,
+    /// The upstream's first byte came (the request's queue and plan were told).
+    first_byte: bool,
     /// Bytes still to come when the upstream declared its length.
     remaining: Option<u64>,
     sse: bool,
@@ -184,8 +187,13 @@ impl Body for RelayBody {
         };
         let limit = this.silence_limit;
         this.silence.as_mut().reset(Instant::now() + limit);
-        if let Some(handed) = this.handed.as_mut() {
-            handed.started();
+        if !std::mem::replace(&mut this.first_byte, true) {
+            if let Some(handed) = this.handed.as_mut() {
+                handed.started();
+            }
+            if let Some(ledger) = this.ledger.as_mut() {
+                ledger.plan.first_byte(&mut lock(&ledger.state.entry));
+            }
         }
         match next {
             Ok(Some(data)) => {

@@ -223,6 +223,31 @@ impl EntryState {
         self.ledger.withdraw(key, at_ms);
     }
 
+    /// The answer to the send at `as_of_ms` to `key` relayed its first byte: if `key`'s last
+    /// report answered that send, it counted the request as queued, and it now runs.
+    pub(super) fn served_started(&mut self, key: u64, as_of_ms: u64) {
+        if let Some(reported) = self.reports.get_mut(&key)
+            && reported.as_of_ms == as_of_ms
+            && reported.report.waiting > 0
+        {
+            reported.report.waiting -= 1;
+            reported.report.running += 1;
+        }
+    }
+
+    /// The request sent at `as_of_ms` to `key` ended (after [`Self::served_started`]): if
+    /// `key`'s last report answered that send, the request is no longer there. Without this
+    /// a report would count a finished request until gossip brings a newer digest.
+    pub(super) fn served_ended(&mut self, key: u64, as_of_ms: u64) {
+        if let Some(reported) = self.reports.get_mut(&key)
+            && reported.as_of_ms == as_of_ms
+        {
+            let report = &mut reported.report;
+            report.running = report.running.saturating_sub(1);
+            report.inflight = report.inflight.saturating_sub(1);
+        }
+    }
+
     /// `key` reported its load in answer to the send at `as_of_ms`.
     pub(super) fn apply_report(&mut self, key: u64, report: LoadReport, as_of_ms: u64, now: u64) {
         let newer = self

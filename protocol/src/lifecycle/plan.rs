@@ -84,6 +84,8 @@ pub struct Plan {
     declined_before: bool,
     sent: Option<Sent>,
     served: Option<Sent>,
+    /// The served answer's first byte was relayed.
+    first_byte: bool,
     declines: u32,
     failures: u32,
 }
@@ -134,6 +136,7 @@ impl Plan {
             declined_before: false,
             sent: None,
             served: None,
+            first_byte: false,
             declines: 0,
             failures: 0,
         }
@@ -279,10 +282,22 @@ impl Plan {
         }
     }
 
-    /// The served request ended (however): its send stops counting as pending there.
+    /// The served answer's first byte was relayed: the request no longer waits there.
+    pub fn first_byte(&mut self, entry: &mut EntryState) {
+        if let Some(sent) = self.served
+            && !std::mem::replace(&mut self.first_byte, true)
+        {
+            entry.served_started(sent.key, sent.at_ms);
+        }
+    }
+
+    /// The served request ended (however): its send stops counting as pending there, and
+    /// the load its engine reported with the answer no longer counts it.
     pub fn ended(&mut self, entry: &mut EntryState) {
+        self.first_byte(entry);
         if let Some(sent) = self.served.take() {
             entry.settle_send(sent.key, sent.at_ms);
+            entry.served_ended(sent.key, sent.at_ms);
         }
     }
 

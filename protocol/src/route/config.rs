@@ -62,11 +62,17 @@ pub struct RouteConfig {
     /// still lands on one of them; picking the less loaded keeps a burst of new prefixes from
     /// queueing their uncached prefills on one engine (the gsp warm-up tail, BENCHMARKS.md).
     /// 1 gives plain rendezvous. Default 1: entries judge the choices' loads from views that
-    /// differ (an entry sees its own engine exactly, the others through gossip), so with 2 the
-    /// same new prefix sent to several entries at once could land on two engines; late binding
-    /// does the balancing instead, at the first choice's sidecar, which knows its queue
-    /// exactly and passes the prefix on to its next choice when that one is believed idler.
+    /// differ (an entry reads its own engine live, a peer it just talked to from its load
+    /// report, the others through gossip), so with 2 the same new prefix sent to several
+    /// entries at once lands on two engines (measured: `prefix_routing`'s test, even with a
+    /// margin of 1). Late binding balances instead, at the first choice's sidecar, which knows
+    /// its queue exactly and passes a new prefix on to the second choice when that one is
+    /// believed idler.
     pub cold_choices: u32,
+    /// With `cold_choices` above 1: requests by which a choice's load must exceed the
+    /// lightest choice's before it ranks below it, so that views differing by a request or so
+    /// still agree. Default 1.
+    pub cold_load_margin: u32,
     /// Late binding: how many times one request may be declined by a serving node whose own,
     /// exact queue is longer than the entry believed the next candidate's to be (see
     /// [`crate::lifecycle`]). The entry judges on digests 100–600 ms old; the serving node
@@ -118,6 +124,7 @@ impl Default for RouteConfig {
             bound_on: BoundOn::Queued,
             spread_margin: 0.05,
             cold_choices: 1,
+            cold_load_margin: 1,
             max_declines: 1,
             decline_slack: 0.0,
             session_weight: 0.3,

@@ -292,6 +292,16 @@ pub fn decide_with(
     } else {
         0
     };
+    // The least load among the choices: a choice counts as busier only beyond it plus the
+    // margin, so that entry nodes whose views differ by a request or so (one reads its own
+    // engine live, the others through gossip) still agree.
+    let cold_lightest = entries
+        .iter()
+        .filter(|e| cold && rendezvous_weight(request.chain[0], e.node_key) >= cold_floor)
+        .map(|e| e.load)
+        .min()
+        .unwrap_or(0);
+    let cold_margin = cold_lightest.saturating_add(config.cold_load_margin);
     let scored = &mut scratch.scored;
     scored.clear();
     for entry in entries.iter() {
@@ -302,7 +312,7 @@ pub fn decide_with(
             let weight = rendezvous_weight(request.chain[0], entry.node_key);
             let unit = weight as f64 / u64::MAX as f64;
             if weight >= cold_floor {
-                2.0 + unit - f64::from(entry.load) * 2.0
+                2.0 + unit - f64::from(entry.load.saturating_sub(cold_margin)) * 2.0
             } else {
                 unit - f64::from(u32::MAX)
             }

@@ -421,6 +421,7 @@ fn a_cold_prefix_goes_to_the_less_loaded_of_its_two_rendezvous_choices() {
     };
     let config = RouteConfig {
         cold_choices: 2,
+        cold_load_margin: 0,
         ..RouteConfig::default()
     };
 
@@ -433,12 +434,21 @@ fn a_cold_prefix_goes_to_the_less_loaded_of_its_two_rendezvous_choices() {
     // An idle engine outside the two choices does not draw the prefix.
     let third_idle = cluster(&names, |n| if n == third { &idle } else { &busy });
     assert_eq!(chosen(&third_idle, &config), node_key(first));
-    // One choice (the default, which leaves the balancing to late binding): plain
-    // rendezvous, whatever the loads.
-    assert_eq!(
-        chosen(&first_busy, &RouteConfig::default()),
-        node_key(first)
-    );
+    // One choice: plain rendezvous, whatever the loads.
+    let single = RouteConfig {
+        cold_choices: 1,
+        ..config
+    };
+    assert_eq!(chosen(&first_busy, &single), node_key(first));
+    // Loads within the margin of the lightest choice count as equal: the rendezvous order;
+    // beyond it, the lighter.
+    let margin = RouteConfig {
+        cold_load_margin: 1,
+        ..config
+    };
+    assert_eq!(chosen(&first_busy, &margin), node_key(first));
+    let first_much_busier = cluster(&names, |n| if n == first { &busier } else { &idle });
+    assert_eq!(chosen(&first_much_busier, &margin), node_key(second));
     // The retries after the choices follow the rendezvous order.
     let d = decide(&first_busy, &request(&prompt), &config, NOW).unwrap();
     let order: Vec<u64> = d.ranked.iter().map(|&i| first_busy[i].node_key).collect();

@@ -319,6 +319,12 @@ fn engine_events(sim: &mut Sim<'_>, state: &mut Loop, node: u32, events: &[Engin
             if let Some(ticket) = routing.ticket.as_mut() {
                 serving.started(ticket);
             }
+            if routing.started {
+                let Router::Kvmesh(kvmesh) = &mut sim.router else {
+                    unreachable!("only kvmesh runs the lifecycle");
+                };
+                routing.plan.first_byte(kvmesh.entry(routing.entry));
+            }
             continue;
         }
         if let Some(ticket) = routing.ticket.take() {
