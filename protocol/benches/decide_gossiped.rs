@@ -371,6 +371,7 @@ fn bench_workload(c: &mut Criterion, workload: &str, target: Target) {
                 summary: Some(&summaries[n]),
                 digest_received_ms: 1_000,
                 pending: 0,
+                digest_pending: 0,
                 recent_match: 0,
                 fresh: None,
                 offload: None,

@@ -127,6 +127,7 @@ fn deciding(c: &mut Criterion) {
                 offload: None,
                 digest_received_ms: 1_000,
                 pending: 0,
+                digest_pending: 0,
                 recent_match: 0,
                 fresh: None,
             })

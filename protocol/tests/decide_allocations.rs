@@ -81,6 +81,7 @@ fn allocations_do_not_grow_with_candidates() {
                 offload: None,
                 digest_received_ms: 0,
                 pending: 0,
+                digest_pending: 0,
                 recent_match: 0,
                 fresh: None,
             })

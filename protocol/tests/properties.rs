@@ -287,6 +287,7 @@ fn candidates<'a>(cluster: &'a Cluster, order: &[usize]) -> Vec<Candidate<'a>> {
             offload: None,
             digest_received_ms: 1_000,
             pending: cluster.pending[i],
+            digest_pending: cluster.pending[i],
             recent_match: 0,
             fresh: None,
         })

@@ -152,6 +152,12 @@ impl EntryState {
             offload: peer.offload,
             digest_received_ms: received,
             pending: self.ledger.pending(peer.key, since, now_ms),
+            digest_pending: match fresh {
+                Some(_) => self
+                    .ledger
+                    .pending(peer.key, peer.digest_received_ms, now_ms),
+                None => self.ledger.pending(peer.key, since, now_ms),
+            },
             recent_match: if recently_sent.contains(&peer.key) {
                 self.recent.matched(peer.key, chain, now_ms)
             } else {

@@ -61,17 +61,15 @@ pub struct RouteConfig {
     /// power of two choices. Every entry node considers the same few engines, so a new prefix
     /// still lands on one of them; picking the less loaded keeps a burst of new prefixes from
     /// queueing their uncached prefills on one engine (the gsp warm-up tail, BENCHMARKS.md).
-    /// 1 gives plain rendezvous. Default 1: entries judge the choices' loads from views that
-    /// differ (an entry reads its own engine live, a peer it just talked to from its load
-    /// report, the others through gossip), so with 2 the same new prefix sent to several
-    /// entries at once lands on two engines (measured: `prefix_routing`'s test, even with a
-    /// margin of 1). Late binding balances instead, at the first choice's sidecar, which knows
-    /// its queue exactly and passes a new prefix on to the second choice when that one is
-    /// believed idler.
+    /// 1 gives plain rendezvous. Default 2. The choices' loads are the gossiped digests' (plus
+    /// this node's sends since), the view every entry node shares, not the fresher loads this
+    /// node alone has (its own engine's, a peer's last report): entry nodes sending the same
+    /// new prefix at once must rank its choices alike.
     pub cold_choices: u32,
-    /// With `cold_choices` above 1: requests by which a choice's load must exceed the
-    /// lightest choice's before it ranks below it, so that views differing by a request or so
-    /// still agree. Default 1.
+    /// Requests by which a choice's load must exceed the lightest choice's before it ranks
+    /// below it, so that views a request apart (gossip reaches entry nodes at different
+    /// moments) still agree. Late binding moves a new prefix when the difference is real.
+    /// Default 1.
     pub cold_load_margin: u32,
     /// Late binding: how many times one request may be declined by a serving node whose own,
     /// exact queue is longer than the entry believed the next candidate's to be (see
@@ -123,7 +121,7 @@ impl Default for RouteConfig {
             load_slack: 2.0,
             bound_on: BoundOn::Queued,
             spread_margin: 0.05,
-            cold_choices: 1,
+            cold_choices: 2,
             cold_load_margin: 1,
             max_declines: 1,
             decline_slack: 0.0,

@@ -20,8 +20,12 @@ pub struct Candidate<'a> {
     pub offload: Option<&'a PeerSummary>,
     /// When this node received `digest` (its own clock), for staleness.
     pub digest_received_ms: u64,
-    /// Requests this node sent there that the digest does not reflect yet.
+    /// Requests this node sent there that its gauges (`fresh`, else the digest's) do not
+    /// reflect yet.
     pub pending: u32,
+    /// Requests this node sent there that the digest does not reflect yet (equal to `pending`
+    /// when `fresh` is `None`).
+    pub digest_pending: u32,
     /// Leading blocks of this request this node itself recently sent there (optimistic: the
     /// peer's summary may not show them yet).
     pub recent_match: u32,
@@ -129,11 +133,13 @@ struct Entry {
     index: usize,
     node_key: u64,
     matched: u32,
-    load: u32,
     /// What the load bound counts (see [`BoundOn`]).
     bounded: u32,
     /// Waiting plus pending.
     queued: u32,
+    /// Requests in flight there (running, waiting, pending) as the gossiped digest shows
+    /// them: what every entry node sees alike.
+    shared_load: u32,
     fresh: bool,
 }
 
@@ -242,7 +248,7 @@ pub fn decide_with(
             index,
             node_key: candidate.node_key,
             matched: on_gpu + offload_worth,
-            load: gauges.load().saturating_add(candidate.pending),
+            shared_load: digest.load().saturating_add(candidate.digest_pending),
             bounded: match config.bound_on {
                 BoundOn::InFlight => gauges.load(),
                 BoundOn::Queued => gauges.waiting,
@@ -298,7 +304,7 @@ pub fn decide_with(
     let cold_lightest = entries
         .iter()
         .filter(|e| cold && rendezvous_weight(request.chain[0], e.node_key) >= cold_floor)
-        .map(|e| e.load)
+        .map(|e| e.shared_load)
         .min()
         .unwrap_or(0);
     let cold_margin = cold_lightest.saturating_add(config.cold_load_margin);
@@ -309,10 +315,13 @@ pub fn decide_with(
         let base = if cold {
             // Among the choices the least loaded, then the higher rendezvous weight; outside
             // them the weight alone (below any choice: the fallback order under the bound).
+            // Loads as gossip shows them, not as this node alone knows them (its own engine
+            // live, a peer's last report): every entry node sending the same new prefix must
+            // rank its choices alike. Late binding corrects with the exact queue.
             let weight = rendezvous_weight(request.chain[0], entry.node_key);
             let unit = weight as f64 / u64::MAX as f64;
             if weight >= cold_floor {
-                2.0 + unit - f64::from(entry.load.saturating_sub(cold_margin)) * 2.0
+                2.0 + unit - f64::from(entry.shared_load.saturating_sub(cold_margin)) * 2.0
             } else {
                 unit - f64::from(u32::MAX)
             }

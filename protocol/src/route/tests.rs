@@ -55,6 +55,7 @@ fn candidate<'a>(
         offload: None,
         digest_received_ms: NOW - 50,
         pending: 0,
+        digest_pending: 0,
         recent_match: 0,
         fresh: None,
     }

@@ -78,6 +78,7 @@ impl Oracle {
                 offload: None,
                 digest_received_ms: now_ms,
                 pending: 0,
+                digest_pending: 0,
                 recent_match: if holders.contains(&(i as u32)) {
                     index_match(&node.index, request.chain)
                 } else {
