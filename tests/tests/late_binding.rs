@@ -163,3 +163,76 @@ fn labelled(cluster: &Cluster, node: &str, name: &str, reason: &str) -> f64 {
         .expect("metrics")
         .unwrap_or(0.0)
 }
+
+/// The price of a decline on loopback, for BENCHMARKS.md (not a timed assertion; run with
+/// `--ignored --nocapture`, release binaries): requests entering at a whose session prefers b,
+/// which declines them (its queue is longer), against requests whose session prefers a itself.
+/// The difference of the medians is one mesh round trip with a decline in it.
+#[test]
+#[ignore = "a benchmark: run with --ignored --nocapture"]
+fn the_cost_of_a_decline() {
+    let cluster = Cluster::start(&[
+        NodeSpec::new("a", &["shared"]),
+        NodeSpec::new("b", &["shared", "only-b"]).timing(Timing::Scaled(20.0)),
+    ]);
+    cluster.wait_membership(&["a", "b"], CONVERGENCE_TIMEOUT);
+    cluster.wait_models(&["a", "b"], &["only-b", "shared"], CONVERGENCE_TIMEOUT);
+    let busy: Vec<OpenResponse> = (0..3)
+        .map(|i| {
+            cluster
+                .sidecar("b")
+                .try_open(long_streamed("only-b", &format!("load {i}")))
+                .expect("the response head")
+        })
+        .collect();
+    wait_until(Duration::from_secs(10), "a to see b's queue", || {
+        estimate_of(&cluster, "a", "b")["waiting"].as_u64() == Some(3)
+    });
+    let sessions = |node: &'static str| -> Vec<String> {
+        let other = if node == "a" { "b" } else { "a" };
+        (0..)
+            .map(|i| format!("session-{i}"))
+            .filter(|s| {
+                let key = node_key(s);
+                rendezvous_weight(key, node_key(node)) > rendezvous_weight(key, node_key(other))
+            })
+            .take(400)
+            .collect()
+    };
+    let time = |session: &str, declined: bool| {
+        let request = Request::post_json(
+            "/v1/completions",
+            &completion_body("shared", "hi", 1, false),
+        )
+        .header("x-session-id", session);
+        let started = std::time::Instant::now();
+        let response = cluster.sidecar("a").send(request);
+        let elapsed = started.elapsed().as_secs_f64() * 1e3;
+        assert_eq!(response.status, 200);
+        assert_eq!(served_by(&response), "a");
+        assert_eq!(
+            response.header("x-kvmesh-reason") == Some("declined"),
+            declined
+        );
+        elapsed
+    };
+    let (mut direct, mut declined) = (Vec::new(), Vec::new());
+    // Interleaved, so that the machine's noise falls on both alike.
+    for (a, b) in sessions("a").iter().zip(sessions("b").iter()) {
+        direct.push(time(a, false));
+        declined.push(time(b, true));
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (direct, declined) = (median(&mut direct), median(&mut declined));
+    println!(
+        "400 requests each: p50 {direct:.3} ms served at the entry directly, {declined:.3} ms \
+         after a decline by a peer: a decline adds {:.3} ms",
+        declined - direct
+    );
+    for response in busy {
+        finish(response);
+    }
+}
