@@ -50,7 +50,7 @@ pub struct SimNode {
     /// The load fields and time of the last gossiped digest.
     last_gossiped: Option<((u32, u32, u32), u64)>,
     /// The wake-up time queued for this engine, to skip stale queue entries.
-    pub wake_ns: Option<u64>,
+    wake_ns: Option<u64>,
     /// Arrival times of submitted requests that have no first token yet.
     awaiting_first: HashMap<u64, u64>,
 }
@@ -119,16 +119,32 @@ impl SimNode {
         }
     }
 
-    /// Runs the engine at one event time (the event loop's wake-up).
-    pub fn advance_at(
+    /// The event loop's wake-up at `now_ns`: runs the engine if this is still the wake-up it
+    /// queued (a later submission may have queued another), and says whether it ran.
+    pub fn wake(
         &mut self,
         now_ns: u64,
         buffer: &mut Vec<Output>,
         events: &mut Vec<EngineEvent>,
-    ) {
+    ) -> bool {
+        if self.wake_ns != Some(now_ns) {
+            return false;
+        }
+        self.wake_ns = None;
         buffer.clear();
         self.engine.advance_into(Self::now(now_ns), buffer);
         self.record_outputs(now_ns, buffer, events);
+        true
+    }
+
+    /// The time of the engine's next event, if the event loop must queue a wake-up for it (it
+    /// has one and that one is not queued yet).
+    pub fn next_wake(&mut self, now_ns: u64) -> Option<u64> {
+        let at = (self.engine.next_event_time()?.as_nanos() as u64).max(now_ns);
+        (self.wake_ns != Some(at)).then(|| {
+            self.wake_ns = Some(at);
+            at
+        })
     }
 
     fn record_outputs(&mut self, at_ns: u64, outputs: &[Output], events: &mut Vec<EngineEvent>) {

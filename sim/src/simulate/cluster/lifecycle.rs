@@ -26,6 +26,7 @@ use crate::rng::mix64;
 use crate::simulate::gossip::view::{LagClasses, Published};
 use crate::simulate::node::{EngineEvent, MODEL, SimNode};
 use crate::simulate::policy::PolicyKind;
+use crate::simulate::policy::kvmesh::Kvmesh;
 use crate::simulate::prompt::BLOCK_TOKENS;
 use crate::simulate::workload::SimRequest;
 
@@ -102,12 +103,10 @@ pub(super) fn run(sim: &mut Sim<'_>, requests: impl Iterator<Item = SimRequest>)
         match event {
             Event::Engine(i) => {
                 let node = &mut sim.nodes[i as usize];
-                if node.wake_ns != Some(now) {
+                events.clear();
+                if !node.wake(now, &mut outputs, &mut events) {
                     continue;
                 }
-                node.wake_ns = None;
-                events.clear();
-                node.advance_at(now, &mut outputs, &mut events);
                 schedule(node, i, now, &mut state);
                 engine_events(sim, &mut state, i, &events);
             }
@@ -150,9 +149,7 @@ fn arrive(sim: &mut Sim<'_>, state: &mut Loop, request: &SimRequest) {
     };
     let live = sim.nodes[entry as usize].serving.gauges();
     let g = sim.gossip.as_ref().expect("gossiping policies");
-    let Router::Kvmesh(kvmesh) = &mut sim.router else {
-        unreachable!("only kvmesh runs the lifecycle");
-    };
+    let kvmesh = kvmesh_of(&mut sim.router);
     let routed = kvmesh.route(
         entry,
         &route_request,
@@ -192,9 +189,7 @@ fn arrive(sim: &mut Sim<'_>, state: &mut Loop, request: &SimRequest) {
 
 /// Makes the plan's next attempt: locally at once, to a peer one hop later.
 fn next_attempt(sim: &mut Sim<'_>, state: &mut Loop, id: u64, now: u64) {
-    let Router::Kvmesh(kvmesh) = &mut sim.router else {
-        unreachable!("only kvmesh runs the lifecycle");
-    };
+    let kvmesh = kvmesh_of(&mut sim.router);
     let routing = state.routing.get_mut(&id).expect("routing");
     let attempt =
         routing
@@ -255,9 +250,7 @@ fn admit(sim: &mut Sim<'_>, state: &mut Loop, id: u64, node: u32, now: u64) {
 
 /// The entry learns how its attempt went.
 fn reply(sim: &mut Sim<'_>, state: &mut Loop, id: u64, outcome: Outcome, now: u64) {
-    let Router::Kvmesh(kvmesh) = &mut sim.router else {
-        unreachable!("only kvmesh runs the lifecycle");
-    };
+    let kvmesh = kvmesh_of(&mut sim.router);
     let routing = state.routing.get_mut(&id).expect("routing");
     let entry = kvmesh.entry(routing.entry);
     let progress = routing
@@ -320,9 +313,7 @@ fn engine_events(sim: &mut Sim<'_>, state: &mut Loop, node: u32, events: &[Engin
                 serving.started(ticket);
             }
             if routing.started {
-                let Router::Kvmesh(kvmesh) = &mut sim.router else {
-                    unreachable!("only kvmesh runs the lifecycle");
-                };
+                let kvmesh = kvmesh_of(&mut sim.router);
                 routing.plan.first_byte(kvmesh.entry(routing.entry));
             }
             continue;
@@ -332,9 +323,7 @@ fn engine_events(sim: &mut Sim<'_>, state: &mut Loop, node: u32, events: &[Engin
         }
         routing.finished = true;
         if routing.started {
-            let Router::Kvmesh(kvmesh) = &mut sim.router else {
-                unreachable!("only kvmesh runs the lifecycle");
-            };
+            let kvmesh = kvmesh_of(&mut sim.router);
             routing.plan.ended(kvmesh.entry(routing.entry));
             state.routing.remove(&request);
         }
@@ -433,12 +422,16 @@ fn publish(
     view.sync_all_and_trim(lags, now);
 }
 
+/// The gossiping policies' router: the only one this loop runs.
+fn kvmesh_of(router: &mut Router) -> &mut Kvmesh {
+    match router {
+        Router::Kvmesh(kvmesh) => kvmesh,
+        _ => unreachable!("only kvmesh runs the lifecycle"),
+    }
+}
+
 fn schedule(node: &mut SimNode, index: u32, now: u64, state: &mut Loop) {
-    if let Some(next) = node.engine.next_event_time() {
-        let at = (next.as_nanos() as u64).max(now);
-        if node.wake_ns != Some(at) {
-            node.wake_ns = Some(at);
-            state.push(at, Event::Engine(index));
-        }
+    if let Some(at) = node.next_wake(now) {
+        state.push(at, Event::Engine(index));
     }
 }

@@ -22,12 +22,10 @@ pub(super) fn run(sim: &mut Sim<'_>, requests: impl Iterator<Item = SimRequest>)
         if t_engine <= t_arrival {
             let Reverse((now, i)) = heap.pop().expect("peeked");
             let node = &mut sim.nodes[i as usize];
-            if node.wake_ns != Some(now) {
+            events.clear();
+            if !node.wake(now, &mut outputs, &mut events) {
                 continue;
             }
-            node.wake_ns = None;
-            events.clear();
-            node.advance_at(now, &mut outputs, &mut events);
             schedule(node, i, now, &mut heap);
             sim.apply(i as usize, &events);
         } else {
@@ -47,11 +45,7 @@ pub(super) fn run(sim: &mut Sim<'_>, requests: impl Iterator<Item = SimRequest>)
 }
 
 fn schedule(node: &mut SimNode, index: u32, now: u64, heap: &mut BinaryHeap<Reverse<(u64, u32)>>) {
-    if let Some(next) = node.engine.next_event_time() {
-        let at = (next.as_nanos() as u64).max(now);
-        if node.wake_ns != Some(at) {
-            node.wake_ns = Some(at);
-            heap.push(Reverse((at, index)));
-        }
+    if let Some(at) = node.next_wake(now) {
+        heap.push(Reverse((at, index)));
     }
 }
