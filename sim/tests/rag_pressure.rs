@@ -2,27 +2,13 @@
 //! holds too little for round-robin to hit much, while a router that keeps each engine on a
 //! few contexts hits most of every prompt.
 
-use clap::Parser;
-use kvmesh_sim::simulate::{PolicyResult, Report, SimulateArgs, simulate};
+mod common;
 
-#[derive(Parser)]
-struct Cli {
-    #[command(flatten)]
-    args: SimulateArgs,
-}
-
-fn run(flags: &str) -> Report {
-    let argv = std::iter::once("simulate").chain(flags.split_whitespace());
-    let cli = Cli::try_parse_from(argv).expect("valid flags");
-    simulate(&cli.args).expect("simulation runs")
-}
+use common::simulate::{by_policy, run};
+use kvmesh_sim::simulate::Report;
 
 fn hit_rate(report: &Report, policy: &str) -> f64 {
-    let r: &PolicyResult = report.runs[0]
-        .results
-        .iter()
-        .find(|r| r.policy == policy)
-        .unwrap_or_else(|| panic!("no result for {policy}"));
+    let r = by_policy(report, policy);
     assert_eq!(r.completed, 400, "{policy}: every request completes");
     r.hit_rate
 }

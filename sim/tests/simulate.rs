@@ -1,28 +1,10 @@
 //! `kvmesh-sim simulate` end to end, through its command-line flags: determinism, a cluster
 //! small enough to check by hand, and the policies' ordering.
 
-use clap::Parser;
-use kvmesh_sim::simulate::{PolicyResult, Report, SimulateArgs, simulate};
+mod common;
 
-#[derive(Parser)]
-struct Cli {
-    #[command(flatten)]
-    args: SimulateArgs,
-}
-
-fn run(flags: &str) -> Report {
-    let argv = std::iter::once("simulate").chain(flags.split_whitespace());
-    let cli = Cli::try_parse_from(argv).expect("valid flags");
-    simulate(&cli.args).expect("simulation runs")
-}
-
-fn by_policy<'a>(report: &'a Report, name: &str) -> &'a PolicyResult {
-    report.runs[0]
-        .results
-        .iter()
-        .find(|r| r.policy == name)
-        .unwrap_or_else(|| panic!("no result for {name}"))
-}
+use common::simulate::{by_policy, run};
+use kvmesh_sim::simulate::{PolicyResult, Report};
 
 /// A small gsp cluster where caching and load both matter.
 const SMALL_GSP: &str = "--nodes 8 --gsp-groups 16 --gsp-prompts-per-group 32 \

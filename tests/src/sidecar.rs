@@ -222,6 +222,19 @@ impl Sidecar {
             .map_err(|error| format!("{error}: {}", response.describe()))
     }
 
+    /// How this node would judge `peer`'s load now (the `estimate` of its `/debug/cluster`
+    /// entry: gauges, pending sends, their source, the last load report), or `None` while it
+    /// has no digest of `peer`.
+    pub fn estimate_of(&self, peer: &str) -> Option<Value> {
+        let cluster = self.debug_cluster().ok()?;
+        let estimate = cluster["peers"]
+            .as_array()?
+            .iter()
+            .find(|p| p["node"] == peer)?
+            .get("estimate")?;
+        (!estimate.is_null()).then(|| estimate.clone())
+    }
+
     /// The node ids of the live peers listed by `/debug/cluster`, sorted.
     pub fn peer_ids(&self) -> Result<Vec<String>, String> {
         let cluster = self.debug_cluster()?;

@@ -8,14 +8,10 @@
 //! mean TTFT against the same burst sent round-robin straight to the engines is printed (and
 //! recorded in BENCHMARKS.md), not asserted: timing belongs to benchmarks.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
-use kvmesh_tests::certs::ClusterCa;
 use kvmesh_tests::load::{number, run_load};
-use kvmesh_tests::{
-    CONVERGENCE_TIMEOUT, Engine, EngineConfig, Sidecar, SidecarConfig, Timing, wait_until,
-};
+use kvmesh_tests::{CONVERGENCE_TIMEOUT, Cluster, NodeSpec, Timing};
 
 const LOAD_TIMEOUT: Duration = Duration::from_secs(240);
 /// Short prompts and answers: the burst is about placement, and a thousand of them must fit
@@ -24,35 +20,17 @@ const SYSTEM_LEN: &str = "96";
 const QUESTION_LEN: &str = "32";
 const OUTPUT_LEN: &str = "4";
 
-fn engines(count: usize) -> Vec<Engine> {
-    (0..count)
-        .map(|i| {
-            EngineConfig::new(&format!("engine {i}"), &["mock-model"])
-                .timing(Timing::Scaled(1.0))
-                .arg("--seed")
-                .arg(&i.to_string())
-                .start()
-        })
-        .collect()
-}
-
-fn sidecars(ca: &ClusterCa, engines: &[Engine]) -> Vec<Sidecar> {
-    let mut sidecars: Vec<Sidecar> = Vec::new();
-    for (i, engine) in engines.iter().enumerate() {
-        let seeds: Vec<SocketAddr> = sidecars.iter().map(Sidecar::mesh_addr).collect();
-        sidecars.push(
-            SidecarConfig::new(&format!("n{i}"), &engine.url(), ca)
-                .seeds(&seeds)
-                .start(),
-        );
-    }
-    let others = engines.len() - 1;
-    wait_until(CONVERGENCE_TIMEOUT, "the mesh to converge", || {
-        sidecars
-            .iter()
-            .all(|s| s.peer_ids().is_ok_and(|peers| peers.len() == others))
-    });
-    sidecars
+/// `nodes` modelled engines (default timing) with a sidecar each, converged.
+fn cluster(nodes: usize) -> Cluster {
+    let names: Vec<String> = (0..nodes).map(|i| format!("n{i}")).collect();
+    let specs: Vec<NodeSpec> = names
+        .iter()
+        .map(|name| NodeSpec::new(name, &["mock-model"]).timing(Timing::Scaled(1.0)))
+        .collect();
+    let cluster = Cluster::start(&specs);
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    cluster.wait_membership(&names, CONVERGENCE_TIMEOUT);
+    cluster
 }
 
 fn urls(addrs: impl Iterator<Item = String>) -> String {
@@ -95,13 +73,11 @@ fn burst(
 /// number straight to the engines, round-robin, for the TTFT comparison.
 fn a_burst_spreads(nodes: usize, prompts: u64) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let ca = ClusterCa::init("burst-e2e");
-    let engines = engines(nodes);
-    let sidecars = sidecars(&ca, &engines);
-    let engine_urls = urls(engines.iter().map(Engine::url));
+    let cluster = cluster(nodes);
+    let engine_urls = urls(cluster.nodes().iter().map(|node| node.engine.url()));
 
     let through = burst(
-        &format!("http://{}", sidecars[0].http_addr()),
+        &format!("http://{}", cluster.sidecar("n0").http_addr()),
         &engine_urls,
         prompts,
         1,

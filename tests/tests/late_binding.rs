@@ -38,17 +38,37 @@ fn long_streamed(model: &str, tag: &str) -> Request {
         .timeout(PREFILL_TIMEOUT)
 }
 
-/// `entry`'s view of `peer` in its `/debug/cluster`.
+/// `entry`'s view of `peer` in its `/debug/cluster` (null while it has none).
 fn estimate_of(cluster: &Cluster, entry: &str, peer: &str) -> Value {
-    let described = cluster
-        .sidecar(entry)
-        .debug_cluster()
-        .expect("/debug/cluster");
-    described["peers"]
-        .as_array()
-        .and_then(|peers| peers.iter().find(|p| p["node"] == peer))
-        .map(|p| p["estimate"].clone())
-        .unwrap_or(Value::Null)
+    cluster.sidecar(entry).estimate_of(peer).unwrap_or_default()
+}
+
+/// Three long prefills queued at b, through b's own sidecar (its queue counts them), once a
+/// knows it: the premise of a decline is a's belief, not luck. The streams are left open.
+fn queue_three_at_b(cluster: &Cluster) -> Vec<OpenResponse> {
+    let busy: Vec<OpenResponse> = (0..3)
+        .map(|i| {
+            cluster
+                .sidecar("b")
+                .try_open(long_streamed("only-b", &format!("load {i}")))
+                .expect("the response head")
+        })
+        .collect();
+    wait_until(Duration::from_secs(10), "b to count 3 queued", || {
+        metric(cluster, "b", "kvmesh_engine_queued") == 3.0
+    });
+    wait_until(Duration::from_secs(10), "a to see b's queue", || {
+        estimate_of(cluster, "a", "b")["waiting"].as_u64() == Some(3)
+    });
+    busy
+}
+
+/// Session ids (`x-session-id`) whose soft affinity prefers node `node` to node `other`.
+fn sessions_preferring(node: &'static str, other: &'static str) -> impl Iterator<Item = String> {
+    (0..).map(|i| format!("session-{i}")).filter(move |s| {
+        let key = node_key(s);
+        rendezvous_weight(key, node_key(node)) > rendezvous_weight(key, node_key(other))
+    })
 }
 
 fn finish(mut response: OpenResponse) {
@@ -98,30 +118,12 @@ fn an_answer_carries_the_serving_engines_load_back_to_the_entry() {
 #[test]
 fn a_node_whose_queue_is_longer_than_the_next_candidates_declines_and_the_next_serves() {
     let cluster = two_slow_nodes();
-    // Three long prefills queued at b, through b's own sidecar (its queue counts them).
-    let busy: Vec<OpenResponse> = (0..3)
-        .map(|i| {
-            cluster
-                .sidecar("b")
-                .try_open(long_streamed("only-b", &format!("load {i}")))
-                .expect("the response head")
-        })
-        .collect();
-    wait_until(Duration::from_secs(10), "b to count 3 queued", || {
-        metric(&cluster, "b", "kvmesh_engine_queued") == 3.0
-    });
+    let busy = queue_three_at_b(&cluster);
     // a must rank b first: a session whose preferred node is b (its bonus outweighs the queue
-    // term of 3 requests), sent once a knows b's load (the premise is a's belief, not luck).
-    let session = (0..)
-        .map(|i| format!("session-{i}"))
-        .find(|s| {
-            let key = node_key(s);
-            rendezvous_weight(key, node_key("b")) > rendezvous_weight(key, node_key("a"))
-        })
+    // term of 3 requests).
+    let session = sessions_preferring("b", "a")
+        .next()
         .expect("half of all sessions prefer b");
-    wait_until(Duration::from_secs(10), "a to see b's queue", || {
-        estimate_of(&cluster, "a", "b")["waiting"].as_u64() == Some(3)
-    });
     let declined_before = labelled(&cluster, "b", "kvmesh_declined_total", "queue");
     // A prompt shorter than a block: nothing cached anywhere to weigh against the queue.
     let request = Request::post_json(
@@ -177,28 +179,7 @@ fn the_cost_of_a_decline() {
     ]);
     cluster.wait_membership(&["a", "b"], CONVERGENCE_TIMEOUT);
     cluster.wait_models(&["a", "b"], &["only-b", "shared"], CONVERGENCE_TIMEOUT);
-    let busy: Vec<OpenResponse> = (0..3)
-        .map(|i| {
-            cluster
-                .sidecar("b")
-                .try_open(long_streamed("only-b", &format!("load {i}")))
-                .expect("the response head")
-        })
-        .collect();
-    wait_until(Duration::from_secs(10), "a to see b's queue", || {
-        estimate_of(&cluster, "a", "b")["waiting"].as_u64() == Some(3)
-    });
-    let sessions = |node: &'static str| -> Vec<String> {
-        let other = if node == "a" { "b" } else { "a" };
-        (0..)
-            .map(|i| format!("session-{i}"))
-            .filter(|s| {
-                let key = node_key(s);
-                rendezvous_weight(key, node_key(node)) > rendezvous_weight(key, node_key(other))
-            })
-            .take(400)
-            .collect()
-    };
+    let busy = queue_three_at_b(&cluster);
     let time = |session: &str, declined: bool| {
         let request = Request::post_json(
             "/v1/completions",
@@ -218,9 +199,10 @@ fn the_cost_of_a_decline() {
     };
     let (mut direct, mut declined) = (Vec::new(), Vec::new());
     // Interleaved, so that the machine's noise falls on both alike.
-    for (a, b) in sessions("a").iter().zip(sessions("b").iter()) {
-        direct.push(time(a, false));
-        declined.push(time(b, true));
+    let pairs = sessions_preferring("a", "b").zip(sessions_preferring("b", "a"));
+    for (a, b) in pairs.take(400) {
+        direct.push(time(&a, false));
+        declined.push(time(&b, true));
     }
     let median = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);

@@ -105,13 +105,7 @@ impl Cluster {
         if entry == peer {
             return Some(self.metric(peer, "kvmesh_engine_queued") as u64);
         }
-        let cluster = self.node(entry).debug_cluster().ok()?;
-        let estimate = cluster["peers"]
-            .as_array()?
-            .iter()
-            .find(|p| p["node"] == peer)?
-            .get("estimate")?
-            .clone();
+        let estimate = self.node(entry).estimate_of(peer)?;
         Some(estimate["waiting"].as_u64()? + estimate["pending"].as_u64()?)
     }
 

@@ -1,5 +1,8 @@
-//! Shared helpers: start `kvmesh-sim engine` as a child process on ephemeral ports.
+//! Shared helpers: start `kvmesh-sim engine` as a child process on ephemeral ports; run the
+//! simulator ([`simulate`]).
 #![allow(dead_code)]
+
+pub mod simulate;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
