@@ -61,14 +61,17 @@ pub struct RouteConfig {
     /// power of two choices. Every entry node considers the same few engines, so a new prefix
     /// still lands on one of them; picking the less loaded keeps a burst of new prefixes from
     /// queueing their uncached prefills on one engine (the gsp warm-up tail, BENCHMARKS.md).
-    /// 1 gives plain rendezvous. Default 2. The choices' loads are the gossiped digests' (plus
-    /// this node's sends since), the view every entry node shares, not the fresher loads this
-    /// node alone has (its own engine's, a peer's last report): entry nodes sending the same
-    /// new prefix at once must rank its choices alike.
+    /// 1 gives plain rendezvous. Default 1: every entry node then sends a new prefix to the
+    /// same engine whatever its view, and late binding balances at that engine's sidecar,
+    /// which knows its queue exactly. With 2 the choices' loads are the gossiped digests' (plus
+    /// this node's sends since), but those move with every request in flight and reach entry
+    /// nodes at different moments: a new prefix sent to four entries at once landed on two
+    /// engines in 2 of 12 runs of `prefix_routing`'s test on a loaded machine, even with a
+    /// margin of one request. The price: the demo's gsp warm-up tail is longer with 1
+    /// (BENCHMARKS.md, "The demo's gsp with the new lifecycle").
     pub cold_choices: u32,
-    /// Requests by which a choice's load must exceed the lightest choice's before it ranks
-    /// below it, so that views a request apart (gossip reaches entry nodes at different
-    /// moments) still agree. Late binding moves a new prefix when the difference is real.
+    /// With `cold_choices` above 1: requests by which a choice's load must exceed the
+    /// lightest choice's before it ranks below it, so that views a request apart still agree.
     /// Default 1.
     pub cold_load_margin: u32,
     /// Late binding: how many times one request may be declined by a serving node whose own,
@@ -121,7 +124,7 @@ impl Default for RouteConfig {
             load_slack: 2.0,
             bound_on: BoundOn::Queued,
             spread_margin: 0.05,
-            cold_choices: 2,
+            cold_choices: 1,
             cold_load_margin: 1,
             max_declines: 1,
             decline_slack: 0.0,
