@@ -46,11 +46,14 @@ pub struct RequestHead {
     /// No engine held the first block at the entry's decision (a new prefix): the serving node
     /// counts its uncached prefill until the first byte comes back.
     pub new_prefix: bool,
-    /// The serving node may decline the request ([`WireErrorCode::Busy`]) when more requests
-    /// than this are queued at its engine: the entry's estimate of the next candidate's queue
-    /// and what the cache here is worth (see [`crate::lifecycle`]). Never set on a request's
-    /// last attempt.
-    pub decline_above: Option<u32>,
+    /// Prompt tokens the entry expects the serving engine to compute (the prompt less what
+    /// it believed cached there): what the serving node counts in its queue.
+    pub prefill_tokens: u32,
+    /// The serving node may decline the request ([`WireErrorCode::Busy`]) when its queue
+    /// would give the request its first token later than this, ms: the entry's estimate of
+    /// the time to the first token at the next candidate (see [`crate::lifecycle`]). Never set
+    /// on a request's last attempt.
+    pub decline_after_ms: Option<u32>,
     /// The client asked for a streamed answer (whose first byte ends the prefill).
     pub streamed: bool,
 }
@@ -282,7 +285,8 @@ pub(crate) fn sample_request_head() -> RequestHead {
         entry_node: "a".into(),
         first_block: Some(42),
         new_prefix: true,
-        decline_above: Some(3),
+        prefill_tokens: 2_048,
+        decline_after_ms: Some(300),
         streamed: true,
     }
 }

@@ -82,7 +82,7 @@ const GOLDEN_SEEDS: [u64; 2] = [0x99e194e7ca716cc2, 0x48145b7f4e771a22];
 const GOLDEN_TEXT: [u64; 3] = [0x8c1213e252f045ce, 0xf2299099c67b213e, 0x3aa7a32c850f57e5];
 const GOLDEN_TOKENS: [u64; 2] = [0x7cffe45fecce7de7, 0x4d6cf606c0201801];
 const GOLDEN_CHAT: [u64; 3] = [0x9eda2e81ee6a820c, 0x17a8f72bdb8b584b, 0xabc0e81fea13372d];
-/// Envelope format version 3 (`codec::FORMAT_VERSION`): the digest's own fields are unchanged
+/// Envelope format version 4 (`codec::FORMAT_VERSION`): the digest's own fields are unchanged
 /// since version 1, only the envelope's version byte differs.
 const GOLDEN_DIGEST_BLAKE3: &str =
-    "99a8139417016ea8524c9e6d7958332b0a31e1df7f0680a6262a7d71a44c6b1a";
+    "cc91ab47da81d5b696a25f5d430a2ccda4670194686dc885cae0ea6b5c8ff800";

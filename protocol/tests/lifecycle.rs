@@ -91,7 +91,11 @@ proptest! {
                 live: None,
             })
             .collect();
-        let config = RouteConfig { max_declines, ..RouteConfig::default() };
+        let config = RouteConfig {
+            max_declines,
+            max_new_prefix_declines: max_declines + 1,
+            ..RouteConfig::default()
+        };
         let mut entry = EntryState::default();
         let now = 100;
         let chains: Vec<Vec<u64>> = requests
@@ -123,7 +127,7 @@ proptest! {
                 prop_assert!(!attempted.contains(&attempt.node_key), "attempted twice");
                 attempted.push(attempt.node_key);
                 let rank = ranked.iter().position(|&k| k == attempt.node_key).unwrap();
-                if attempt.decline_above.is_some() {
+                if attempt.decline_after_ms.is_some() {
                     declinable += 1;
                     prop_assert!(rank + 1 < ranked.len(), "a last attempt may be declined");
                 }
@@ -144,7 +148,11 @@ proptest! {
                     Progress::GaveUp { .. } => break,
                 }
             }
-            prop_assert!(plan.declines() <= max_declines);
+            let allowed = match plan.new_prefix() {
+                true => config.max_new_prefix_declines,
+                false => max_declines,
+            };
+            prop_assert!(plan.declines() <= allowed);
             prop_assert!(plan.declines() <= declinable);
             prop_assert!(plan.failures() <= retries + 1);
             if !concurrent {
@@ -165,31 +173,45 @@ proptest! {
     #[test]
     fn the_serving_queue_returns_to_zero(
         ops in prop::collection::vec(
-            (any::<bool>(), prop::option::of(0u64..3), prop::option::of(0u32..3), 0u8..4),
+            (
+                any::<bool>(),
+                prop::option::of(0u64..3),
+                0u32..4_000,
+                prop::option::of(0u32..3_000),
+                0u8..4,
+            ),
             1..64,
         ),
     ) {
         let mut serving = ServingState::new();
+        serving.set_prefill_speed(1_000.0);
         let mut tickets = Vec::new();
-        for (streamed, new_prefix, decline_above, action) in ops {
+        for (time, (streamed, new_prefix, prefill_tokens, decline_after_ms, action)) in
+            ops.into_iter().enumerate()
+        {
             match action {
                 0 | 1 => {
                     let admission = Admission {
                         first_block: new_prefix,
                         new_prefix: new_prefix.is_some(),
-                        decline_above,
+                        prefill_tokens,
+                        decline_after_ms,
                         streamed,
                     };
-                    match serving.admit(&admission) {
+                    match serving.admit(&admission, time as u64 * 100) {
                         Ok(ticket) => tickets.push(ticket),
-                        Err(_) => prop_assert!(decline_above.is_some(), "declined a last attempt"),
+                        Err(_) => {
+                            prop_assert!(decline_after_ms.is_some(), "declined a last attempt")
+                        }
                     }
                 }
                 2 if !tickets.is_empty() => {
                     let i = tickets.len() / 2;
-                    serving.started(&mut tickets[i]);
+                    serving.started(&mut tickets[i], time as u64 * 100);
                 }
-                3 if !tickets.is_empty() => serving.finished(tickets.swap_remove(0)),
+                3 if !tickets.is_empty() => {
+                    serving.finished(tickets.swap_remove(0), time as u64 * 100)
+                }
                 _ => serving.polled(kvmesh_protocol::route::Gauges {
                     running: 1,
                     waiting: tickets.len() as u32,
@@ -199,12 +221,13 @@ proptest! {
             prop_assert!(serving.inflight() as usize == tickets.len());
         }
         for ticket in tickets.drain(..) {
-            serving.finished(ticket);
+            serving.finished(ticket, 10_000);
         }
         serving.polled(kvmesh_protocol::route::Gauges { running: 0, waiting: 0, kv_usage: 0.0 });
         prop_assert_eq!(serving.queued(), 0);
         prop_assert_eq!(serving.inflight(), 0);
         prop_assert_eq!(serving.new_prefixes_in_flight(), 0);
+        prop_assert_eq!(serving.wait_ms(0, 10_000), Some(0.0), "no prefill left queued");
     }
 }
 
@@ -216,9 +239,13 @@ fn a_burst_of_new_prefixes_from_one_entry_spreads_over_both_engines() {
     for burst in [200u64, 1_000] {
         let gossiped = digest(0, 0);
         let (own_key, peer_key) = (node_key("node-1"), node_key("node-2"));
-        let mut engines = [ServingState::new(), ServingState::new()];
-        let mut entry = EntryState::default();
         let config = RouteConfig::default();
+        let mut engines = [ServingState::new(), ServingState::new()];
+        for engine in &mut engines {
+            // The speed the digest reports.
+            engine.set_prefill_speed(f64::from(gossiped.prefill_tokens_per_s));
+        }
+        let mut entry = EntryState::default();
         let mut served = [0u64; 2];
         let mut tickets = Vec::new();
         for i in 0..burst {
@@ -258,10 +285,11 @@ fn a_burst_of_new_prefixes_from_one_entry_spreads_over_both_engines() {
                 let admission = Admission {
                     first_block: attempt.first_block,
                     new_prefix: attempt.new_prefix,
-                    decline_above: attempt.decline_above,
+                    prefill_tokens: attempt.prefill_tokens,
+                    decline_after_ms: attempt.decline_after_ms,
                     streamed: true,
                 };
-                let outcome = match engine.admit(&admission) {
+                let outcome = match engine.admit(&admission, now) {
                     Ok(ticket) => {
                         tickets.push(ticket);
                         served[attempt.candidate] += 1;

@@ -188,7 +188,8 @@ pub fn admission(head: &RequestHead) -> Admission {
     Admission {
         first_block: head.first_block,
         new_prefix: head.new_prefix,
-        decline_above: head.decline_above,
+        prefill_tokens: head.prefill_tokens,
+        decline_after_ms: head.decline_after_ms,
         streamed: head.streamed,
     }
 }

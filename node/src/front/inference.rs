@@ -110,7 +110,8 @@ async fn answer(
         entry_node: state.node_name.clone(),
         first_block: None,
         new_prefix: false,
-        decline_above: None,
+        prefill_tokens: 0,
+        decline_after_ms: None,
         streamed,
     };
     forward(state, routed, head, body, hashes.chain, request_id).await
@@ -136,7 +137,8 @@ async fn forward(
         head.reason = attempt.reason;
         head.first_block = attempt.first_block;
         head.new_prefix = attempt.new_prefix;
-        head.decline_above = attempt.decline_above;
+        head.prefill_tokens = attempt.prefill_tokens;
+        head.decline_after_ms = attempt.decline_after_ms;
         let sent = tokio::time::timeout(
             state.config.request_timeout,
             entry::attempt(&state, target, head.clone(), body.clone(), &chain),

@@ -8,25 +8,34 @@ use crate::metrics::{NodeMetrics, ReasonLabels};
 use kvmesh_protocol::lifecycle::{Admission, DeclineReason, LoadReport, ServingState, Ticket};
 use kvmesh_protocol::route::Gauges;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 #[derive(Clone, Debug)]
 pub struct EngineQueue {
     state: Arc<Mutex<ServingState>>,
     metrics: NodeMetrics,
+    /// The queue's clock: every event it is told of is timed on it.
+    epoch: Instant,
 }
 
 impl EngineQueue {
-    pub fn new(metrics: NodeMetrics) -> Self {
+    /// A queue judged at `prefill_tokens_per_s` until the engine's own speed is measured:
+    /// the speed entries assume of an engine whose digest reports none.
+    pub fn new(metrics: NodeMetrics, prefill_tokens_per_s: f64) -> Self {
+        let mut state = ServingState::new();
+        state.set_prefill_speed(prefill_tokens_per_s);
         Self {
-            state: Arc::default(),
+            state: Arc::new(Mutex::new(state)),
             metrics,
+            epoch: Instant::now(),
         }
     }
 
     /// Hands a request over, or declines it with this engine's load.
     pub fn admit(&self, admission: &Admission) -> Result<HandedOver, (DeclineReason, LoadReport)> {
+        let now_ms = self.now_ms();
         let mut state = lock(&self.state);
-        match state.admit(admission) {
+        match state.admit(admission, now_ms) {
             Ok(ticket) => {
                 self.observe(&state);
                 Ok(HandedOver {
@@ -55,15 +64,20 @@ impl EngineQueue {
         lock(&self.state).gauges()
     }
 
-    /// The engine's gauges were just read.
-    pub fn polled(&self, gauges: Gauges) {
+    /// The engine's gauges were just read, and its prefill speed measured (0: not yet).
+    pub fn polled(&self, gauges: Gauges, prefill_tokens_per_s: f64) {
         let mut state = lock(&self.state);
         state.polled(gauges);
+        state.set_prefill_speed(prefill_tokens_per_s);
         self.observe(&state);
     }
 
     pub fn set_digest_version(&self, version: u64) {
         lock(&self.state).set_digest_version(version);
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
     }
 
     fn observe(&self, state: &ServingState) {
@@ -91,8 +105,9 @@ impl HandedOver {
             return;
         }
         if let Some(ticket) = &mut self.ticket {
+            let now_ms = self.queue.now_ms();
             let mut state = lock(&self.queue.state);
-            state.started(ticket);
+            state.started(ticket, now_ms);
             self.queue.observe(&state);
         }
     }
@@ -101,8 +116,9 @@ impl HandedOver {
 impl Drop for HandedOver {
     fn drop(&mut self) {
         if let Some(ticket) = self.ticket.take() {
+            let now_ms = self.queue.now_ms();
             let mut state = lock(&self.queue.state);
-            state.finished(ticket);
+            state.finished(ticket, now_ms);
             self.queue.observe(&state);
         }
     }
@@ -114,11 +130,13 @@ mod tests {
 
     #[test]
     fn a_guard_counts_until_its_first_byte_and_ends_when_dropped() {
-        let queue = EngineQueue::new(NodeMetrics::default());
-        let streamed = |decline_above| Admission {
+        // 1,000 tokens a second: each request below takes 1 s.
+        let queue = EngineQueue::new(NodeMetrics::default(), 1_000.0);
+        let streamed = |decline_after_ms| Admission {
             first_block: Some(7),
             new_prefix: true,
-            decline_above,
+            prefill_tokens: 1_000,
+            decline_after_ms,
             streamed: true,
         };
         let mut first = queue
@@ -128,7 +146,7 @@ mod tests {
         assert_eq!(queue.metrics.new_prefixes_in_flight.get(), 1);
         let other = Admission {
             first_block: Some(8),
-            ..streamed(Some(0))
+            ..streamed(Some(1_500))
         };
         let (reason, report) = queue.admit(&other).expect_err("over the bound");
         assert_eq!((reason, report.waiting), (DeclineReason::NewPrefix, 1));

@@ -85,7 +85,7 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
             )
             .map_err(anyhow::Error::msg)?,
         ),
-        engine_queue: EngineQueue::new(metrics.clone()),
+        engine_queue: EngineQueue::new(metrics.clone(), config.route.default_prefill_tokens_per_s),
         metrics,
         registry,
         start: Instant::now(),
@@ -165,11 +165,14 @@ async fn poll_loop(state: SharedState) {
         let current = engine.borrow_and_update().clone();
         if current.polls != polls {
             polls = current.polls;
-            state.engine_queue.polled(Gauges {
-                running: current.metrics.running.max(0.0) as u32,
-                waiting: current.metrics.waiting.max(0.0) as u32,
-                kv_usage: current.metrics.kv_usage as f32,
-            });
+            state.engine_queue.polled(
+                Gauges {
+                    running: current.metrics.running.max(0.0) as u32,
+                    waiting: current.metrics.waiting.max(0.0) as u32,
+                    kv_usage: current.metrics.kv_usage as f32,
+                },
+                current.prefill_tokens_per_s,
+            );
         }
         if engine.changed().await.is_err() {
             return;

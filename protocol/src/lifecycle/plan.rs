@@ -2,14 +2,14 @@
 //!
 //! The entry tries the ranked engines in order. An attempt may be declined by its serving node
 //! (late binding) when the entry allowed it: never on a request's last attempt, at most
-//! `max_declines` times, and never after a failure (a retry goes where it can). A failed
+//! `max_declines` times (`max_new_prefix_declines` for a new prefix), and never after a failure (a retry goes where it can). A failed
 //! attempt is retried on the next in rank while retries remain and the failure left nothing
 //! committed to the client. Every outcome updates the entry's view of that engine.
 
 use super::entry::EntryState;
 use super::report::LoadReport;
 use crate::route::{
-    Candidate, Decision, RouteConfig, RouteReason, RouteRequest, prefill_tokens_per_s, service_ms,
+    Candidate, Decision, Estimate, RouteConfig, RouteReason, RouteRequest, prefill_tokens_per_s,
 };
 
 /// One engine of the ranking, with what an attempt there carries.
@@ -18,8 +18,11 @@ struct Planned {
     /// Index into the candidates (the caller's peers) the plan was made from.
     candidate: usize,
     key: u64,
-    /// The queue above which it should pass the request on to the next in rank.
-    decline_above: u32,
+    /// Prompt tokens it is believed to have to compute.
+    prefill_tokens: u32,
+    /// How long the request may wait there for its first token before it should pass it on
+    /// to the next in rank, ms.
+    decline_after_ms: u32,
 }
 
 /// One attempt to make now.
@@ -30,8 +33,13 @@ pub struct Attempt {
     pub node_key: u64,
     /// Why the request goes there (the decision's reason, or why an earlier attempt passed).
     pub reason: RouteReason,
-    /// The serving node may decline when more requests than this are queued at its engine.
-    pub decline_above: Option<u32>,
+    /// Prompt tokens the engine is believed to have to compute (what the serving node counts
+    /// in its queue).
+    pub prefill_tokens: u32,
+    /// The serving node may decline when the request would get its first token there later
+    /// than this, ms from its arrival: the entry's estimate of the time to the first token at
+    /// the next in rank.
+    pub decline_after_ms: Option<u32>,
     /// The prompt's first block, if it has one.
     pub first_block: Option<u64>,
     /// No engine held the prompt's first block: the serving node counts the new prefix.
@@ -91,7 +99,8 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// The plan for `decision` over `candidates`, with at most `config.max_declines` declines;
+    /// The plan for `decision` over `candidates`, with at most `config.max_declines` declines
+    /// (`config.max_new_prefix_declines` for a new prefix);
     /// retries are unlimited until [`Plan::with_retries`] bounds them.
     pub fn new(
         decision: &Decision,
@@ -104,13 +113,11 @@ impl Plan {
             .iter()
             .enumerate()
             .map(|(rank, &candidate)| {
-                let next = rank + 1;
-                let decline_above = match decision.ranked.get(next) {
-                    Some(_) => decline_bound(
-                        &candidates[candidate],
+                let decline_after_ms = match decision.ranked.get(rank + 1) {
+                    Some(&next) => ttft_bound_ms(
+                        &candidates[next],
+                        decision.estimates[rank + 1],
                         decision.estimates[rank].matched,
-                        decision.estimates[next].queued,
-                        decision.estimates[next].matched,
                         request,
                         config,
                     ),
@@ -119,7 +126,8 @@ impl Plan {
                 Planned {
                     candidate,
                     key: candidates[candidate].node_key,
-                    decline_above,
+                    prefill_tokens: uncached_tokens(decision.estimates[rank].matched, request),
+                    decline_after_ms,
                 }
             })
             .collect();
@@ -131,7 +139,10 @@ impl Plan {
             new_prefix: decision.new_prefix,
             next: 0,
             retries_left: u32::MAX,
-            declines_left: config.max_declines,
+            declines_left: match decision.new_prefix {
+                true => config.max_new_prefix_declines,
+                false => config.max_declines,
+            },
             failed_before: false,
             declined_before: false,
             sent: None,
@@ -212,7 +223,8 @@ impl Plan {
             candidate: target.candidate,
             node_key: target.key,
             reason,
-            decline_above: may_decline.then_some(target.decline_above),
+            prefill_tokens: target.prefill_tokens,
+            decline_after_ms: may_decline.then_some(target.decline_after_ms),
             first_block: self.first_block,
             new_prefix: self.new_prefix,
         })
@@ -307,29 +319,43 @@ impl Plan {
     }
 }
 
-/// The queue above which `target` should pass a request on to the next candidate in rank,
-/// believed to have `next_queued` requests queued and to hold `next_matched` blocks of the
-/// prompt: that queue, plus the configured slack, plus what the blocks `target` holds beyond
-/// the next one's are worth there in queued requests (the prefill time they save over the
-/// time one queued request holds up the next).
-pub fn decline_bound(
-    target: &Candidate<'_>,
-    target_matched: u32,
-    next_queued: u32,
-    next_matched: u32,
+/// The prompt tokens an engine holding `matched` of its blocks has to compute.
+fn uncached_tokens(matched: u32, request: &RouteRequest<'_>) -> u32 {
+    let cached = f64::from(matched) * f64::from(request.tokens_per_block);
+    (f64::from(request.prompt_tokens) - cached).max(0.0) as u32
+}
+
+/// How long a request may wait for its first token at an engine holding `matched` blocks of
+/// it before that engine passes it on to `next`, ms: the entry's estimate of the time to the
+/// first token at `next`, plus, when the request would leave cached blocks behind, their
+/// prefill time once more.
+///
+/// The estimate at `next`, from what the entry believed of it (`estimate`): the prefill of
+/// the requests queued there (the oldest half done; plus the configured slack), then of what
+/// it does not hold of this prompt. The entry does not know the size of the requests queued there; it counts each
+/// as this one would be there (at least a block), which is exact for a uniform load, and
+/// otherwise errs towards keeping a request where its entry sent it.
+///
+/// The cached blocks count twice because leaving them costs twice: this request computes them
+/// again, and every request queued behind it at `next` waits for that. A prefix is taken from
+/// its cache only when the queue costs more than both; a new prefix, cached nowhere, goes
+/// where it starts first.
+pub fn ttft_bound_ms(
+    next: &Candidate<'_>,
+    estimate: Estimate,
+    matched_here: u32,
     request: &RouteRequest<'_>,
     config: &RouteConfig,
 ) -> u32 {
-    let extra_blocks = target_matched.saturating_sub(next_matched);
-    let worth = if extra_blocks == 0 {
-        0.0
-    } else {
-        let saved_ms = f64::from(extra_blocks) * f64::from(request.tokens_per_block)
-            / prefill_tokens_per_s(target.digest, config)
-            * 1000.0;
-        let service = service_ms(target.digest, target.gauges().waiting, request, config);
-        saved_ms / service.max(1.0)
-    };
-    let bound = f64::from(next_queued) + config.decline_slack.max(0.0) + worth;
-    bound.floor().min(f64::from(u32::MAX)) as u32
+    let uncached = f64::from(uncached_tokens(estimate.matched, request));
+    let each_queued = uncached.max(f64::from(request.tokens_per_block));
+    // The oldest queued there is, on average, half done when the entry's view of it is read.
+    let queued = match estimate.queued {
+        0 => 0.0,
+        n => f64::from(n) - 0.5,
+    } + config.decline_slack.max(0.0);
+    let recomputed = uncached - f64::from(uncached_tokens(matched_here, request));
+    let tokens = queued * each_queued + uncached + recomputed.max(0.0);
+    let ms = tokens / prefill_tokens_per_s(next.digest, config) * 1000.0;
+    ms.round().min(f64::from(u32::MAX)) as u32
 }

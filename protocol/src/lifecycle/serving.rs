@@ -6,9 +6,24 @@
 //! streamed request without one is waiting or prefilling; a whole (non-streamed) answer says
 //! nothing until it is complete, so for those the engine's own `waiting` gauge, read at the
 //! last poll, counts, plus what was handed over since.
+//!
+//! Admission judges that queue in time, not in requests: each request carries the prompt
+//! tokens its entry expects this engine to compute, so a queue of three cached questions and
+//! a queue of three uncached documents are told apart, and the bound it is judged against is
+//! the entry's estimate of the time to the first token at the next candidate.
 
+use super::entry::RECENT_TTL_MS;
 use super::report::LoadReport;
 use crate::route::Gauges;
+use std::collections::VecDeque;
+
+/// How long the copies of a new prefix this node declined are declined after it, so that they
+/// follow it to where it went: until gossip shows every entry that engine holding it (an
+/// entry's own record of a send lasts as long).
+pub const FOLLOW_TTL_MS: u64 = RECENT_TTL_MS;
+
+/// At most this many declined new prefixes are remembered (the oldest go first).
+pub const FOLLOW_MAX_ENTRIES: usize = 4_096;
 
 /// What the serving side needs to know of a request to admit it.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -17,9 +32,12 @@ pub struct Admission {
     pub first_block: Option<u64>,
     /// No engine held the prompt's first block at the entry's decision.
     pub new_prefix: bool,
-    /// Decline when more than this many requests are queued here (`None`: never; a request's
-    /// last attempt carries none).
-    pub decline_above: Option<u32>,
+    /// Prompt tokens the entry expects this engine to compute: the prompt less what it
+    /// believed cached here.
+    pub prefill_tokens: u32,
+    /// Decline when the request would get its first token here later than this, in
+    /// milliseconds from now (`None`: never; a request's last attempt carries none).
+    pub decline_after_ms: Option<u32>,
     /// Whether the answer streams (its first byte then marks the end of the prefill).
     pub streamed: bool,
 }
@@ -27,21 +45,29 @@ pub struct Admission {
 /// Why a request was declined.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
 pub enum DeclineReason {
-    /// A new prefix, while the queue here was over the entry's bound.
+    /// A new prefix, while the queue here would hold it past the entry's bound.
     NewPrefix,
-    /// Any other request, while the queue here was over the entry's bound (which includes
-    /// what the prompt's cached part here is worth).
+    /// Any other request, while the queue here would hold it past the entry's bound (its
+    /// cached part here is worth the prefill time it saves).
     Queue,
+    /// A new prefix this node declined moments ago: this copy follows the first to where its
+    /// entry sent it, so that one engine computes it, not two.
+    Follows,
 }
 
 impl DeclineReason {
-    pub const ALL: [DeclineReason; 2] = [DeclineReason::NewPrefix, DeclineReason::Queue];
+    pub const ALL: [DeclineReason; 3] = [
+        DeclineReason::NewPrefix,
+        DeclineReason::Queue,
+        DeclineReason::Follows,
+    ];
 
     /// Stable name for metric labels.
     pub fn as_str(self) -> &'static str {
         match self {
             DeclineReason::NewPrefix => "new-prefix",
             DeclineReason::Queue => "queue",
+            DeclineReason::Follows => "follows",
         }
     }
 }
@@ -56,6 +82,7 @@ pub struct Ticket {
     /// The poll epoch it was handed over in.
     epoch: u64,
     new_prefix: Option<u64>,
+    prefill_tokens: u32,
 }
 
 /// The exact state of this node's engine, as far as this node's sidecar sees it.
@@ -63,6 +90,13 @@ pub struct Ticket {
 pub struct ServingState {
     /// Streamed requests handed over with no first byte back: waiting or prefilling.
     streamed_unstarted: u32,
+    /// The prompt tokens those still have to compute, as their entries estimated them.
+    streamed_unstarted_tokens: u64,
+    /// The engine's prefill speed, tokens per second (0: not known yet).
+    prefill_tokens_per_s: f64,
+    /// Since when the engine has been working on the oldest of those: when the last one
+    /// started, or when one was handed over to an idle queue.
+    head_since_ms: u64,
     /// `streamed_unstarted` when the engine's gauges were last read.
     streamed_unstarted_at_poll: u32,
     /// Whole-answer requests handed over since the last poll (the poll does not show them).
@@ -73,6 +107,9 @@ pub struct ServingState {
     inflight: u32,
     /// First blocks of the new prefixes handed over with no first byte back (a multiset).
     new_prefixes: Vec<u64>,
+    /// First blocks of the new prefixes declined here, with when their copies stop following
+    /// them (oldest first).
+    declined_new_prefixes: VecDeque<(u64, u64)>,
     digest_version: u64,
 }
 
@@ -87,6 +124,41 @@ impl ServingState {
         self.streamed_unstarted_at_poll = self.streamed_unstarted;
         self.whole_since_poll = 0;
         self.poll_epoch += 1;
+    }
+
+    /// The engine's prefill speed, as measured (ignored unless positive and finite).
+    pub fn set_prefill_speed(&mut self, tokens_per_s: f64) {
+        if tokens_per_s.is_finite() && tokens_per_s > 0.0 {
+            self.prefill_tokens_per_s = tokens_per_s;
+        }
+    }
+
+    /// When a request that must compute `prefill_tokens` would get its first token if handed
+    /// over at `now_ms`, in milliseconds: the prefill of everything queued ahead, less what
+    /// the engine has done of the oldest since it began it, then its own. The queued requests
+    /// whose size this node does not know (whole answers, the engine's other clients) count
+    /// as the mean of those it knows, or as this one. `None` while the engine's speed is
+    /// unknown.
+    pub fn wait_ms(&self, prefill_tokens: u32, now_ms: u64) -> Option<f64> {
+        let speed = self.prefill_tokens_per_s;
+        if speed <= 0.0 {
+            return None;
+        }
+        let known = f64::from(self.streamed_unstarted);
+        let unknown = f64::from(self.queued().saturating_sub(self.streamed_unstarted));
+        let known_tokens = self.streamed_unstarted_tokens as f64;
+        let mean = match self.streamed_unstarted {
+            0 => f64::from(prefill_tokens),
+            _ => known_tokens / known,
+        };
+        // Done of the oldest: the engine's speed since it began it, at most its (mean) size.
+        let elapsed_s = now_ms.saturating_sub(self.head_since_ms) as f64 / 1000.0;
+        let done = match self.streamed_unstarted {
+            0 => 0.0,
+            _ => (elapsed_s * speed).min(mean),
+        };
+        let tokens = known_tokens + unknown * mean - done + f64::from(prefill_tokens);
+        Some(tokens.max(0.0) / speed * 1000.0)
     }
 
     /// This node built a digest of this version (reports name the latest).
@@ -142,26 +214,53 @@ impl ServingState {
     }
 
     /// Hands a request to the engine, or declines it: only when its entry allowed that and
-    /// this engine's queue is over the entry's bound. A request whose prefix this engine is
-    /// computing as a new prefix is never declined: here it meets those blocks as they are
-    /// computed, anywhere else it would compute them again, and every entry sending a new
-    /// prefix at once must land on one engine.
-    pub fn admit(&mut self, request: &Admission) -> Result<Ticket, DeclineReason> {
-        if let Some(bound) = request.decline_above {
+    /// the queue here would hold it past the entry's bound (while the engine's speed is not
+    /// known yet, it takes it). A request whose prefix this engine is computing as a new prefix is never declined: here
+    /// it meets those blocks as they are computed, anywhere else it would compute them again,
+    /// and every entry sending a new prefix at once must land on one engine. For the same
+    /// reason a new prefix declined here is declined again for [`FOLLOW_TTL_MS`], whatever the
+    /// queue: every entry ranks a new prefix's engines alike, so its copies follow the first to
+    /// its next engine.
+    pub fn admit(&mut self, request: &Admission, now_ms: u64) -> Result<Ticket, DeclineReason> {
+        while self
+            .declined_new_prefixes
+            .front()
+            .is_some_and(|&(_, until)| until <= now_ms)
+        {
+            self.declined_new_prefixes.pop_front();
+        }
+        let new_prefix = request.first_block.filter(|_| request.new_prefix);
+        if let Some(bound_ms) = request.decline_after_ms {
             let joins = request
                 .first_block
                 .is_some_and(|block| self.new_prefixes.contains(&block));
-            if !joins && self.queued() > bound {
-                return Err(match request.new_prefix {
-                    true => DeclineReason::NewPrefix,
-                    false => DeclineReason::Queue,
-                });
+            let declined_before = new_prefix
+                .is_some_and(|block| self.declined_new_prefixes.iter().any(|&(b, _)| b == block));
+            if declined_before && !joins {
+                return Err(DeclineReason::Follows);
+            }
+            let over = self
+                .wait_ms(request.prefill_tokens, now_ms)
+                .is_some_and(|wait| wait > f64::from(bound_ms));
+            if !joins && over {
+                let Some(block) = new_prefix else {
+                    return Err(DeclineReason::Queue);
+                };
+                if self.declined_new_prefixes.len() >= FOLLOW_MAX_ENTRIES {
+                    self.declined_new_prefixes.pop_front();
+                }
+                self.declined_new_prefixes
+                    .push_back((block, now_ms.saturating_add(FOLLOW_TTL_MS)));
+                return Err(DeclineReason::NewPrefix);
             }
         }
-        let new_prefix = request.first_block.filter(|_| request.new_prefix);
         self.inflight += 1;
         if request.streamed {
+            if self.streamed_unstarted == 0 {
+                self.head_since_ms = now_ms;
+            }
             self.streamed_unstarted += 1;
+            self.streamed_unstarted_tokens += u64::from(request.prefill_tokens);
         } else {
             self.whole_since_poll += 1;
         }
@@ -173,16 +272,21 @@ impl ServingState {
             started: false,
             epoch: self.poll_epoch,
             new_prefix,
+            prefill_tokens: request.prefill_tokens,
         })
     }
 
-    /// The answer's first byte came back (for a streamed answer, the first token).
-    pub fn started(&mut self, ticket: &mut Ticket) {
+    /// The answer's first byte came back at `now_ms` (for a streamed answer, the first token).
+    pub fn started(&mut self, ticket: &mut Ticket, now_ms: u64) {
         if std::mem::replace(&mut ticket.started, true) {
             return;
         }
         if ticket.streamed {
             self.streamed_unstarted = self.streamed_unstarted.saturating_sub(1);
+            self.head_since_ms = now_ms;
+            self.streamed_unstarted_tokens = self
+                .streamed_unstarted_tokens
+                .saturating_sub(u64::from(ticket.prefill_tokens));
         } else if ticket.epoch == self.poll_epoch {
             self.whole_since_poll = self.whole_since_poll.saturating_sub(1);
         }
@@ -193,9 +297,9 @@ impl ServingState {
         }
     }
 
-    /// The request ended (answered, failed, or abandoned by its client).
-    pub fn finished(&mut self, mut ticket: Ticket) {
-        self.started(&mut ticket);
+    /// The request ended at `now_ms` (answered, failed, or abandoned by its client).
+    pub fn finished(&mut self, mut ticket: Ticket, now_ms: u64) {
+        self.started(&mut ticket, now_ms);
         self.inflight = self.inflight.saturating_sub(1);
     }
 }
@@ -204,13 +308,22 @@ impl ServingState {
 mod tests {
     use super::*;
 
-    fn streamed(new_prefix: Option<u64>, decline_above: Option<u32>) -> Admission {
+    /// A streamed request of 1,000 uncached tokens: 1 s on [`serving`]'s engine.
+    fn streamed(new_prefix: Option<u64>, decline_after_ms: Option<u32>) -> Admission {
         Admission {
             first_block: new_prefix,
             new_prefix: new_prefix.is_some(),
-            decline_above,
+            prefill_tokens: 1_000,
+            decline_after_ms,
             streamed: true,
         }
+    }
+
+    /// A serving side whose engine prefills 1,000 tokens a second.
+    fn serving() -> ServingState {
+        let mut serving = ServingState::new();
+        serving.set_prefill_speed(1_000.0);
+        serving
     }
 
     fn gauges(running: u32, waiting: u32) -> Gauges {
@@ -224,14 +337,14 @@ mod tests {
     #[test]
     fn the_queue_counts_streamed_requests_until_their_first_byte() {
         let mut serving = ServingState::new();
-        let mut a = serving.admit(&streamed(None, None)).unwrap();
-        let b = serving.admit(&streamed(None, None)).unwrap();
+        let mut a = serving.admit(&streamed(None, None), 0).unwrap();
+        let b = serving.admit(&streamed(None, None), 0).unwrap();
         assert_eq!((serving.queued(), serving.inflight()), (2, 2));
-        serving.started(&mut a);
-        serving.started(&mut a);
+        serving.started(&mut a, 0);
+        serving.started(&mut a, 0);
         assert_eq!((serving.queued(), serving.inflight()), (1, 2));
-        serving.finished(a);
-        serving.finished(b);
+        serving.finished(a, 0);
+        serving.finished(b, 0);
         assert_eq!((serving.queued(), serving.inflight()), (0, 0));
     }
 
@@ -241,25 +354,26 @@ mod tests {
         let whole = Admission {
             first_block: None,
             new_prefix: false,
-            decline_above: None,
+            prefill_tokens: 100,
+            decline_after_ms: None,
             streamed: false,
         };
-        let first = serving.admit(&whole).unwrap();
-        let second = serving.admit(&whole).unwrap();
+        let first = serving.admit(&whole, 0).unwrap();
+        let second = serving.admit(&whole, 0).unwrap();
         assert_eq!(serving.queued(), 2, "handed over since the last poll");
         // The engine runs one and queues the other; a streamed request waits too.
-        let mut third = serving.admit(&streamed(None, None)).unwrap();
+        let mut third = serving.admit(&streamed(None, None), 0).unwrap();
         serving.polled(gauges(1, 2));
         assert_eq!(
             serving.queued(),
             2,
             "1 streamed + (2 waiting - 1 streamed at the poll)"
         );
-        serving.started(&mut third);
+        serving.started(&mut third, 0);
         assert_eq!(serving.queued(), 1, "the whole answer the poll saw waiting");
-        serving.finished(first);
-        serving.finished(second);
-        serving.finished(third);
+        serving.finished(first, 0);
+        serving.finished(second, 0);
+        serving.finished(third, 0);
         assert_eq!(serving.inflight(), 0);
         assert_eq!(serving.queued(), 1, "until the next poll");
         serving.polled(gauges(0, 0));
@@ -268,34 +382,103 @@ mod tests {
 
     #[test]
     fn a_request_is_declined_only_over_its_bound_and_only_when_allowed() {
-        let mut serving = ServingState::new();
-        let held = serving.admit(&streamed(Some(1), Some(0))).unwrap();
+        let mut serving = serving();
+        let held = serving.admit(&streamed(Some(1), Some(1_000)), 0).unwrap();
         assert_eq!(
-            serving.admit(&streamed(Some(2), Some(0))),
-            Err(DeclineReason::NewPrefix)
+            serving.admit(&streamed(Some(2), Some(1_000)), 0),
+            Err(DeclineReason::NewPrefix),
+            "its first token would come after 2 s"
         );
         assert_eq!(
-            serving.admit(&streamed(None, Some(0))),
+            serving.admit(&streamed(None, Some(1_000)), 0),
             Err(DeclineReason::Queue)
         );
-        let under = serving.admit(&streamed(None, Some(1))).unwrap();
-        let last = serving.admit(&streamed(Some(3), None)).unwrap();
+        let under = serving.admit(&streamed(None, Some(2_000)), 0).unwrap();
+        let last = serving.admit(&streamed(Some(3), None), 0).unwrap();
         let joins = serving
-            .admit(&streamed(Some(1), Some(0)))
+            .admit(&streamed(Some(1), Some(1_000)), 0)
             .expect("the same new prefix joins the engine computing it");
         let seen_as_held = Admission {
             new_prefix: false,
-            ..streamed(Some(1), Some(0))
+            ..streamed(Some(1), Some(1_000))
         };
         let follows = serving
-            .admit(&seen_as_held)
+            .admit(&seen_as_held, 0)
             .expect("a request the entry saw as held joins it too");
         assert_eq!(serving.new_prefixes_in_flight(), 3);
         for ticket in [held, under, last, joins, follows] {
-            serving.finished(ticket);
+            serving.finished(ticket, 0);
         }
         assert_eq!(serving.new_prefixes_in_flight(), 0);
         assert_eq!(serving.queued(), 0);
+    }
+
+    #[test]
+    fn the_queue_is_judged_in_prefill_time_not_in_requests() {
+        let mut serving = serving();
+        let question = |decline_after_ms| Admission {
+            prefill_tokens: 100,
+            ..streamed(None, decline_after_ms)
+        };
+        let cached: Vec<_> = (0..3)
+            .map(|_| serving.admit(&question(None), 0).unwrap())
+            .collect();
+        assert_eq!(serving.wait_ms(100, 0), Some(400.0));
+        let fourth = serving
+            .admit(&question(Some(500)), 0)
+            .expect("three cached questions ahead: 0.4 s");
+        let document = serving.admit(&streamed(Some(7), None), 0).unwrap();
+        assert_eq!(
+            serving.admit(&question(Some(500)), 0),
+            Err(DeclineReason::Queue),
+            "an uncached document ahead: 1.5 s"
+        );
+        for ticket in cached.into_iter().chain([fourth, document]) {
+            serving.finished(ticket, 0);
+        }
+        assert_eq!(serving.wait_ms(100, 0), Some(100.0));
+    }
+
+    #[test]
+    fn an_engine_of_unknown_speed_takes_every_request() {
+        let mut serving = ServingState::new();
+        let tickets: Vec<_> = (0..5)
+            .map(|block| serving.admit(&streamed(Some(block), Some(0)), 0).unwrap())
+            .collect();
+        assert_eq!(serving.queued(), 5);
+        for ticket in tickets {
+            serving.finished(ticket, 0);
+        }
+    }
+
+    #[test]
+    fn the_copies_of_a_declined_new_prefix_follow_it_until_gossip_can_show_where_it_went() {
+        let mut serving = serving();
+        let busy = serving.admit(&streamed(Some(1), None), 0).unwrap();
+        assert_eq!(
+            serving.admit(&streamed(Some(2), Some(1_000)), 10),
+            Err(DeclineReason::NewPrefix)
+        );
+        serving.finished(busy, 0);
+        assert_eq!(serving.queued(), 0);
+        assert_eq!(
+            serving.admit(&streamed(Some(2), Some(5_000)), 20),
+            Err(DeclineReason::Follows),
+            "the queue is short now, but the first copy went elsewhere"
+        );
+        let other = serving
+            .admit(&streamed(Some(3), Some(1_000)), 20)
+            .expect("another new prefix is judged on the queue");
+        let last = serving
+            .admit(&streamed(Some(2), None), 30)
+            .expect("a last attempt is never declined");
+        for ticket in [other, last] {
+            serving.finished(ticket, 0);
+        }
+        let later = serving
+            .admit(&streamed(Some(2), Some(1_000)), 10 + FOLLOW_TTL_MS)
+            .expect("once gossip can show where it went, copies are judged on the queue again");
+        serving.finished(later, 0);
     }
 
     #[test]
@@ -303,7 +486,7 @@ mod tests {
         let mut serving = ServingState::new();
         serving.polled(gauges(4, 0));
         serving.set_digest_version(9);
-        let ticket = serving.admit(&streamed(None, None)).unwrap();
+        let ticket = serving.admit(&streamed(None, None), 0).unwrap();
         let report = serving.report();
         assert_eq!(
             (
@@ -314,6 +497,6 @@ mod tests {
             ),
             (9, 4, 1, 1)
         );
-        serving.finished(ticket);
+        serving.finished(ticket, 0);
     }
 }

@@ -75,17 +75,22 @@ pub struct RouteConfig {
     /// Default 1.
     pub cold_load_margin: u32,
     /// Late binding: how many times one request may be declined by a serving node whose own,
-    /// exact queue is longer than the entry believed the next candidate's to be (see
+    /// exact queue would hold it longer than the entry estimated the next candidate would (see
     /// [`crate::lifecycle`]). The entry judges on digests 100–600 ms old; the serving node
     /// sees every request its engine gets, so a declined request goes to the next in rank at
     /// the cost of one mesh round trip. A request's last attempt is never declined. 0 turns
     /// late binding off. Default 1.
     pub max_declines: u32,
-    /// Requests a serving node's queue may exceed the next candidate's (as the entry
-    /// estimated it) before it declines. Whatever the prompt would meet cached there and not
-    /// at the next candidate is added, as the queued requests its prefill time is worth
-    /// (see [`crate::lifecycle::decline_bound`]): a prefix is taken from its cache only when
-    /// the queue costs more than the cache saves. Default 0.
+    /// `max_declines` for a new prefix (no engine holds its first block). A new prefix costs
+    /// a whole uncached prefill, hundreds of times what a decline costs (~0.4 ms on loopback),
+    /// so it may look further for an engine that starts it first: when a burst of new
+    /// prefixes arrives, every entry's view of the engines is the least fresh, and each
+    /// serving node knows only its own queue. Default 3.
+    pub max_new_prefix_declines: u32,
+    /// Queued requests added to the entry's estimate of the next candidate's queue before a
+    /// serving node declines (see [`crate::lifecycle::ttft_bound_ms`]). Both sides count what
+    /// the prompt meets cached: a prefix is taken from its cache only when the queue costs
+    /// more than the cache saves. Default 0.
     pub decline_slack: f64,
     /// Bonus for the session's preferred node: score units, or in the cost form that fraction
     /// of the prompt's whole prefill time. Default 0.3.
@@ -127,6 +132,7 @@ impl Default for RouteConfig {
             cold_choices: 1,
             cold_load_margin: 1,
             max_declines: 1,
+            max_new_prefix_declines: 3,
             decline_slack: 0.0,
             session_weight: 0.3,
             min_hit_blocks: 1,

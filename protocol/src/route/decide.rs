@@ -109,8 +109,9 @@ pub struct Decision {
 pub struct Estimate {
     /// Blocks of the prompt it holds.
     pub matched: u32,
-    /// Requests queued there (waiting plus this node's pending sends): the measure a serving
-    /// node's admission compares its own queue with.
+    /// Requests queued there (waiting plus this node's pending sends): what the entry
+    /// estimates the time to the first token there from (see
+    /// [`crate::lifecycle::ttft_bound_ms`]).
     pub queued: u32,
 }
 
@@ -503,7 +504,7 @@ pub(crate) fn prefill_tokens_per_s(digest: &LoadDigest, config: &RouteConfig) ->
 /// The time one queued request holds up the next on this engine: from the observed TTFT
 /// (TTFT ≈ (waiting + 1) × service), or the prompt's own prefill time when nothing was
 /// observed yet.
-pub(crate) fn service_ms(
+fn service_ms(
     digest: &LoadDigest,
     waiting: u32,
     request: &RouteRequest<'_>,

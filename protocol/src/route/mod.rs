@@ -15,11 +15,11 @@ mod rendezvous;
 mod tests;
 
 pub use config::{BoundOn, Policy, RouteConfig};
+pub(crate) use decide::prefill_tokens_per_s;
 pub use decide::{
     Candidate, DecideScratch, Decision, Estimate, Gauges, RouteError, RouteRequest, decide,
     decide_with,
 };
-pub(crate) use decide::{prefill_tokens_per_s, service_ms};
 pub use pending::PendingLedger;
 pub use reason::RouteReason;
 pub use recent::RecentSends;

@@ -58,6 +58,9 @@ pub struct SimNode {
 impl SimNode {
     pub fn new(index: u32, config: EngineConfig, summary: SummaryConfig) -> Self {
         let capacity = config.num_gpu_blocks as usize;
+        let mut serving = ServingState::new();
+        // The speed the sidecar measures of a real engine.
+        serving.set_prefill_speed(config.timing.prefill_tokens_per_s);
         Self {
             key: kvmesh_protocol::route::node_key(&format!("node-{index}")),
             engine: Engine::new(config),
@@ -66,7 +69,7 @@ impl SimNode {
             inflight: 0,
             served: 0,
             ttft_ewma_ms: 0.0,
-            serving: ServingState::new(),
+            serving,
             digest_version: 0,
             last_gossiped: None,
             wake_ns: None,

@@ -218,12 +218,13 @@ fn admit(sim: &mut Sim<'_>, state: &mut Loop, id: u64, node: u32, now: u64) {
     let admission = Admission {
         first_block: attempt.first_block,
         new_prefix: attempt.new_prefix,
-        decline_above: attempt.decline_above,
+        prefill_tokens: attempt.prefill_tokens,
+        decline_after_ms: attempt.decline_after_ms,
         // The simulated clients stream (TTFT is the first token).
         streamed: true,
     };
     let serving = &mut sim.nodes[node as usize].serving;
-    let outcome = match serving.admit(&admission) {
+    let outcome = match serving.admit(&admission, now / 1_000_000) {
         Ok(ticket) => {
             let report = remote.then(|| serving.report());
             let routing = state.routing.get_mut(&id).expect("routing");
@@ -292,9 +293,9 @@ fn submit(sim: &mut Sim<'_>, state: &mut Loop, node: u32, submission: super::Sub
 fn engine_events(sim: &mut Sim<'_>, state: &mut Loop, node: u32, events: &[EngineEvent]) {
     sim.apply(node as usize, events);
     for event in events {
-        let (request, finished) = match *event {
-            EngineEvent::FirstToken { request, .. } => (request, false),
-            EngineEvent::Finished { request, .. } => (request, true),
+        let (request, finished, at_ms) = match *event {
+            EngineEvent::FirstToken { request, at_ns } => (request, false, at_ns / 1_000_000),
+            EngineEvent::Finished { request, at_ns, .. } => (request, true, at_ns / 1_000_000),
         };
         let Some(routing) = state.routing.get_mut(&request) else {
             continue;
@@ -310,7 +311,7 @@ fn engine_events(sim: &mut Sim<'_>, state: &mut Loop, node: u32, events: &[Engin
         }
         if !finished {
             if let Some(ticket) = routing.ticket.as_mut() {
-                serving.started(ticket);
+                serving.started(ticket, at_ms);
             }
             if routing.started {
                 let kvmesh = kvmesh_of(&mut sim.router);
@@ -319,7 +320,7 @@ fn engine_events(sim: &mut Sim<'_>, state: &mut Loop, node: u32, events: &[Engin
             continue;
         }
         if let Some(ticket) = routing.ticket.take() {
-            serving.finished(ticket);
+            serving.finished(ticket, at_ms);
         }
         routing.finished = true;
         if routing.started {
