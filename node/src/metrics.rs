@@ -57,6 +57,11 @@ pub struct OutcomeLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VersionLabels {
+    pub version: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
     pub reason: String,
 }
@@ -101,6 +106,10 @@ pub struct NodeMetrics {
     pub attempts_declined: Counter,
     /// Load reports peers sent back on answers and declines, applied to this node's view.
     pub load_reports: Counter,
+    /// 1 while this node's engine is healthy (a routing target), 0 while it is not.
+    pub engine_healthy: Gauge,
+    /// Always 1, labelled with the sidecar's version: lets a dashboard show what runs where.
+    pub build_info: Family<VersionLabels, Gauge>,
 }
 
 impl Default for NodeMetrics {
@@ -134,6 +143,8 @@ impl Default for NodeMetrics {
             declined: Family::default(),
             attempts_declined: Counter::default(),
             load_reports: Counter::default(),
+            engine_healthy: Gauge::default(),
+            build_info: Family::default(),
         }
     }
 }
@@ -266,6 +277,21 @@ impl NodeMetrics {
             "load_reports",
             "Engine load reports that came back with answers and declines and refreshed this node's view",
             self.load_reports.clone(),
+        );
+        registry.register(
+            "engine_healthy",
+            "1 while this node's engine is healthy and a routing target, 0 while it is down, failing or not polled yet",
+            self.engine_healthy.clone(),
+        );
+        self.build_info
+            .get_or_create(&VersionLabels {
+                version: env!("CARGO_PKG_VERSION").to_owned(),
+            })
+            .set(1);
+        registry.register(
+            "build_info",
+            "Always 1; the label carries this sidecar's version",
+            self.build_info.clone(),
         );
     }
 }

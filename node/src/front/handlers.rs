@@ -2,6 +2,7 @@
 
 use super::body::{ResponseBody, full};
 use super::errors::ApiError;
+use super::ready::{ReadinessInputs, evaluate};
 use super::{debug_match, inference};
 use crate::metrics::Outcome;
 use crate::serve::routing::served_models;
@@ -19,6 +20,7 @@ pub async fn handle(
     let path = request.uri().path().to_owned();
     let response = match (request.method(), path.as_str()) {
         (&Method::GET, "/health") => health(&state),
+        (&Method::GET, "/ready") => ready(&state),
         (&Method::GET, "/metrics") => metrics(&state),
         (
             method,
@@ -59,7 +61,7 @@ pub async fn handle(
 }
 
 /// With `--api-key`, the OpenAI endpoints and the debug view need `Authorization: Bearer KEY`.
-/// `/health` and `/metrics` stay open for probes and scrapers.
+/// `/health`, `/ready` and `/metrics` stay open for probes and scrapers.
 fn authorize(state: &SharedState, request: &Request<Incoming>) -> Result<(), ApiError> {
     let Some(expected) = &state.config.api_key else {
         return Ok(());
@@ -109,6 +111,38 @@ fn health(state: &SharedState) -> Response<ResponseBody> {
             "node": state.node_name,
             "engine_healthy": engine.healthy,
             "peers": state.view.load().peers.len(),
+        }),
+    )
+}
+
+/// 200 when this sidecar should get client traffic (see [`super::ready`]), 503 with the reasons
+/// when not.
+fn ready(state: &SharedState) -> Response<ResponseBody> {
+    let engine_healthy = state.engine.state().healthy;
+    let peers_alive = state.view.load().peers.len();
+    let verdict = evaluate(&ReadinessInputs {
+        draining: state.is_draining(),
+        engine_healthy,
+        peers_alive,
+        peer_seen: state.peer_seen.load(std::sync::atomic::Ordering::Relaxed),
+        has_seeds: !state.config.seeds.is_empty(),
+        uptime: state.start.elapsed(),
+        join_wait: state.config.join_wait,
+    });
+    let status = if verdict.is_ready() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    json(
+        status,
+        serde_json::json!({
+            "ready": verdict.is_ready(),
+            "node": state.node_name,
+            "not_ready": verdict.not_ready,
+            "joined": verdict.joined.map(|joined| joined.as_str()),
+            "engine_healthy": engine_healthy,
+            "peers": peers_alive,
         }),
     )
 }

@@ -4,6 +4,7 @@
 //! - [`handlers`]: one function per endpoint.
 //! - [`inference`]: the request path of `/v1/completions` and `/v1/chat/completions`:
 //!   parse → hash → decide → forward → relay.
+//! - [`ready`]: `GET /ready`, the readiness verdict (draining, engine, joined the mesh).
 //! - [`debug_match`]: `POST /debug/match`, which nodes this node believes hold a prefix.
 //! - [`hashing`]: a body into its prefix chain (asking the engine's tokenizer in token mode).
 //! - [`errors`], [`body`]: the OpenAI error shape and response bodies.
@@ -14,4 +15,5 @@ pub mod errors;
 pub mod handlers;
 pub mod hashing;
 pub mod inference;
+pub mod ready;
 pub mod server;

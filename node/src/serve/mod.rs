@@ -92,6 +92,7 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         draining: AtomicBool::new(false),
         refusing: AtomicBool::new(false),
         inflight_forwarded: AtomicU32::new(0),
+        peer_seen: AtomicBool::new(false),
         config,
     });
     mesh.gossip().set(HTTP_KEY, &http_addr.to_string()).await?;
@@ -163,6 +164,7 @@ async fn poll_loop(state: SharedState) {
     let mut polls = 0;
     loop {
         let current = engine.borrow_and_update().clone();
+        state.metrics.engine_healthy.set(i64::from(current.healthy));
         if current.polls != polls {
             polls = current.polls;
             state.engine_queue.polled(Gauges {
@@ -183,6 +185,9 @@ async fn view_loop(state: SharedState) {
     loop {
         let snapshot = membership.borrow_and_update().clone();
         state.mesh.metrics().peers_alive.set(snapshot.len() as i64);
+        if !snapshot.is_empty() {
+            state.peer_seen.store(true, Ordering::Relaxed);
+        }
         let before = state.view.load();
         state.view.update(&snapshot, state.now_ms(), &state.metrics);
         for gone in before
