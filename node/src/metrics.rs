@@ -197,22 +197,22 @@ impl NodeMetrics {
             self.digest_decode_errors.clone(),
         );
         registry.register(
-            "summary_decode_errors",
+            "prefix_shard_decode_errors",
             "Peer prefix-summary shards rejected by validation",
             self.summary_decode_errors.clone(),
         );
         registry.register(
-            "summary_bytes",
+            "prefix_shard_bytes",
             "Bytes of this node's prefix summary as last published",
             self.summary_bytes.clone(),
         );
         registry.register(
-            "summary_shards_published",
+            "prefix_shards_published",
             "Prefix-summary shards re-published because they changed",
             self.summary_shards_published.clone(),
         );
         registry.register(
-            "summary_false_match_rate",
+            "prefix_false_match_rate",
             "Estimated false-match rate of this node's prefix summary",
             self.summary_false_match_rate.clone(),
         );

@@ -3,7 +3,7 @@
 use super::body::{ResponseBody, full};
 use super::errors::ApiError;
 use super::ready::{ReadinessInputs, evaluate};
-use super::{debug_match, inference};
+use super::{debug_match, exposition, inference};
 use crate::metrics::Outcome;
 use crate::serve::routing::served_models;
 use crate::serve::state::{SharedState, lock};
@@ -21,7 +21,7 @@ pub async fn handle(
     let response = match (request.method(), path.as_str()) {
         (&Method::GET, "/health") => health(&state),
         (&Method::GET, "/ready") => ready(&state),
-        (&Method::GET, "/metrics") => metrics(&state),
+        (&Method::GET, "/metrics") => metrics(&state, &request),
         (
             method,
             "/v1/completions"
@@ -147,7 +147,8 @@ fn ready(state: &SharedState) -> Response<ResponseBody> {
     )
 }
 
-fn metrics(state: &SharedState) -> Response<ResponseBody> {
+/// OpenMetrics when the scraper accepts it (Prometheus does), the text format 0.0.4 otherwise.
+fn metrics(state: &SharedState, request: &Request<Incoming>) -> Response<ResponseBody> {
     let mut text = String::new();
     if let Err(error) = prometheus_client::encoding::text::encode(&mut text, &state.registry) {
         return ApiError::new(
@@ -156,12 +157,22 @@ fn metrics(state: &SharedState) -> Response<ResponseBody> {
         )
         .into_response();
     }
+    let accept = request
+        .headers()
+        .get(http::header::ACCEPT)
+        .and_then(|v| v.to_str().ok());
+    let (text, content_type) = if exposition::wants_openmetrics(accept) {
+        (text, exposition::OPENMETRICS)
+    } else {
+        (
+            exposition::to_prometheus_text(&text),
+            exposition::PROMETHEUS_TEXT,
+        )
+    };
     let mut response = Response::new(full(text));
     response.headers_mut().insert(
         http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static(
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        ),
+        http::HeaderValue::from_static(content_type),
     );
     response
 }
