@@ -548,3 +548,48 @@ fn manifests_agree_with_the_binary_and_with_vllm() {
         check_live(&manifests);
     }
 }
+
+/// deploy/prometheus's Kubernetes scrape configuration finds these pods: its `keep` rules
+/// name the pods' label and the port each job scrapes, on the container that serves it.
+/// (Debian's promtool is built without Kubernetes discovery, so it cannot check this file.)
+#[test]
+fn prometheus_discovers_the_manifests_pods_and_ports() {
+    let manifests = Manifests {
+        name: "base",
+        docs: render("base"),
+    };
+    let path = workspace_root().join("deploy/prometheus/prometheus-kubernetes.yml");
+    let text = std::fs::read_to_string(&path).expect("prometheus-kubernetes.yml");
+    let config: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).expect("YAML");
+    let config = serde_json::to_value(config).expect("JSON");
+    let pod_labels = &manifests.statefulset()["spec"]["template"]["metadata"]["labels"];
+    let mut jobs = Vec::new();
+    for scrape in config["scrape_configs"].as_array().expect("scrape_configs") {
+        let job = str_at(scrape, "/job_name");
+        let keep = |source: &str| -> String {
+            scrape["relabel_configs"]
+                .as_array()
+                .expect("relabel_configs")
+                .iter()
+                .find(|r| r["action"] == "keep" && r["source_labels"][0] == source)
+                .map(|r| str_at(r, "/regex").to_string())
+                .unwrap_or_else(|| panic!("job {job}: no keep rule on {source}"))
+        };
+        assert_eq!(
+            pod_labels["app.kubernetes.io/name"],
+            keep("__meta_kubernetes_pod_label_app_kubernetes_io_name").as_str(),
+            "job {job}: pod label"
+        );
+        // Job kvmesh scrapes the sidecar, job vllm the engine: each on its own container.
+        let container = match job {
+            "kvmesh" => "kvmesh",
+            "vllm" => "vllm",
+            other => panic!("unexpected job {other}"),
+        };
+        let port = keep("__meta_kubernetes_pod_container_port_name");
+        container_port(manifests.container(container), &port);
+        jobs.push(job.to_string());
+    }
+    jobs.sort();
+    assert_eq!(jobs, ["kvmesh", "vllm"]);
+}
