@@ -8,7 +8,7 @@
 //! environment and the certificates `make-certs.sh` made answers 200 on the manifest's probe
 //! paths and applies the KV events of an engine started with the manifest's vLLM settings.
 //!
-//! Needs `kubectl` (for `kubectl kustomize`); the test fails with a hint when it is missing.
+//! Needs `kubectl` (for `kubectl kustomize`): see [`kvmesh_tests::tools`].
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -19,6 +19,7 @@ use base64::Engine as _;
 use kvmesh_tests::binaries::{KVMESH, workspace_root};
 use kvmesh_tests::certs::ClusterCa;
 use kvmesh_tests::metrics::metric_sum;
+use kvmesh_tests::tools::skipped_for_lack_of;
 use kvmesh_tests::{Call, EngineConfig, SidecarConfig, call, wait_for};
 use serde::Deserialize as _;
 use serde_json::Value;
@@ -538,6 +539,9 @@ fn check_live(m: &Manifests) {
 
 #[test]
 fn manifests_agree_with_the_binary_and_with_vllm() {
+    if skipped_for_lack_of("kubectl") {
+        return;
+    }
     let help = serve_help();
     for name in KUSTOMIZATIONS {
         let manifests = Manifests {
@@ -554,6 +558,9 @@ fn manifests_agree_with_the_binary_and_with_vllm() {
 /// (Debian's promtool is built without Kubernetes discovery, so it cannot check this file.)
 #[test]
 fn prometheus_discovers_the_manifests_pods_and_ports() {
+    if skipped_for_lack_of("kubectl") {
+        return;
+    }
     let manifests = Manifests {
         name: "base",
         docs: render("base"),
