@@ -30,7 +30,7 @@ apt_install() { # PACKAGE...
 
 ensure_kubectl() {
     command -v kubectl >/dev/null 2>&1 ||
-        deploy_tool_missing kubectl "kubectl is not installed (install a kubectl >= 1.21)"
+        deploy_tool_missing kubectl "kubectl is not installed (install a kubectl >= 1.22)"
 }
 
 ensure_kubernetes_validate() {
