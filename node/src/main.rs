@@ -2,6 +2,7 @@
 
 mod cli_cert;
 mod cli_probe;
+mod cli_status;
 
 use clap::{Parser, Subcommand};
 
@@ -24,6 +25,9 @@ enum Command {
     /// Run the sidecar beside a vLLM server: route every request to the best engine of
     /// the mesh.
     Serve(Box<kvmesh_node::serve::config::ServeArgs>),
+    /// A table of the cluster as one sidecar sees it: every node's role, models, engine
+    /// health, load, KV usage, digest age and version.
+    Status(cli_status::StatusArgs),
 }
 
 fn serve(args: kvmesh_node::serve::config::ServeArgs) -> anyhow::Result<()> {
@@ -52,6 +56,7 @@ fn main() -> std::process::ExitCode {
         Command::Cert(command) => cli_cert::run(command),
         Command::MeshProbe(args) => cli_probe::run(args),
         Command::Serve(args) => serve(*args),
+        Command::Status(args) => cli_status::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -222,6 +222,8 @@ fn debug_cluster(state: &SharedState) -> Response<ResponseBody> {
                 "node": peer.name,
                 "mesh_addr": peer.mesh_addr.to_string(),
                 "http_addr": peer.http_addr,
+                "version": peer.version,
+                "summary_bytes": peer.summary.encoded_bytes(),
                 "age_ms": now.saturating_sub(peer.digest_received_ms),
                 "digest": peer.digest.as_deref().map(digest_json),
                 "estimate": estimate,
@@ -234,6 +236,8 @@ fn debug_cluster(state: &SharedState) -> Response<ResponseBody> {
         serde_json::json!({
             "node": state.node_name,
             "mesh_addr": state.mesh.advertise_addr().to_string(),
+            "version": env!("CARGO_PKG_VERSION"),
+            "advertised_blocks": lock(&state.prefixes).blocks(),
             "draining": state.is_draining(),
             "engine": {
                 "url": state.engine.client.base_url(),
@@ -241,6 +245,8 @@ fn debug_cluster(state: &SharedState) -> Response<ResponseBody> {
                 "last_error": engine.last_error,
             },
             "digest": state.self_digest().map(|(d, _)| digest_json(&d)),
+            // Not `age_ms`: scripts count that key to tell how many peers a node sees.
+            "digest_age_ms": state.self_digest().map(|(_, built)| now.saturating_sub(built)),
             "peers": peers,
         }),
     )

@@ -18,7 +18,7 @@ use crate::mesh::{Mesh, MeshConfig};
 use crate::metrics::NodeMetrics;
 use crate::prefix::{IndexMode, LocalPrefixes};
 use crate::tls::NodeIdentity;
-use crate::view::{HTTP_KEY, SharedView};
+use crate::view::{HTTP_KEY, SharedView, VERSION_KEY};
 use anyhow::Context;
 use config::ServeConfig;
 use engine_queue::EngineQueue;
@@ -96,6 +96,9 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         config,
     });
     mesh.gossip().set(HTTP_KEY, &http_addr.to_string()).await?;
+    mesh.gossip()
+        .set(VERSION_KEY, env!("CARGO_PKG_VERSION"))
+        .await?;
 
     let mut tasks = vec![
         poller,
