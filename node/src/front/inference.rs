@@ -23,6 +23,7 @@ use kvmesh_protocol::route::node_key;
 use kvmesh_protocol::wire::RequestHead;
 use kvmesh_protocol::{RequestHashes, RouteReason};
 use std::sync::atomic::{AtomicU64, Ordering};
+use tracing::Instrument as _;
 
 /// Header a client may set to keep a conversation on one engine (a soft preference).
 pub const SESSION_HEADER: &str = "x-session-id";
@@ -33,7 +34,18 @@ pub async fn handle(
     endpoint: Endpoint,
 ) -> Response<ResponseBody> {
     let request_id = request_id(&state, &request);
-    let mut response = answer(state, request, endpoint, request_id.clone()).await;
+    // Every event of this request carries its id, this node, and once decided the reason and
+    // the peer of the current attempt (for `--log-format json` and log pipelines).
+    let span = tracing::info_span!(
+        "request",
+        request_id = %request_id,
+        node = %state.node_name,
+        reason = tracing::field::Empty,
+        peer = tracing::field::Empty,
+    );
+    let mut response = answer(state, request, endpoint, request_id.clone())
+        .instrument(span)
+        .await;
     // Every answer names its request, refusals and failures included, so that a client's
     // report can be found in the logs of the node it called.
     if let Ok(value) = HeaderValue::from_str(&request_id) {
@@ -133,6 +145,10 @@ async fn forward(
         let attempt = plan.next_attempt(&mut lock(&state.entry), &chain, state.now_ms());
         let Some(attempt) = attempt else { break };
         let target = &targets[attempt.candidate];
+        let name = target.name(&state.node_name);
+        let span = tracing::Span::current();
+        span.record("reason", attempt.reason.as_str());
+        span.record("peer", name);
         head.reason = attempt.reason;
         head.first_block = attempt.first_block;
         head.new_prefix = attempt.new_prefix;
@@ -177,7 +193,6 @@ async fn forward(
             }
             Err(error) => error,
         };
-        let name = target.name(&state.node_name);
         match &error {
             entry::AttemptError::Declined { message, .. } => {
                 state.metrics.attempts_declined.inc();
