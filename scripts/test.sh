@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, and every test (unit, property and end-to-end).
 # Needs the Rust toolchain; installs the tools deploy/'s checks need (kubernetes-validate from
-# PyPI, promtool from Debian, tsc and @grafana/schema from npm) or says what it skipped.
+# PyPI, promtool and chromium from Debian, tsc and @grafana/schema from npm) or says what it
+# skipped.
 # Exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."

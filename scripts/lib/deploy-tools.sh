@@ -7,6 +7,7 @@
 #   kubernetes-validate  validates them against Kubernetes 1.33's schemas (PyPI)
 #   promtool             checks and unit-tests the Prometheus rules (Debian's prometheus)
 #   grafana-schema       tsc and @grafana/schema (npm), to type-check the Grafana dashboard
+#   chromium             runs /dashboard's script in tests/tests/dashboard.rs (Debian)
 
 MISSING_TOOLS=()
 # npm packages for the dashboard check, pinned: a new schema release must not break CI unseen.
@@ -73,12 +74,21 @@ ensure_grafana_schema() {
         deploy_tool_missing grafana-schema "npm install @grafana/schema typescript failed"
 }
 
+ensure_chromium() {
+    command -v chromium >/dev/null 2>&1 && return 0
+    echo "installing chromium (Debian), for the /dashboard test"
+    apt_install chromium || true
+    command -v chromium >/dev/null 2>&1 ||
+        deploy_tool_missing chromium "apt-get install chromium failed (not Debian, or not root)"
+}
+
 ensure_deploy_tools() {
     MISSING_TOOLS=()
     ensure_kubectl
     ensure_kubernetes_validate
     ensure_promtool
     ensure_grafana_schema
+    ensure_chromium
 }
 
 deploy_tool_ok() { # NAME

@@ -1,5 +1,6 @@
 //! External tools some end-to-end tests need besides the workspace binaries: `kubectl` (to
-//! render the Kubernetes manifests) and `promtool` (to check `/metrics`).
+//! render the Kubernetes manifests), `promtool` (to check `/metrics`) and `chromium` (to run
+//! `/dashboard`'s script).
 //!
 //! `scripts/test.sh` installs them; one it could not install it names in
 //! `KVMESH_TESTS_SKIP_TOOLS`, and the tests that need it skip with a message. Anywhere else a

@@ -3,7 +3,7 @@
 use super::body::{ResponseBody, full};
 use super::errors::ApiError;
 use super::ready::{ReadinessInputs, evaluate};
-use super::{debug_match, exposition, inference};
+use super::{dashboard, debug_match, exposition, inference};
 use crate::metrics::Outcome;
 use crate::serve::routing::served_models;
 use crate::serve::state::{SharedState, lock};
@@ -21,6 +21,8 @@ pub async fn handle(
     let response = match (request.method(), path.as_str()) {
         (&Method::GET, "/health") => health(&state),
         (&Method::GET, "/ready") => ready(&state),
+        // The page itself holds no data: what it shows comes from the authorized endpoints.
+        (&Method::GET, "/dashboard") => dashboard::page(),
         (&Method::GET, "/metrics") => metrics(&state, &request),
         (
             method,
@@ -28,6 +30,7 @@ pub async fn handle(
             | "/v1/chat/completions"
             | "/v1/models"
             | "/debug/cluster"
+            | "/debug/recent"
             | "/debug/match",
         ) => match authorize(&state, &request) {
             Err(error) => {
@@ -43,6 +46,9 @@ pub async fn handle(
                 }
                 (&Method::GET, "/v1/models") => models(&state),
                 (&Method::GET, "/debug/cluster") => debug_cluster(&state),
+                (&Method::GET, "/debug/recent") => {
+                    json(StatusCode::OK, serde_json::json!(state.recent.snapshot()))
+                }
                 (&Method::POST, "/debug/match") => debug_match::handle(state, request).await,
                 _ => ApiError::new(
                     StatusCode::METHOD_NOT_ALLOWED,

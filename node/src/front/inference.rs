@@ -4,6 +4,7 @@
 use super::body::ResponseBody;
 use super::errors::ApiError;
 use super::hashing::hash_for_routing;
+use super::recent::RecentRequest;
 use crate::forward::entry;
 use crate::forward::headers::request_headers_for_engine;
 use crate::forward::relay::relay;
@@ -141,9 +142,23 @@ async fn forward(
     let decided = plan.reason();
     let mut failures = Vec::new();
     let mut timed_out = false;
+    let started = std::time::Instant::now();
+    let mut attempts = 0;
+    let model = head.model.clone();
+    let recent = |reason: RouteReason, served_by: Option<String>, attempts: u32| RecentRequest {
+        at_unix_ms: unix_ms(),
+        request_id: request_id.clone(),
+        model: model.clone(),
+        reason: reason.as_str(),
+        served_by,
+        outcome: "forwarded",
+        attempts,
+        head_ms: started.elapsed().as_millis() as u64,
+    };
     loop {
         let attempt = plan.next_attempt(&mut lock(&state.entry), &chain, state.now_ms());
         let Some(attempt) = attempt else { break };
+        attempts += 1;
         let target = &targets[attempt.candidate];
         let name = target.name(&state.node_name);
         let span = tracing::Span::current();
@@ -181,6 +196,11 @@ async fn forward(
                     matched = plan.matched_blocks(),
                     "forwarded"
                 );
+                state.recent.record(recent(
+                    attempt.reason,
+                    Some(upstream.served_by.clone()),
+                    attempts,
+                ));
                 let extra = response_headers(&upstream.served_by, attempt.reason, &request_id);
                 state.metrics.inflight.inc();
                 return relay(
@@ -218,6 +238,10 @@ async fn forward(
     state
         .metrics
         .record_request(decided.as_str(), MetricOutcome::Failed);
+    state.recent.record(RecentRequest {
+        outcome: "failed",
+        ..recent(decided, None, attempts)
+    });
     let status = if timed_out {
         StatusCode::GATEWAY_TIMEOUT
     } else {

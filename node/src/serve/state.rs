@@ -43,6 +43,8 @@ pub struct AppState {
     pub inflight_forwarded: AtomicU32,
     /// Set once any peer was live: this node has joined the mesh (for `/ready`).
     pub peer_seen: AtomicBool,
+    /// The last requests that entered here (`/debug/recent`, the dashboard).
+    pub recent: crate::front::recent::RecentRequests,
 }
 
 impl AppState {
