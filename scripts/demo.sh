@@ -517,6 +517,7 @@ if [[ $KEEP == 1 ]]; then
     log "a kvmesh cluster is running (Ctrl-C stops it):"
     show_mesh
     "$KVMESH" status --node "${SIDECAR_URLS[0]}" || true
+    log "live dashboard: ${SIDECAR_URLS[0]}/dashboard (every sidecar serves one)"
     [[ -z $PROM_URL ]] || log "Prometheus at $PROM_URL scrapes it (alerts: $PROM_URL/alerts)"
     cat <<EOF
 
