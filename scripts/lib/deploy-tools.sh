@@ -8,11 +8,13 @@
 #   promtool             checks and unit-tests the Prometheus rules (Debian's prometheus)
 #   grafana-schema       tsc and @grafana/schema (npm), to type-check the Grafana dashboard
 #   chromium             runs /dashboard's script in tests/tests/dashboard.rs (Debian)
+#   playwright           playwright-core (npm), which drives that Chromium on an open page
 
 MISSING_TOOLS=()
 # npm packages for the dashboard check, pinned: a new schema release must not break CI unseen.
 GRAFANA_SCHEMA_VERSION=13.2.3
 TYPESCRIPT_VERSION=5.9.3
+PLAYWRIGHT_CORE_VERSION=1.65.2
 DEPLOY_TOOLS_DIR="${CARGO_TARGET_DIR:-target}/deploy-tools"
 
 deploy_tool_missing() { # NAME WHY
@@ -82,6 +84,20 @@ ensure_chromium() {
         deploy_tool_missing chromium "apt-get install chromium failed (not Debian, or not root)"
 }
 
+ensure_playwright() {
+    local dir="$DEPLOY_TOOLS_DIR/browser"
+    grep -q "\"version\": \"$PLAYWRIGHT_CORE_VERSION\"" \
+        "$dir/node_modules/playwright-core/package.json" 2>/dev/null && return 0
+    if command -v npm >/dev/null 2>&1; then
+        echo "installing playwright-core@$PLAYWRIGHT_CORE_VERSION (npm; it uses Debian's chromium)"
+        mkdir -p "$dir"
+        npm install --prefix "$dir" --no-audit --no-fund --silent \
+            "playwright-core@$PLAYWRIGHT_CORE_VERSION" >/dev/null 2>&1 || true
+    fi
+    [ -f "$dir/node_modules/playwright-core/package.json" ] ||
+        deploy_tool_missing playwright "npm install playwright-core failed (or no npm)"
+}
+
 ensure_deploy_tools() {
     MISSING_TOOLS=()
     ensure_kubectl
@@ -89,6 +105,7 @@ ensure_deploy_tools() {
     ensure_promtool
     ensure_grafana_schema
     ensure_chromium
+    ensure_playwright
 }
 
 deploy_tool_ok() { # NAME

@@ -1,6 +1,6 @@
 //! External tools some end-to-end tests need besides the workspace binaries: `kubectl` (to
-//! render the Kubernetes manifests), `promtool` (to check `/metrics`) and `chromium` (to run
-//! `/dashboard`'s script).
+//! render the Kubernetes manifests), `promtool` (to check `/metrics`), `chromium` (to run
+//! `/dashboard`'s script) and `playwright` (playwright-core, to watch an open page).
 //!
 //! `scripts/test.sh` installs them; one it could not install it names in
 //! `KVMESH_TESTS_SKIP_TOOLS`, and the tests that need it skip with a message. Anywhere else a

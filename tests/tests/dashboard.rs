@@ -1,12 +1,15 @@
 //! `/dashboard` in a real browser (headless Chromium, which runs the page's script): the page
-//! of a running 3-node mesh lists every node, recent requests and decisions, and drops a node
-//! once it is killed.
+//! of a running 3-node mesh lists every node, recent requests and decisions, and an open page,
+//! never reloaded, drops a node once it is killed.
 //!
-//! Needs `chromium` (Debian's package): see [`kvmesh_tests::tools`].
+//! Needs `chromium` (Debian's package) and, for the open page, `playwright-core` (npm, in
+//! `target/deploy-tools/browser`): see [`kvmesh_tests::tools`]; scripts/test.sh installs both.
 
 use std::process::Command;
 use std::time::Duration;
 
+use kvmesh_tests::binaries::workspace_root;
+use kvmesh_tests::process::{ManagedProcess, Pipe};
 use kvmesh_tests::tools::skipped_for_lack_of;
 use kvmesh_tests::{CONVERGENCE_TIMEOUT, Call, Cluster, NodeSpec, Sidecar, call, wait_for};
 
@@ -84,16 +87,58 @@ fn the_dashboard_lists_the_mesh_and_follows_a_node_dying() {
         "the page shows an error: {dom}"
     );
 
+    // One page, never reloaded, while c dies: the page must update itself.
+    if skipped_for_lack_of("playwright") {
+        return;
+    }
+    let mut watcher = watch_dashboard(cluster.sidecar("a"));
     cluster.node_mut("c").sidecar.kill9();
     wait_for(
         CONVERGENCE_TIMEOUT + Duration::from_secs(10),
-        "the page drops c",
+        "the open page drops c",
         || {
-            let dom = rendered(cluster.sidecar("a"))?;
-            match listed_nodes(&dom).as_slice() {
-                [a, b] if a == "a" && b == "b" => Ok(()),
-                other => Err(format!("listed {other:?}")),
+            let lines = watcher.output_lines(Pipe::Stdout);
+            if lines.iter().any(|line| line == "nodes a,b") {
+                Ok(())
+            } else {
+                Err(format!("the page listed {lines:?}"))
             }
         },
     );
+    // Closing the browser is the script's job on SIGTERM: no Chromium is left behind.
+    watcher.sigterm();
+    assert!(
+        watcher.wait_exit(Duration::from_secs(10)).is_some(),
+        "the watcher did not stop"
+    );
+}
+
+/// tests/browser/watch-dashboard.cjs on `sidecar`'s dashboard, once it lists a, b and c.
+fn watch_dashboard(sidecar: &Sidecar) -> ManagedProcess {
+    let root = workspace_root();
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .map(|dir| {
+            if dir.is_absolute() {
+                dir
+            } else {
+                root.join(dir)
+            }
+        })
+        .unwrap_or_else(|| root.join("target"));
+    let mut command = Command::new("node");
+    command
+        .env(
+            "NODE_PATH",
+            target.join("deploy-tools/browser/node_modules"),
+        )
+        .arg(root.join("tests/browser/watch-dashboard.cjs"))
+        .arg(format!("http://{}/dashboard", sidecar.http_addr()));
+    let (watcher, _) = ManagedProcess::start(
+        "dashboard watcher",
+        command,
+        "nodes a,b,c",
+        CONVERGENCE_TIMEOUT,
+    );
+    watcher
 }
