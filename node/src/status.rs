@@ -22,6 +22,9 @@ pub struct NodeStatus {
     pub running: Option<u64>,
     pub waiting: Option<u64>,
     pub kv_usage: Option<f64>,
+    /// Blocks its prefix summary advertises (the asked node's exactly, a peer's estimated
+    /// from its summary when that is a Bloom filter).
+    pub cached_blocks: Option<u64>,
     /// KV blocks in use (usage × capacity) and the capacity, in the engine's blocks.
     pub kv_used_blocks: Option<u64>,
     pub kv_capacity_blocks: Option<u64>,
@@ -48,7 +51,7 @@ pub fn from_debug_cluster(cluster: &Value) -> Result<Vec<NodeStatus>, String> {
         &cluster["digest"],
         engine,
         cluster["digest_age_ms"].as_u64(),
-        &cluster["version"],
+        cluster,
     )];
     let mut peers: Vec<NodeStatus> = cluster["peers"]
         .as_array()
@@ -67,7 +70,7 @@ pub fn from_debug_cluster(cluster: &Value) -> Result<Vec<NodeStatus>, String> {
                 digest,
                 engine,
                 peer["age_ms"].as_u64(),
-                &peer["version"],
+                peer,
             )
         })
         .collect();
@@ -82,7 +85,8 @@ fn row(
     digest: &Value,
     engine: &'static str,
     age_ms: Option<u64>,
-    version: &Value,
+    // The node's own object in the answer: its version and cached blocks.
+    node_json: &Value,
 ) -> NodeStatus {
     let strings = |value: &Value| -> Vec<String> {
         value
@@ -107,12 +111,13 @@ fn row(
         running: digest["running"].as_u64(),
         waiting: digest["waiting"].as_u64(),
         kv_usage,
+        cached_blocks: node_json["cached_blocks"].as_u64(),
         kv_used_blocks: kv_usage
             .zip(kv_capacity_blocks)
             .map(|(usage, capacity)| (usage * capacity as f64).round() as u64),
         kv_capacity_blocks,
         digest_age_ms: digest.is_object().then_some(age_ms).flatten(),
-        version: version.as_str().map(str::to_owned),
+        version: node_json["version"].as_str().map(str::to_owned),
     }
 }
 
@@ -126,11 +131,12 @@ pub fn render_table(rows: &[NodeStatus]) -> String {
         "RUN",
         "WAIT",
         "KV USED",
+        "CACHED",
         "DIGEST AGE",
         "VERSION",
     ];
     let dash = || "-".to_owned();
-    let lines: Vec<[String; 9]> = rows
+    let lines: Vec<[String; 10]> = rows
         .iter()
         .map(|row| {
             let mut models = row.models.join(",");
@@ -152,6 +158,7 @@ pub fn render_table(rows: &[NodeStatus]) -> String {
                 row.running.map_or_else(dash, |n| n.to_string()),
                 row.waiting.map_or_else(dash, |n| n.to_string()),
                 kv,
+                row.cached_blocks.map_or_else(dash, |n| n.to_string()),
                 row.digest_age_ms.map_or_else(dash, format_age),
                 row.version.clone().unwrap_or_else(dash),
             ]
@@ -199,6 +206,7 @@ mod tests {
             "draining": false,
             "engine": {"healthy": true},
             "digest_age_ms": 40,
+            "cached_blocks": 120,
             "digest": {"role": "mixed", "models": ["m"], "loras": ["sql"], "healthy": true,
                        "running": 3, "waiting": 1, "kv_usage": 0.25, "kv_capacity_blocks": 800},
             "peers": [
@@ -219,6 +227,7 @@ mod tests {
         assert_eq!(rows[0].engine, "healthy");
         assert_eq!(rows[0].kv_used_blocks, Some(200));
         assert_eq!(rows[0].adapters, ["sql"]);
+        assert_eq!(rows[0].cached_blocks, Some(120));
         // A peer without a digest yet: known by name only.
         assert_eq!(rows[1].engine, "unknown");
         assert_eq!(

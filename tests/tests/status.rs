@@ -84,6 +84,30 @@ fn status_lists_every_node_from_any_node() {
         assert!(lines[1].starts_with(&format!("{asked} *")), "{table}");
     }
 
+    // What a node's engine caches shows up in every node's status, through its summary.
+    for round in 0..4 {
+        kvmesh_tests::call(
+            cluster.sidecar("a"),
+            kvmesh_tests::Call::Completion,
+            "m",
+            // Several 64-byte hash blocks (a shorter prompt has no full block to cache).
+            &format!(
+                "round {round}: {}",
+                "a prompt that fills hash blocks ".repeat(10)
+            ),
+        );
+    }
+    for asked in NODES {
+        wait_for(CONVERGENCE_TIMEOUT, "cached blocks seen", || {
+            let rows = rows(cluster.sidecar(asked))?;
+            let cached: Option<u64> = rows.iter().map(|r| r["cached_blocks"].as_u64()).sum();
+            match cached {
+                Some(total) if total > 0 => Ok(()),
+                other => Err(format!("cached blocks {other:?} in {rows:?}")),
+            }
+        });
+    }
+
     // c's engine dies: every node's status says so.
     cluster.node_mut("c").engine.kill9();
     for asked in NODES {

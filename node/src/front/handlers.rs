@@ -230,6 +230,8 @@ fn debug_cluster(state: &SharedState) -> Response<ResponseBody> {
                 "http_addr": peer.http_addr,
                 "version": peer.version,
                 "summary_bytes": peer.summary.encoded_bytes(),
+                // What its summary advertises: counted, or estimated from a filter's fill.
+                "cached_blocks": peer.summary.estimated_blocks(),
                 "age_ms": now.saturating_sub(peer.digest_received_ms),
                 "digest": peer.digest.as_deref().map(digest_json),
                 "estimate": estimate,
@@ -243,7 +245,7 @@ fn debug_cluster(state: &SharedState) -> Response<ResponseBody> {
             "node": state.node_name,
             "mesh_addr": state.mesh.advertise_addr().to_string(),
             "version": env!("CARGO_PKG_VERSION"),
-            "advertised_blocks": lock(&state.prefixes).blocks(),
+            "cached_blocks": lock(&state.prefixes).blocks(),
             "draining": state.is_draining(),
             "engine": {
                 "url": state.engine.client.base_url(),
