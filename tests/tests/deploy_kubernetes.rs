@@ -24,7 +24,7 @@ use kvmesh_tests::{Call, EngineConfig, SidecarConfig, call, wait_for};
 use serde::Deserialize as _;
 use serde_json::Value;
 
-const KUSTOMIZATIONS: [&str; 2] = ["base", "overlays/example"];
+const KUSTOMIZATIONS: [&str; 3] = ["base", "overlays/example", "overlays/mock"];
 /// What the live sidecar's probes and KV events get to answer.
 const LIVE_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -313,31 +313,27 @@ fn check_static(m: &Manifests, help: &str) {
         &m.one("PodDisruptionBudget")["spec"]["selector"]["matchLabels"]
     ));
 
-    // vLLM's flags agree with kvmesh's.
+    // The engine's flags agree with kvmesh's: vLLM's, or the mock engine's in its overlay.
     let vllm = m.container("vllm");
     let vllm_env = m.env("vllm");
     let args: Vec<String> = vllm["args"]
         .as_array()
-        .expect("vllm args")
+        .expect("engine args")
         .iter()
         .map(|a| expand(a.as_str().expect("string arg"), &vllm_env))
         .collect();
     let flag = |flag: &str| {
         args.iter()
             .find_map(|a| a.strip_prefix(&format!("{flag}=")))
-            .unwrap_or_else(|| panic!("{name}: vLLM has no {flag}=VALUE"))
+            .unwrap_or_else(|| panic!("{name}: the engine has no {flag}=VALUE"))
             .to_string()
     };
-    assert!(
-        args.contains(&"--enable-prefix-caching".to_string()),
-        "{name}: prefix caching"
-    );
     assert_eq!(
         flag("--block-size"),
         env["KVMESH_BLOCK_TOKENS"],
         "{name}: block size"
     );
-    let engine_port: u16 = flag("--port").parse().expect("vLLM port");
+    let engine_port: u16 = flag("--port").parse().expect("engine port");
     assert_eq!(
         port_of(&env["KVMESH_BACKEND"]),
         engine_port,
@@ -346,29 +342,42 @@ fn check_static(m: &Manifests, help: &str) {
     assert_eq!(
         container_port(vllm, "vllm").0,
         engine_port,
-        "{name}: vLLM's container port"
+        "{name}: engine's container port"
     );
-    let events: Value = serde_json::from_str(&flag("--kv-events-config")).expect("JSON");
+    let (endpoint, replay, topic) = match vllm["command"][0].as_str() {
+        Some("vllm") => {
+            assert!(
+                args.contains(&"--enable-prefix-caching".to_string()),
+                "{name}: caching"
+            );
+            let events: Value = serde_json::from_str(&flag("--kv-events-config")).expect("JSON");
+            assert_eq!(
+                events["enable_kv_cache_events"], true,
+                "{name}: KV events on"
+            );
+            assert_eq!(events["publisher"], "zmq", "{name}: the ZMQ publisher");
+            let text = |key: &str| events[key].as_str().unwrap_or_default().to_string();
+            (text("endpoint"), text("replay_endpoint"), text("topic"))
+        }
+        Some(command) if command.ends_with("kvmesh-sim") => {
+            assert_eq!(vllm["command"][1], "engine", "{name}: kvmesh-sim engine");
+            (
+                flag("--kv-events"),
+                flag("--kv-events-replay"),
+                flag("--kv-events-topic"),
+            )
+        }
+        other => panic!("{name}: an engine container running {other:?}"),
+    };
     assert_eq!(
-        events["enable_kv_cache_events"], true,
-        "{name}: KV events on"
+        endpoint, env["KVMESH_KV_EVENTS"],
+        "{name}: KV-event endpoint"
     );
-    assert_eq!(events["publisher"], "zmq", "{name}: the ZMQ publisher");
     assert_eq!(
-        events["endpoint"],
-        env["KVMESH_KV_EVENTS"].as_str(),
-        "{name}: endpoint"
-    );
-    assert_eq!(
-        events["replay_endpoint"],
-        env["KVMESH_KV_EVENTS_REPLAY"].as_str(),
+        replay, env["KVMESH_KV_EVENTS_REPLAY"],
         "{name}: replay endpoint"
     );
-    assert_eq!(
-        events["topic"],
-        env["KVMESH_KV_EVENTS_TOPIC"].as_str(),
-        "{name}: topic"
-    );
+    assert_eq!(topic, env["KVMESH_KV_EVENTS_TOPIC"], "{name}: topic");
 
     // Termination: kvmesh drains before vLLM stops, all within the grace period, and the
     // liveness probe cannot fire in between.
@@ -475,17 +484,38 @@ fn check_live(m: &Manifests) {
     let env = m.env("kvmesh");
     let vllm_env = m.env("vllm");
 
-    // The engine with the manifest's model, block size and KV-event topic.
-    let engine = EngineConfig::new("engine (manifest)", &[vllm_env["MODEL"].as_str()])
-        .arg("--block-size")
-        .arg(&vllm_env["BLOCK_SIZE"])
-        .arg("--kv-events")
-        .arg("tcp://127.0.0.1:0")
-        .arg("--kv-events-replay")
-        .arg("tcp://127.0.0.1:0")
-        .arg("--kv-events-topic")
-        .arg(&env["KVMESH_KV_EVENTS_TOPIC"])
-        .start();
+    // The mock engine with the manifest's model, block size and KV-event topic: for the mock
+    // overlay, its engine container's own arguments (the address, port and model are the
+    // harness's, the event endpoints on ephemeral ports); for vLLM, the same settings.
+    let mut engine = EngineConfig::new("engine (manifest)", &[vllm_env["MODEL"].as_str()]);
+    let container = m.container("vllm");
+    if container["command"][0]
+        .as_str()
+        .is_some_and(|c| c.ends_with("kvmesh-sim"))
+    {
+        for arg in container["args"].as_array().expect("engine args") {
+            let arg = expand(arg.as_str().expect("string arg"), &vllm_env);
+            let flag = arg.split('=').next().unwrap_or_default();
+            match flag {
+                "--host" | "--port" | "--model" => {}
+                "--kv-events" | "--kv-events-replay" => {
+                    engine = engine.arg(&format!("{flag}=tcp://127.0.0.1:0"));
+                }
+                _ => engine = engine.arg(&arg),
+            }
+        }
+    } else {
+        engine = engine
+            .arg("--block-size")
+            .arg(&vllm_env["BLOCK_SIZE"])
+            .arg("--kv-events")
+            .arg("tcp://127.0.0.1:0")
+            .arg("--kv-events-replay")
+            .arg("tcp://127.0.0.1:0")
+            .arg("--kv-events-topic")
+            .arg(&env["KVMESH_KV_EVENTS_TOPIC"]);
+    }
+    let engine = engine.start();
 
     // The manifest's whole environment; flags replace only what loopback and ephemeral ports
     // need (addresses, the engine's URL and event endpoints), and the join wait, since the
