@@ -28,6 +28,9 @@ Usage: scripts/demo.sh [options]
                         pip) and compare its cache_aware policy too (used anyway when
                         vllm-router is on PATH)
   --no-vllm-router      do not run vllm-router even if it is on PATH
+  --prometheus          run a Prometheus (when `prometheus` is on PATH; Debian's package)
+                        with deploy/prometheus's rules and alerts, scraping the demo's
+                        sidecars and engines as they come and go; its URL is printed
   --out DIR             report directory (default demo-report)
   --bin-dir DIR         use the kvmesh and kvmesh-sim binaries in DIR; skip the build
   --quick               a short run (the end-to-end test of scripts/test.sh): gsp unless
@@ -46,6 +49,7 @@ NO_VLLM_ROUTER=0
 OUT=demo-report
 BIN_DIR=
 QUICK=0
+PROMETHEUS=0
 while [[ $# -gt 0 ]]; do
     case $1 in
         --nodes) NODES=$2; shift 2 ;;
@@ -57,6 +61,7 @@ while [[ $# -gt 0 ]]; do
         --out) OUT=$2; shift 2 ;;
         --bin-dir) BIN_DIR=$2; shift 2 ;;
         --quick) QUICK=1; shift ;;
+        --prometheus) PROMETHEUS=1; shift ;;
         -h | --help) usage; exit 0 ;;
         *) printf 'demo.sh: unknown option %s\n\n' "$1" >&2; usage >&2; exit 2 ;;
     esac
@@ -230,6 +235,7 @@ start_engines() {
             die "engine $i did not start (log: $WORK/logs/$tag-engine-$i.log)"
         ENGINE_URLS+=("${line##* }")
     done
+    prometheus_targets
 }
 
 TLS_DIR="$WORK/tls"
@@ -263,6 +269,7 @@ start_sidecars() {
         SIDECAR_ADDRS+=("$http")
         if [[ -z $seed ]]; then seed=$mesh; fi
     done
+    prometheus_targets
 }
 
 # Waits until every sidecar sees every other one (with a load digest) in /debug/cluster.
@@ -297,8 +304,66 @@ stop_cluster() {
     local all=("${SIDECAR_PIDS[@]+"${SIDECAR_PIDS[@]}"}" "${ENGINE_PIDS[@]+"${ENGINE_PIDS[@]}"}" "${ROUTER_PIDS[@]+"${ROUTER_PIDS[@]}"}")
     [[ ${#all[@]} -gt 0 ]] && kill_groups "${all[@]}"
     SIDECAR_PIDS=()
+    SIDECAR_URLS=()
+    SIDECAR_ADDRS=()
     ENGINE_PIDS=()
+    ENGINE_URLS=()
     ROUTER_PIDS=()
+}
+
+# --- Prometheus (--prometheus) -------------------------------------------------------------
+# One Prometheus for the whole run, evaluating deploy/prometheus's rules and alerts; its
+# static targets are rewritten and reloaded (SIGHUP) whenever engines or sidecars start, with
+# the `node` label the rules and the Grafana dashboard join on.
+PROM_PID=
+PROM_URL=
+free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' 2>/dev/null ||
+        echo 9090
+}
+write_prometheus_config() {
+    local file=$WORK/prometheus/prometheus.yml i
+    {
+        echo "global: { scrape_interval: 2s, evaluation_interval: 2s }"
+        echo "rule_files: [\"$ROOT/deploy/prometheus/rules/*.yml\"]"
+        echo "scrape_configs:"
+        echo "  - job_name: kvmesh"
+        echo "    static_configs:"
+        for ((i = 0; i < ${#SIDECAR_ADDRS[@]}; i++)); do
+            echo "      - { targets: [\"${SIDECAR_ADDRS[i]}\"], labels: { node: node-$((i + 1)) } }"
+        done
+        [[ ${#SIDECAR_ADDRS[@]} -gt 0 ]] || echo "      []"
+        echo "  - job_name: vllm"
+        echo "    static_configs:"
+        for ((i = 0; i < ${#ENGINE_URLS[@]}; i++)); do
+            echo "      - { targets: [\"${ENGINE_URLS[i]#http://}\"], labels: { node: node-$((i + 1)) } }"
+        done
+        [[ ${#ENGINE_URLS[@]} -gt 0 ]] || echo "      []"
+    } >"$file.tmp"
+    mv "$file.tmp" "$file"
+}
+start_prometheus() {
+    [[ $PROMETHEUS == 1 ]] || return 0
+    if ! command -v prometheus >/dev/null 2>&1; then
+        log "prometheus: not on PATH (Debian: apt-get install prometheus); running without it"
+        return 0
+    fi
+    mkdir -p "$WORK/prometheus"
+    write_prometheus_config
+    local port
+    port=$(free_port)
+    spawn prometheus prometheus --config.file="$WORK/prometheus/prometheus.yml" \
+        --storage.tsdb.path="$WORK/prometheus/data" --web.listen-address="127.0.0.1:$port"
+    PROM_PID=$SPAWNED_PID
+    wait_line "$WORK/logs/prometheus.log" 'Server is ready to receive web requests' 30 "$PROM_PID" >/dev/null ||
+        die "prometheus did not start (log: $WORK/logs/prometheus.log)"
+    PROM_URL="http://127.0.0.1:$port"
+    log "Prometheus at $PROM_URL (alerts: $PROM_URL/alerts; graph e.g. cluster:vllm_prefix_cache_hit:ratio_rate5m)"
+}
+prometheus_targets() {
+    [[ -n $PROM_PID ]] || return 0
+    write_prometheus_config
+    kill -HUP "$PROM_PID" 2>/dev/null || true
 }
 
 # --- vllm-router --------------------------------------------------------------------------
@@ -394,6 +459,7 @@ run_load() {
 mkdir -p "$RUNS_DIR"
 make_certs
 find_vllm_router
+start_prometheus
 NOTES=()
 [[ -n $ROUTER_NOTE ]] && NOTES+=(--note "$ROUTER_NOTE")
 META=(--meta "date=$(date -u '+%Y-%m-%d %H:%M UTC')"
@@ -441,6 +507,7 @@ log "== results"
 "$SIM" report render --out-dir "$OUT_DIR" "${RUN_FLAGS[@]}" "${META[@]}" "${NOTES[@]+"${NOTES[@]}"}" 2>&1 ||
     die "rendering the report failed"
 log "done in $(($(date +%s) - T0)) s after the build"
+[[ -z $PROM_URL || $KEEP == 1 ]] || log "Prometheus was at $PROM_URL for the run (stopped with the demo)"
 
 if [[ $KEEP == 1 ]]; then
     configure "${WORKLOAD_LIST[0]}"
@@ -449,6 +516,9 @@ if [[ $KEEP == 1 ]]; then
     wait_converged
     log "a kvmesh cluster is running (Ctrl-C stops it):"
     show_mesh
+    "$KVMESH" status --node "${SIDECAR_URLS[0]}" || true
+    log "live dashboard: ${SIDECAR_URLS[0]}/dashboard (every sidecar serves one)"
+    [[ -z $PROM_URL ]] || log "Prometheus at $PROM_URL scrapes it (alerts: $PROM_URL/alerts)"
     cat <<EOF
 
   curl -s ${SIDECAR_URLS[0]}/v1/models
@@ -458,6 +528,7 @@ if [[ $KEEP == 1 ]]; then
       -d '{"model": "mock-model", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}' \\
       | grep -i '^x-kvmesh'
   curl -s ${SIDECAR_URLS[0]}/debug/cluster
+  $KVMESH status --node ${SIDECAR_URLS[1]} --watch
 
   python3 -c 'from openai import OpenAI; c = OpenAI(base_url="${SIDECAR_URLS[0]}/v1", api_key="none"); print(c.completions.create(model="mock-model", prompt="Hello, kvmesh", max_tokens=16).choices[0].text)'
 

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, and every test (unit, property and end-to-end).
-# Needs only the Rust toolchain. Exits non-zero on any failure.
+# Needs the Rust toolchain; installs the tools deploy/'s checks need (kubernetes-validate from
+# PyPI, promtool and chromium from Debian, tsc and @grafana/schema from npm) or says what it
+# skipped.
+# Exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,6 +19,15 @@ cargo clippy -p kvmesh-node --all-targets --features tokenizer -- -D warnings
 # The end-to-end tests start the real binaries; build them first so the tests find them.
 step "cargo build --bins"
 cargo build --workspace --bins
+
+# The manifests, rules and dashboard of deploy/, checked offline with the tools they are
+# written for (installed here when missing; whatever cannot be installed is skipped with a
+# message, here and in the end-to-end tests that need it).
+step "offline checks of deploy/ (Kubernetes, Prometheus, Grafana)"
+source scripts/lib/deploy-tools.sh
+ensure_deploy_tools
+bash scripts/check-deploy.sh
+export KVMESH_TESTS_SKIP_TOOLS="${MISSING_TOOLS[*]}"
 
 step "tests"
 if cargo nextest --version >/dev/null 2>&1; then

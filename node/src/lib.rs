@@ -14,6 +14,9 @@
 //! - [`kv_events`]: exact mode, the local engine's KV events over ZMQ.
 //! - [`metrics`]: the sidecar's Prometheus metrics.
 //! - [`serve`]: configuration and assembly of `kvmesh serve`.
+//!
+//! Operators:
+//! - [`status`]: `kvmesh status`'s rows and table, from a sidecar's `/debug/cluster`.
 
 pub mod cert;
 pub mod engine;
@@ -24,5 +27,6 @@ pub mod mesh;
 pub mod metrics;
 pub mod prefix;
 pub mod serve;
+pub mod status;
 pub mod tls;
 pub mod view;

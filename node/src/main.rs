@@ -2,6 +2,7 @@
 
 mod cli_cert;
 mod cli_probe;
+mod cli_status;
 
 use clap::{Parser, Subcommand};
 
@@ -9,8 +10,18 @@ use clap::{Parser, Subcommand};
 #[derive(Parser, Debug)]
 #[command(name = "kvmesh", version, about)]
 struct Cli {
+    /// Log lines on stderr: `text` for people, `json` (one object per event, with the fields
+    /// of its span: request_id, node, reason, peer) for log pipelines. RUST_LOG filters.
+    #[arg(long, global = true, env = "KVMESH_LOG_FORMAT", default_value = "text")]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand, Debug)]
@@ -24,9 +35,13 @@ enum Command {
     /// Run the sidecar beside a vLLM server: route every request to the best engine of
     /// the mesh.
     Serve(Box<kvmesh_node::serve::config::ServeArgs>),
+    /// A table of the cluster as one sidecar sees it: every node's role, models, engine
+    /// health, load, KV usage, digest age and version.
+    Status(cli_status::StatusArgs),
 }
 
 fn serve(args: kvmesh_node::serve::config::ServeArgs) -> anyhow::Result<()> {
+    use tracing::Instrument as _;
     let config = kvmesh_node::serve::config::ServeConfig::resolve(args)?;
     let mut builder = if config.worker_threads == 1 {
         tokio::runtime::Builder::new_current_thread()
@@ -36,22 +51,38 @@ fn serve(args: kvmesh_node::serve::config::ServeArgs) -> anyhow::Result<()> {
         builder
     };
     let runtime = builder.enable_all().build()?;
-    runtime.block_on(kvmesh_node::serve::run(config))
+    // Events of the node's own steps (start-up, drain) carry its name; a request's events carry
+    // the `request` span of the front (request_id, node, reason, peer).
+    let span = tracing::info_span!("kvmesh", node = %config.node_id);
+    runtime.block_on(kvmesh_node::serve::run(config).instrument(span))
+}
+
+fn init_logs(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => logs.init(),
+        // The event's fields at the top level, its innermost span's fields under "span".
+        LogFormat::Json => logs
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(false)
+            .init(),
+    }
 }
 
 fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
+    init_logs(cli.log_format);
     let result = match cli.command {
         Command::Cert(command) => cli_cert::run(command),
         Command::MeshProbe(args) => cli_probe::run(args),
         Command::Serve(args) => serve(*args),
+        Command::Status(args) => cli_status::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

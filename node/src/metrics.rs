@@ -8,6 +8,16 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
 
+/// Outcomes of KV-event batches (`kvmesh_kv_event_batches_total`), as `kv_events` counts them.
+pub const KV_EVENT_OUTCOMES: [&str; 6] = [
+    "applied",
+    "replayed",
+    "lost",
+    "before_start",
+    "undecodable",
+    "malformed",
+];
+
 /// Outcome of a request that entered at this node.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 pub enum Outcome {
@@ -57,6 +67,11 @@ pub struct OutcomeLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VersionLabels {
+    pub version: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
     pub reason: String,
 }
@@ -101,6 +116,10 @@ pub struct NodeMetrics {
     pub attempts_declined: Counter,
     /// Load reports peers sent back on answers and declines, applied to this node's view.
     pub load_reports: Counter,
+    /// 1 while this node's engine is healthy (a routing target), 0 while it is not.
+    pub engine_healthy: Gauge,
+    /// Always 1, labelled with the sidecar's version: lets a dashboard show what runs where.
+    pub build_info: Family<VersionLabels, Gauge>,
 }
 
 impl Default for NodeMetrics {
@@ -134,6 +153,8 @@ impl Default for NodeMetrics {
             declined: Family::default(),
             attempts_declined: Counter::default(),
             load_reports: Counter::default(),
+            engine_healthy: Gauge::default(),
+            build_info: Family::default(),
         }
     }
 }
@@ -153,7 +174,32 @@ impl NodeMetrics {
         }
     }
 
+    /// Creates, at zero, the series of every label value known in advance. A series that
+    /// first appears at 1 shows Prometheus no increase, so `increase(...{outcome="lost"}[15m])`
+    /// would miss the first lost KV-event batch; and a family with no series is not exported
+    /// at all, which leaves dashboards empty and hides the metric's existence.
+    fn zero_known_series(&self) {
+        // Creating the series is the point; the handles are not needed.
+        for local in [true, false] {
+            let _ = self.served.get_or_create(&Self::target_labels(local));
+            let _ = self
+                .forward_latency
+                .get_or_create(&Self::target_labels(local));
+        }
+        for reason in kvmesh_protocol::lifecycle::DeclineReason::ALL {
+            let _ = self.declined.get_or_create(&ReasonLabels {
+                reason: reason.as_str().to_owned(),
+            });
+        }
+        for outcome in KV_EVENT_OUTCOMES {
+            let _ = self.kv_event_batches.get_or_create(&OutcomeLabels {
+                outcome: outcome.to_owned(),
+            });
+        }
+    }
+
     pub fn register(&self, registry: &mut Registry) {
+        self.zero_known_series();
         let registry = registry.sub_registry_with_prefix("kvmesh");
         registry.register(
             "requests",
@@ -186,22 +232,22 @@ impl NodeMetrics {
             self.digest_decode_errors.clone(),
         );
         registry.register(
-            "summary_decode_errors",
+            "prefix_shard_decode_errors",
             "Peer prefix-summary shards rejected by validation",
             self.summary_decode_errors.clone(),
         );
         registry.register(
-            "summary_bytes",
+            "prefix_shard_bytes",
             "Bytes of this node's prefix summary as last published",
             self.summary_bytes.clone(),
         );
         registry.register(
-            "summary_shards_published",
+            "prefix_shards_published",
             "Prefix-summary shards re-published because they changed",
             self.summary_shards_published.clone(),
         );
         registry.register(
-            "summary_false_match_rate",
+            "prefix_false_match_rate",
             "Estimated false-match rate of this node's prefix summary",
             self.summary_false_match_rate.clone(),
         );
@@ -267,5 +313,45 @@ impl NodeMetrics {
             "Engine load reports that came back with answers and declines and refreshed this node's view",
             self.load_reports.clone(),
         );
+        registry.register(
+            "engine_healthy",
+            "1 while this node's engine is healthy and a routing target, 0 while it is down, failing or not polled yet",
+            self.engine_healthy.clone(),
+        );
+        self.build_info
+            .get_or_create(&VersionLabels {
+                version: env!("CARGO_PKG_VERSION").to_owned(),
+            })
+            .set(1);
+        registry.register(
+            "build_info",
+            "Always 1; the label carries this sidecar's version",
+            self.build_info.clone(),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn series_known_in_advance_are_exported_at_zero_from_the_start() {
+        let metrics = NodeMetrics::default();
+        let mut registry = Registry::default();
+        metrics.register(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for series in [
+            "kvmesh_kv_event_batches_total{outcome=\"lost\"} 0\n",
+            "kvmesh_kv_event_batches_total{outcome=\"applied\"} 0\n",
+            "kvmesh_declined_total{reason=\"new-prefix\"} 0\n",
+            "kvmesh_declined_total{reason=\"queue\"} 0\n",
+            "kvmesh_served_total{target=\"peer\"} 0\n",
+            "kvmesh_forward_latency_seconds_count{target=\"local\"} 0\n",
+            "kvmesh_engine_healthy 0\n",
+        ] {
+            assert!(text.contains(series), "no {series:?} in\n{text}");
+        }
     }
 }

@@ -17,6 +17,8 @@ use std::time::Instant;
 pub const DIGEST_KEY: &str = "digest";
 /// Gossip key of the node's client-facing HTTP address, for operators.
 pub const HTTP_KEY: &str = "http";
+/// Gossip key of the node's kvmesh version, for operators (`kvmesh status`).
+pub const VERSION_KEY: &str = "version";
 
 /// One live peer.
 #[derive(Clone, Debug)]
@@ -25,6 +27,8 @@ pub struct PeerView {
     pub key: u64,
     pub mesh_addr: SocketAddr,
     pub http_addr: Option<String>,
+    /// Its kvmesh version (`None` from a node older than this key).
+    pub version: Option<String>,
     /// `None` until a valid digest arrives: such a peer is not a target.
     pub digest: Option<Arc<LoadDigest>>,
     /// When the current digest value arrived, in this node's monotonic milliseconds.
@@ -101,6 +105,7 @@ impl SharedView {
                     key: node_key(&peer.name),
                     mesh_addr: peer.mesh_addr,
                     http_addr: peer.key_values.get(HTTP_KEY).cloned(),
+                    version: peer.key_values.get(VERSION_KEY).cloned(),
                     digest,
                     digest_received_ms: received,
                     summary,

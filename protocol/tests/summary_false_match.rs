@@ -103,3 +103,13 @@ fn a_false_match_extends_a_longest_match_by_about_one_block_at_most() {
     println!("mean false longest match over {chains} cold chains: {mean:.4} blocks");
     assert!(mean < 0.02, "mean false match {mean}");
 }
+
+#[test]
+fn an_exact_summary_reports_a_rate_of_plus_zero() {
+    // Small enough to stay exact lists in every shard: no false match, and +0.0, not the
+    // -0.0 of an empty float sum (which /metrics would print as `-0.0`).
+    let (_, builder) = summary_with(SummaryConfig::default(), 10);
+    let rate = builder.estimated_false_match_rate();
+    assert_eq!(rate, 0.0);
+    assert!(rate.is_sign_positive(), "{rate:?}");
+}

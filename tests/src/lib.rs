@@ -9,6 +9,7 @@
 //! - [`load`]: the real load generator and its JSON report.
 //! - [`traffic`]: inference calls through a sidecar, checked, with who served them.
 //! - [`wait`]: polling with a bound instead of sleeping.
+//! - [`tools`]: external tools (kubectl, promtool) and when a test may skip for lack of one.
 
 pub mod binaries;
 pub mod certs;
@@ -21,6 +22,7 @@ pub mod openai;
 pub mod process;
 pub mod sidecar;
 pub mod sse;
+pub mod tools;
 pub mod traffic;
 pub mod wait;
 

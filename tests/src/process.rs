@@ -238,6 +238,20 @@ impl ManagedProcess {
             .map(|(_, line)| line.clone())
     }
 
+    /// Every kept line of one pipe, oldest first.
+    pub fn output_lines(&self, pipe: Pipe) -> Vec<String> {
+        let lines = self
+            .output
+            .lines
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        lines
+            .iter()
+            .filter(|(from, _)| *from == pipe)
+            .map(|(_, line)| line.clone())
+            .collect()
+    }
+
     /// Whether any output line so far contains `needle`.
     pub fn output_contains(&self, needle: &str) -> bool {
         let lines = self

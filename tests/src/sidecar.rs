@@ -33,6 +33,7 @@ pub struct SidecarConfig {
     api_key: Option<String>,
     max_body_bytes: Option<u64>,
     extra_args: Vec<String>,
+    env: Vec<(String, String)>,
 }
 
 impl SidecarConfig {
@@ -47,6 +48,7 @@ impl SidecarConfig {
             api_key: None,
             max_body_bytes: None,
             extra_args: Vec::new(),
+            env: Vec::new(),
         }
     }
 
@@ -72,6 +74,18 @@ impl SidecarConfig {
         self
     }
 
+    /// An environment variable of the process, e.g. a `KVMESH_*` setting (flags still win).
+    pub fn env(mut self, name: &str, value: &str) -> Self {
+        self.env.push((name.to_string(), value.to_string()));
+        self
+    }
+
+    /// Certificates from elsewhere than this harness's CA (e.g. a deployment script's).
+    pub fn tls_dir(mut self, dir: PathBuf) -> Self {
+        self.tls_dir = dir;
+        self
+    }
+
     pub fn start(self) -> Sidecar {
         let mut command = Command::new(KVMESH.path());
         // `kvmesh serve` reads every flag from KVMESH_* variables too; the test's command line
@@ -82,6 +96,7 @@ impl SidecarConfig {
             }
         }
         command.env("NO_COLOR", "1"); // plain logs in failure reports
+        command.envs(self.env.iter().map(|(name, value)| (name, value)));
         command.args(["serve", "--backend", &self.backend]);
         command.args(["--listen", "127.0.0.1:0", "--mesh", "127.0.0.1:0"]);
         command.args(["--node-id", &self.node_id, "--cluster-id", &self.cluster_id]);

@@ -2,7 +2,8 @@
 
 use super::body::{ResponseBody, full};
 use super::errors::ApiError;
-use super::{debug_match, inference};
+use super::ready::{ReadinessInputs, evaluate};
+use super::{dashboard, debug_match, exposition, inference};
 use crate::metrics::Outcome;
 use crate::serve::routing::served_models;
 use crate::serve::state::{SharedState, lock};
@@ -19,13 +20,17 @@ pub async fn handle(
     let path = request.uri().path().to_owned();
     let response = match (request.method(), path.as_str()) {
         (&Method::GET, "/health") => health(&state),
-        (&Method::GET, "/metrics") => metrics(&state),
+        (&Method::GET, "/ready") => ready(&state),
+        // The page itself holds no data: what it shows comes from the authorized endpoints.
+        (&Method::GET, "/dashboard") => dashboard::page(),
+        (&Method::GET, "/metrics") => metrics(&state, &request),
         (
             method,
             "/v1/completions"
             | "/v1/chat/completions"
             | "/v1/models"
             | "/debug/cluster"
+            | "/debug/recent"
             | "/debug/match",
         ) => match authorize(&state, &request) {
             Err(error) => {
@@ -41,6 +46,9 @@ pub async fn handle(
                 }
                 (&Method::GET, "/v1/models") => models(&state),
                 (&Method::GET, "/debug/cluster") => debug_cluster(&state),
+                (&Method::GET, "/debug/recent") => {
+                    json(StatusCode::OK, serde_json::json!(state.recent.snapshot()))
+                }
                 (&Method::POST, "/debug/match") => debug_match::handle(state, request).await,
                 _ => ApiError::new(
                     StatusCode::METHOD_NOT_ALLOWED,
@@ -59,7 +67,7 @@ pub async fn handle(
 }
 
 /// With `--api-key`, the OpenAI endpoints and the debug view need `Authorization: Bearer KEY`.
-/// `/health` and `/metrics` stay open for probes and scrapers.
+/// `/health`, `/ready` and `/metrics` stay open for probes and scrapers.
 fn authorize(state: &SharedState, request: &Request<Incoming>) -> Result<(), ApiError> {
     let Some(expected) = &state.config.api_key else {
         return Ok(());
@@ -113,7 +121,40 @@ fn health(state: &SharedState) -> Response<ResponseBody> {
     )
 }
 
-fn metrics(state: &SharedState) -> Response<ResponseBody> {
+/// 200 when this sidecar should get client traffic (see [`super::ready`]), 503 with the reasons
+/// when not.
+fn ready(state: &SharedState) -> Response<ResponseBody> {
+    let engine_healthy = state.engine.state().healthy;
+    let peers_alive = state.view.load().peers.len();
+    let verdict = evaluate(&ReadinessInputs {
+        draining: state.is_draining(),
+        engine_healthy,
+        peers_alive,
+        peer_seen: state.peer_seen.load(std::sync::atomic::Ordering::Relaxed),
+        has_seeds: !state.config.seeds.is_empty(),
+        uptime: state.start.elapsed(),
+        join_wait: state.config.join_wait,
+    });
+    let status = if verdict.is_ready() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    json(
+        status,
+        serde_json::json!({
+            "ready": verdict.is_ready(),
+            "node": state.node_name,
+            "not_ready": verdict.not_ready,
+            "joined": verdict.joined.map(|joined| joined.as_str()),
+            "engine_healthy": engine_healthy,
+            "peers": peers_alive,
+        }),
+    )
+}
+
+/// OpenMetrics when the scraper accepts it (Prometheus does), the text format 0.0.4 otherwise.
+fn metrics(state: &SharedState, request: &Request<Incoming>) -> Response<ResponseBody> {
     let mut text = String::new();
     if let Err(error) = prometheus_client::encoding::text::encode(&mut text, &state.registry) {
         return ApiError::new(
@@ -122,12 +163,22 @@ fn metrics(state: &SharedState) -> Response<ResponseBody> {
         )
         .into_response();
     }
+    let accept = request
+        .headers()
+        .get(http::header::ACCEPT)
+        .and_then(|v| v.to_str().ok());
+    let (text, content_type) = if exposition::wants_openmetrics(accept) {
+        (text, exposition::OPENMETRICS)
+    } else {
+        (
+            exposition::to_prometheus_text(&text),
+            exposition::PROMETHEUS_TEXT,
+        )
+    };
     let mut response = Response::new(full(text));
     response.headers_mut().insert(
         http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static(
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        ),
+        http::HeaderValue::from_static(content_type),
     );
     response
 }
@@ -177,6 +228,10 @@ fn debug_cluster(state: &SharedState) -> Response<ResponseBody> {
                 "node": peer.name,
                 "mesh_addr": peer.mesh_addr.to_string(),
                 "http_addr": peer.http_addr,
+                "version": peer.version,
+                "summary_bytes": peer.summary.encoded_bytes(),
+                // What its summary advertises: counted, or estimated from a filter's fill.
+                "cached_blocks": peer.summary.estimated_blocks(),
                 "age_ms": now.saturating_sub(peer.digest_received_ms),
                 "digest": peer.digest.as_deref().map(digest_json),
                 "estimate": estimate,
@@ -189,6 +244,8 @@ fn debug_cluster(state: &SharedState) -> Response<ResponseBody> {
         serde_json::json!({
             "node": state.node_name,
             "mesh_addr": state.mesh.advertise_addr().to_string(),
+            "version": env!("CARGO_PKG_VERSION"),
+            "cached_blocks": lock(&state.prefixes).blocks(),
             "draining": state.is_draining(),
             "engine": {
                 "url": state.engine.client.base_url(),
@@ -196,6 +253,8 @@ fn debug_cluster(state: &SharedState) -> Response<ResponseBody> {
                 "last_error": engine.last_error,
             },
             "digest": state.self_digest().map(|(d, _)| digest_json(&d)),
+            // Not `age_ms`: scripts count that key to tell how many peers a node sees.
+            "digest_age_ms": state.self_digest().map(|(_, built)| now.saturating_sub(built)),
             "peers": peers,
         }),
     )

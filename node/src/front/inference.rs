@@ -4,6 +4,7 @@
 use super::body::ResponseBody;
 use super::errors::ApiError;
 use super::hashing::hash_for_routing;
+use super::recent::RecentRequest;
 use crate::forward::entry;
 use crate::forward::headers::request_headers_for_engine;
 use crate::forward::relay::relay;
@@ -23,6 +24,7 @@ use kvmesh_protocol::route::node_key;
 use kvmesh_protocol::wire::RequestHead;
 use kvmesh_protocol::{RequestHashes, RouteReason};
 use std::sync::atomic::{AtomicU64, Ordering};
+use tracing::Instrument as _;
 
 /// Header a client may set to keep a conversation on one engine (a soft preference).
 pub const SESSION_HEADER: &str = "x-session-id";
@@ -33,7 +35,18 @@ pub async fn handle(
     endpoint: Endpoint,
 ) -> Response<ResponseBody> {
     let request_id = request_id(&state, &request);
-    let mut response = answer(state, request, endpoint, request_id.clone()).await;
+    // Every event of this request carries its id, this node, and once decided the reason and
+    // the peer of the current attempt (for `--log-format json` and log pipelines).
+    let span = tracing::info_span!(
+        "request",
+        request_id = %request_id,
+        node = %state.node_name,
+        reason = tracing::field::Empty,
+        peer = tracing::field::Empty,
+    );
+    let mut response = answer(state, request, endpoint, request_id.clone())
+        .instrument(span)
+        .await;
     // Every answer names its request, refusals and failures included, so that a client's
     // report can be found in the logs of the node it called.
     if let Ok(value) = HeaderValue::from_str(&request_id) {
@@ -130,10 +143,28 @@ async fn forward(
     let decided = plan.reason();
     let mut failures = Vec::new();
     let mut timed_out = false;
+    let started = std::time::Instant::now();
+    let mut attempts = 0;
+    let model = head.model.clone();
+    let recent = |reason: RouteReason, served_by: Option<String>, attempts: u32| RecentRequest {
+        at_unix_ms: unix_ms(),
+        request_id: request_id.clone(),
+        model: model.clone(),
+        reason: reason.as_str(),
+        served_by,
+        outcome: "forwarded",
+        attempts,
+        head_ms: started.elapsed().as_millis() as u64,
+    };
     loop {
         let attempt = plan.next_attempt(&mut lock(&state.entry), &chain, state.now_ms());
         let Some(attempt) = attempt else { break };
+        attempts += 1;
         let target = &targets[attempt.candidate];
+        let name = target.name(&state.node_name);
+        let span = tracing::Span::current();
+        span.record("reason", attempt.reason.as_str());
+        span.record("peer", name);
         head.reason = attempt.reason;
         head.first_block = attempt.first_block;
         head.new_prefix = attempt.new_prefix;
@@ -167,6 +198,11 @@ async fn forward(
                     matched = plan.matched_blocks(),
                     "forwarded"
                 );
+                state.recent.record(recent(
+                    attempt.reason,
+                    Some(upstream.served_by.clone()),
+                    attempts,
+                ));
                 let extra = response_headers(&upstream.served_by, attempt.reason, &request_id);
                 state.metrics.inflight.inc();
                 return relay(
@@ -179,7 +215,6 @@ async fn forward(
             }
             Err(error) => error,
         };
-        let name = target.name(&state.node_name);
         match &error {
             entry::AttemptError::Declined { message, .. } => {
                 state.metrics.attempts_declined.inc();
@@ -205,6 +240,10 @@ async fn forward(
     state
         .metrics
         .record_request(decided.as_str(), MetricOutcome::Failed);
+    state.recent.record(RecentRequest {
+        outcome: "failed",
+        ..recent(decided, None, attempts)
+    });
     let status = if timed_out {
         StatusCode::GATEWAY_TIMEOUT
     } else {

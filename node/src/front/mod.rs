@@ -4,14 +4,22 @@
 //! - [`handlers`]: one function per endpoint.
 //! - [`inference`]: the request path of `/v1/completions` and `/v1/chat/completions`:
 //!   parse → hash → decide → forward → relay.
+//! - [`ready`]: `GET /ready`, the readiness verdict (draining, engine, joined the mesh).
+//! - [`exposition`]: `/metrics` as OpenMetrics or as the Prometheus text format, as asked.
+//! - [`recent`]: the last requests that entered here (`/debug/recent`, the dashboard).
+//! - [`dashboard`]: `GET /dashboard`, a live page of the cluster, self-contained.
 //! - [`debug_match`]: `POST /debug/match`, which nodes this node believes hold a prefix.
 //! - [`hashing`]: a body into its prefix chain (asking the engine's tokenizer in token mode).
 //! - [`errors`], [`body`]: the OpenAI error shape and response bodies.
 
 pub mod body;
+pub mod dashboard;
 pub mod debug_match;
 pub mod errors;
+pub mod exposition;
 pub mod handlers;
 pub mod hashing;
 pub mod inference;
+pub mod ready;
+pub mod recent;
 pub mod server;

@@ -72,6 +72,10 @@ pub struct ServeArgs {
     /// On SIGTERM, how long in-flight requests may take to finish [default: 30 s].
     #[arg(long, env = "KVMESH_DRAIN_TIMEOUT_SECS")]
     pub drain_timeout_secs: Option<u64>,
+    /// How long `/ready` waits for a first live peer before it concludes this node is alone
+    /// (its seeds name only itself); without --seeds it does not wait [default: 15 s].
+    #[arg(long, env = "KVMESH_JOIN_WAIT_SECS")]
+    pub join_wait_secs: Option<u64>,
     /// Routing policy: `score` (classic weighted score) or `cost` (estimated TTFT)
     /// [default: score].
     #[arg(long, env = "KVMESH_POLICY")]
@@ -144,6 +148,8 @@ pub struct ServeConfig {
     pub request_timeout: Duration,
     pub client_timeout: Duration,
     pub drain_timeout: Duration,
+    /// `/ready`'s bound on waiting for a first peer.
+    pub join_wait: Duration,
     pub digest_interval: Duration,
     pub gossip_interval: Duration,
     pub worker_threads: usize,
@@ -290,6 +296,9 @@ impl ServeConfig {
                     .or(file.drain_timeout_secs)
                     .unwrap_or(30),
             ),
+            join_wait: Duration::from_secs(
+                cli.join_wait_secs.or(file.join_wait_secs).unwrap_or(15),
+            ),
             digest_interval: millis(cli.digest_interval_ms.or(file.digest_interval_ms), 100),
             gossip_interval: millis(cli.gossip_interval_ms.or(file.gossip_interval_ms), 200),
             worker_threads: cli.worker_threads.or(file.worker_threads).unwrap_or(1),
@@ -350,6 +359,7 @@ mod tests {
         assert_eq!(config.retries, 2);
         assert_eq!(config.max_body_bytes, 32 * 1024 * 1024);
         assert_eq!(config.worker_threads, 1);
+        assert_eq!(config.join_wait, Duration::from_secs(15));
         assert_eq!(config.route, RouteConfig::default());
     }
 

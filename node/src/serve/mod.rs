@@ -18,7 +18,7 @@ use crate::mesh::{Mesh, MeshConfig};
 use crate::metrics::NodeMetrics;
 use crate::prefix::{IndexMode, LocalPrefixes};
 use crate::tls::NodeIdentity;
-use crate::view::{HTTP_KEY, SharedView};
+use crate::view::{HTTP_KEY, SharedView, VERSION_KEY};
 use anyhow::Context;
 use config::ServeConfig;
 use engine_queue::EngineQueue;
@@ -92,9 +92,14 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         draining: AtomicBool::new(false),
         refusing: AtomicBool::new(false),
         inflight_forwarded: AtomicU32::new(0),
+        peer_seen: AtomicBool::new(false),
+        recent: Default::default(),
         config,
     });
     mesh.gossip().set(HTTP_KEY, &http_addr.to_string()).await?;
+    mesh.gossip()
+        .set(VERSION_KEY, env!("CARGO_PKG_VERSION"))
+        .await?;
 
     let mut tasks = vec![
         poller,
@@ -163,6 +168,7 @@ async fn poll_loop(state: SharedState) {
     let mut polls = 0;
     loop {
         let current = engine.borrow_and_update().clone();
+        state.metrics.engine_healthy.set(i64::from(current.healthy));
         if current.polls != polls {
             polls = current.polls;
             state.engine_queue.polled(
@@ -186,6 +192,9 @@ async fn view_loop(state: SharedState) {
     loop {
         let snapshot = membership.borrow_and_update().clone();
         state.mesh.metrics().peers_alive.set(snapshot.len() as i64);
+        if !snapshot.is_empty() {
+            state.peer_seen.store(true, Ordering::Relaxed);
+        }
         let before = state.view.load();
         state.view.update(&snapshot, state.now_ms(), &state.metrics);
         for gone in before

@@ -41,6 +41,10 @@ pub struct AppState {
     /// Requests peers forwarded here that have not finished. (Requests that entered here are
     /// counted by the `inflight` gauge of [`NodeMetrics`].)
     pub inflight_forwarded: AtomicU32,
+    /// Set once any peer was live: this node has joined the mesh (for `/ready`).
+    pub peer_seen: AtomicBool,
+    /// The last requests that entered here (`/debug/recent`, the dashboard).
+    pub recent: crate::front::recent::RecentRequests,
 }
 
 impl AppState {

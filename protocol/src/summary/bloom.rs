@@ -45,9 +45,48 @@ pub fn false_match_rate(words: &[u64], probes: u8) -> f64 {
     (f64::from(set) / (words.len() * 64) as f64).powi(i32::from(probes))
 }
 
+/// Hashes a filter holds, estimated from its fill (Swamidass and Baldi):
+/// `n ≈ -(m/k) ln(1 - X/m)` for `X` of `m` bits set with `k` probes. A full filter says only
+/// "at least this many": the estimate is capped where one bit in `m` is still clear.
+pub fn estimated_count(words: &[u64], probes: u8) -> usize {
+    let bits = (words.len() * 64) as f64;
+    if bits == 0.0 || probes == 0 {
+        return 0;
+    }
+    let set: u32 = words.iter().map(|w| w.count_ones()).sum();
+    let clear = (bits - f64::from(set)).max(1.0);
+    (-(bits / f64::from(probes)) * (clear / bits).ln()).round() as usize
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_count_estimate_is_within_five_percent_up_to_capacity() {
+        let mut state = 0x1234_5678_u64;
+        let mut next = || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            state ^ (state >> 29)
+        };
+        let capacity = capacity(8192);
+        for n in [0, 10, 100, capacity / 2, capacity] {
+            let mut words = vec![0u64; 128];
+            for _ in 0..n {
+                insert(&mut words, next(), PROBES);
+            }
+            let estimate = estimated_count(&words, PROBES);
+            let error = (estimate as f64 - n as f64).abs();
+            assert!(
+                error <= (n as f64 * 0.05).max(2.0),
+                "{n} inserted, estimated {estimate}"
+            );
+        }
+        // Full: capped at (m/k) ln m, finite.
+        assert_eq!(estimated_count(&[u64::MAX; 128], PROBES), 10545);
+    }
 
     #[test]
     fn capacity_of_one_kib_is_near_eight_hundred() {

@@ -135,7 +135,8 @@ impl SummaryBuilder {
             .iter()
             .filter(|set| set.len() * 8 > self.config.shard_bytes as usize)
             .map(|set| (1.0 - (-k * set.len() as f64 / bits).exp()).powf(k))
-            .sum();
+            // Not `.sum()`: an empty float sum is -0.0, which /metrics would print as such.
+            .fold(0.0, |total, rate| total + rate);
         total / self.sets.len() as f64
     }
 }

@@ -117,6 +117,15 @@ impl PeerSummary {
         self.shards.iter().flatten().map(|s| s.encoded_len).sum()
     }
 
+    /// Blocks this peer advertises: exact shards counted, filters estimated from their fill.
+    pub fn estimated_blocks(&self) -> usize {
+        self.shards
+            .iter()
+            .flatten()
+            .map(DecodedShard::estimated_len)
+            .sum()
+    }
+
     /// Expected false-match rate of a lookup, averaged over shards.
     pub fn estimated_false_match_rate(&self) -> f64 {
         if self.shards.is_empty() {

@@ -102,6 +102,14 @@ impl DecodedShard {
         }
     }
 
+    /// Hashes this shard holds: counted when exact, estimated from its fill when a filter.
+    pub fn estimated_len(&self) -> usize {
+        match &self.wire.body {
+            ShardBody::Exact(hashes) => hashes.len(),
+            ShardBody::Bloom { probes, words } => bloom::estimated_count(words, *probes),
+        }
+    }
+
     /// Expected probability that a hash not in the set is reported present.
     pub fn false_match_rate(&self) -> f64 {
         match &self.wire.body {

@@ -1,0 +1,65 @@
+//! `--log-format json`: every stderr line of the sidecar is one JSON object, and the events of
+//! a request carry its request_id, the node, the routing reason and the peer it went to.
+
+use kvmesh_tests::process::Pipe;
+use kvmesh_tests::{CONVERGENCE_TIMEOUT, Cluster, NodeSpec, Request, wait_for};
+use serde_json::{Value, json};
+
+#[test]
+fn json_logs_carry_request_id_node_reason_and_peer() {
+    let mut cluster = Cluster::start(&[NodeSpec::new("b", &["m"])]);
+    cluster.join_with(&NodeSpec::new("a", &["m"]), |config| {
+        config
+            .arg("--log-format")
+            .arg("json")
+            // The per-attempt "forwarded" event is a debug one.
+            .env("RUST_LOG", "info,kvmesh_node=debug")
+    });
+    cluster.wait_membership(&["a", "b"], CONVERGENCE_TIMEOUT);
+
+    // Requests through a until one is served by its peer b (a cold prefix may land on either).
+    let mut attempt = 0;
+    let (served, _) = wait_for(CONVERGENCE_TIMEOUT, "a request served by b", || {
+        attempt += 1;
+        let request_id = format!("log-test-{attempt}");
+        let body = json!({"model": "m", "prompt": format!("prompt {attempt}"), "max_tokens": 4});
+        let response = cluster
+            .sidecar("a")
+            .try_send(
+                Request::post_json("/v1/completions", &body).header("x-request-id", &request_id),
+            )
+            .map_err(|e| e.to_string())?;
+        let header = |name: &str| response.header(name).unwrap_or_default().to_string();
+        match (response.status, header("x-kvmesh-node").as_str()) {
+            (200, "b") => Ok((request_id, header("x-kvmesh-reason"))),
+            (status, node) => Err(format!("{status} from {node}")),
+        }
+    });
+    let (request_id, reason) = served;
+
+    let lines = cluster
+        .node_mut("a")
+        .sidecar
+        .process()
+        .output_lines(Pipe::Stderr);
+    assert!(!lines.is_empty(), "no log line at all");
+    let events: Vec<Value> = lines
+        .iter()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}")))
+        .collect();
+    // The node's own start-up carries its name.
+    assert!(
+        events.iter().any(|e| e["span"]["node"] == "a"),
+        "no event names node a: {lines:#?}"
+    );
+    let forwarded = events
+        .iter()
+        .find(|e| e["message"] == "forwarded" && e["span"]["request_id"] == request_id.as_str())
+        .unwrap_or_else(|| panic!("no `forwarded` event of {request_id}: {lines:#?}"));
+    let span = &forwarded["span"];
+    assert_eq!(span["name"], "request", "{forwarded}");
+    assert_eq!(span["node"], "a", "{forwarded}");
+    assert_eq!(span["peer"], "b", "{forwarded}");
+    assert_eq!(span["reason"], reason.as_str(), "{forwarded}");
+    assert_eq!(forwarded["level"], "DEBUG", "{forwarded}");
+}
