@@ -17,8 +17,8 @@ use rkyv::{Archive, Deserialize, Serialize};
 /// 2: `RequestHead::new_prefix` and `may_decline`, `WireErrorCode::Busy`.
 /// 3: late binding: `RequestHead::decline_above` (for `may_decline`) and `streamed`, load reports
 /// in `ResponseHead` and `WireError`, `RouteReason::Declined`.
-/// 4: the queue judged in time: `RequestHead::prefill_tokens` and `decline_after_ms` (for
-/// `decline_above`).
+/// 4: the queue judged in prefill work: `RequestHead::prefill_tokens` and
+/// `decline_above_tokens` (for `decline_above`).
 pub const FORMAT_VERSION: u8 = 4;
 
 /// What an envelope carries; part of the envelope so a value can only decode as its own type.

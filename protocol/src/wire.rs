@@ -49,11 +49,11 @@ pub struct RequestHead {
     /// Prompt tokens the entry expects the serving engine to compute (the prompt less what
     /// it believed cached there): what the serving node counts in its queue.
     pub prefill_tokens: u32,
-    /// The serving node may decline the request ([`WireErrorCode::Busy`]) when its queue
-    /// would give the request its first token later than this, ms: the entry's estimate of
-    /// the time to the first token at the next candidate (see [`crate::lifecycle`]). Never set
-    /// on a request's last attempt.
-    pub decline_after_ms: Option<u32>,
+    /// The serving node may decline the request ([`WireErrorCode::Busy`]) when its engine
+    /// would prefill more prompt tokens than this up to the request's first token: the
+    /// entry's estimate of that work at the next candidate (see [`crate::lifecycle`]). Never
+    /// set on a request's last attempt.
+    pub decline_above_tokens: Option<u32>,
     /// The client asked for a streamed answer (whose first byte ends the prefill).
     pub streamed: bool,
 }
@@ -286,7 +286,7 @@ pub(crate) fn sample_request_head() -> RequestHead {
         first_block: Some(42),
         new_prefix: true,
         prefill_tokens: 2_048,
-        decline_after_ms: Some(300),
+        decline_above_tokens: Some(300),
         streamed: true,
     }
 }

@@ -127,7 +127,7 @@ proptest! {
                 prop_assert!(!attempted.contains(&attempt.node_key), "attempted twice");
                 attempted.push(attempt.node_key);
                 let rank = ranked.iter().position(|&k| k == attempt.node_key).unwrap();
-                if attempt.decline_after_ms.is_some() {
+                if attempt.decline_above_tokens.is_some() {
                     declinable += 1;
                     prop_assert!(rank + 1 < ranked.len(), "a last attempt may be declined");
                 }
@@ -186,7 +186,7 @@ proptest! {
         let mut serving = ServingState::new();
         serving.set_prefill_speed(1_000.0);
         let mut tickets = Vec::new();
-        for (time, (streamed, new_prefix, prefill_tokens, decline_after_ms, action)) in
+        for (time, (streamed, new_prefix, prefill_tokens, decline_above_tokens, action)) in
             ops.into_iter().enumerate()
         {
             match action {
@@ -195,13 +195,13 @@ proptest! {
                         first_block: new_prefix,
                         new_prefix: new_prefix.is_some(),
                         prefill_tokens,
-                        decline_after_ms,
+                        decline_above_tokens,
                         streamed,
                     };
                     match serving.admit(&admission, time as u64 * 100) {
                         Ok(ticket) => tickets.push(ticket),
                         Err(_) => {
-                            prop_assert!(decline_after_ms.is_some(), "declined a last attempt")
+                            prop_assert!(decline_above_tokens.is_some(), "declined a last attempt")
                         }
                     }
                 }
@@ -227,7 +227,7 @@ proptest! {
         prop_assert_eq!(serving.queued(), 0);
         prop_assert_eq!(serving.inflight(), 0);
         prop_assert_eq!(serving.new_prefixes_in_flight(), 0);
-        prop_assert_eq!(serving.wait_ms(0, 10_000), Some(0.0), "no prefill left queued");
+        prop_assert_eq!(serving.tokens_ahead(0, 10_000), 0.0, "no prefill left queued");
     }
 }
 
@@ -286,7 +286,7 @@ fn a_burst_of_new_prefixes_from_one_entry_spreads_over_both_engines() {
                     first_block: attempt.first_block,
                     new_prefix: attempt.new_prefix,
                     prefill_tokens: attempt.prefill_tokens,
-                    decline_after_ms: attempt.decline_after_ms,
+                    decline_above_tokens: attempt.decline_above_tokens,
                     streamed: true,
                 };
                 let outcome = match engine.admit(&admission, now) {

@@ -190,7 +190,7 @@ proptest! {
                 first_block: Some(42),
                 new_prefix: true,
                 prefill_tokens: 2_000,
-                decline_after_ms: Some(250),
+                decline_above_tokens: Some(250),
                 streamed: true,
             }),
             Frame::Data(body.into()),

@@ -189,7 +189,7 @@ pub fn admission(head: &RequestHead) -> Admission {
         first_block: head.first_block,
         new_prefix: head.new_prefix,
         prefill_tokens: head.prefill_tokens,
-        decline_after_ms: head.decline_after_ms,
+        decline_above_tokens: head.decline_above_tokens,
         streamed: head.streamed,
     }
 }

@@ -124,7 +124,7 @@ async fn answer(
         first_block: None,
         new_prefix: false,
         prefill_tokens: 0,
-        decline_after_ms: None,
+        decline_above_tokens: None,
         streamed,
     };
     forward(state, routed, head, body, hashes.chain, request_id).await
@@ -169,7 +169,7 @@ async fn forward(
         head.first_block = attempt.first_block;
         head.new_prefix = attempt.new_prefix;
         head.prefill_tokens = attempt.prefill_tokens;
-        head.decline_after_ms = attempt.decline_after_ms;
+        head.decline_above_tokens = attempt.decline_above_tokens;
         let sent = tokio::time::timeout(
             state.config.request_timeout,
             entry::attempt(&state, target, head.clone(), body.clone(), &chain),

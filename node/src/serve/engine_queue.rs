@@ -19,8 +19,8 @@ pub struct EngineQueue {
 }
 
 impl EngineQueue {
-    /// A queue judged at `prefill_tokens_per_s` until the engine's own speed is measured:
-    /// the speed entries assume of an engine whose digest reports none.
+    /// A queue that credits its oldest request at `prefill_tokens_per_s` until the engine's
+    /// own speed is measured (the speed entries assume of an engine whose digest reports none).
     pub fn new(metrics: NodeMetrics, prefill_tokens_per_s: f64) -> Self {
         let mut state = ServingState::new();
         state.set_prefill_speed(prefill_tokens_per_s);
@@ -130,13 +130,13 @@ mod tests {
 
     #[test]
     fn a_guard_counts_until_its_first_byte_and_ends_when_dropped() {
-        // 1,000 tokens a second: each request below takes 1 s.
-        let queue = EngineQueue::new(NodeMetrics::default(), 1_000.0);
-        let streamed = |decline_after_ms| Admission {
+        // A token a second: the engine does nothing of a queued request while this test runs.
+        let queue = EngineQueue::new(NodeMetrics::default(), 1.0);
+        let streamed = |decline_above_tokens| Admission {
             first_block: Some(7),
             new_prefix: true,
             prefill_tokens: 1_000,
-            decline_after_ms,
+            decline_above_tokens,
             streamed: true,
         };
         let mut first = queue

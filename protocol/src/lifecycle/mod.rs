@@ -21,6 +21,6 @@ pub use entry::{
     EntryState, Estimated, PENDING_TTL_MS, PeerInput, RECENT_MAX_ENTRIES, RECENT_TTL_MS,
     REPORT_TTL_MS, Source,
 };
-pub use plan::{Attempt, Outcome, Plan, Progress, ttft_bound_ms};
+pub use plan::{Attempt, Outcome, Plan, Progress, tokens_bound};
 pub use report::LoadReport;
 pub use serving::{Admission, DeclineReason, ServingState, Ticket};

@@ -8,9 +8,7 @@
 
 use super::entry::EntryState;
 use super::report::LoadReport;
-use crate::route::{
-    Candidate, Decision, Estimate, RouteConfig, RouteReason, RouteRequest, prefill_tokens_per_s,
-};
+use crate::route::{Candidate, Decision, Estimate, RouteConfig, RouteReason, RouteRequest};
 
 /// One engine of the ranking, with what an attempt there carries.
 #[derive(Copy, Clone, Debug, PartialEq)]
@@ -20,9 +18,9 @@ struct Planned {
     key: u64,
     /// Prompt tokens it is believed to have to compute.
     prefill_tokens: u32,
-    /// How long the request may wait there for its first token before it should pass it on
-    /// to the next in rank, ms.
-    decline_after_ms: u32,
+    /// The prefill work, in prompt tokens, above which it should pass the request on to
+    /// the next in rank.
+    decline_above_tokens: u32,
 }
 
 /// One attempt to make now.
@@ -36,10 +34,10 @@ pub struct Attempt {
     /// Prompt tokens the engine is believed to have to compute (what the serving node counts
     /// in its queue).
     pub prefill_tokens: u32,
-    /// The serving node may decline when the request would get its first token there later
-    /// than this, ms from its arrival: the entry's estimate of the time to the first token at
-    /// the next in rank.
-    pub decline_after_ms: Option<u32>,
+    /// The serving node may decline when its engine would prefill more prompt tokens than
+    /// this up to the request's first token: the entry's estimate of that work at the next in
+    /// rank (see [`tokens_bound`]).
+    pub decline_above_tokens: Option<u32>,
     /// The prompt's first block, if it has one.
     pub first_block: Option<u64>,
     /// No engine held the prompt's first block: the serving node counts the new prefix.
@@ -113,9 +111,8 @@ impl Plan {
             .iter()
             .enumerate()
             .map(|(rank, &candidate)| {
-                let decline_after_ms = match decision.ranked.get(rank + 1) {
-                    Some(&next) => ttft_bound_ms(
-                        &candidates[next],
+                let decline_above_tokens = match decision.ranked.get(rank + 1) {
+                    Some(_) => tokens_bound(
                         decision.estimates[rank + 1],
                         decision.estimates[rank].matched,
                         request,
@@ -127,7 +124,7 @@ impl Plan {
                     candidate,
                     key: candidates[candidate].node_key,
                     prefill_tokens: uncached_tokens(decision.estimates[rank].matched, request),
-                    decline_after_ms,
+                    decline_above_tokens,
                 }
             })
             .collect();
@@ -224,7 +221,7 @@ impl Plan {
             node_key: target.key,
             reason,
             prefill_tokens: target.prefill_tokens,
-            decline_after_ms: may_decline.then_some(target.decline_after_ms),
+            decline_above_tokens: may_decline.then_some(target.decline_above_tokens),
             first_block: self.first_block,
             new_prefix: self.new_prefix,
         })
@@ -325,23 +322,24 @@ fn uncached_tokens(matched: u32, request: &RouteRequest<'_>) -> u32 {
     (f64::from(request.prompt_tokens) - cached).max(0.0) as u32
 }
 
-/// How long a request may wait for its first token at an engine holding `matched` blocks of
-/// it before that engine passes it on to `next`, ms: the entry's estimate of the time to the
-/// first token at `next`, plus, when the request would leave cached blocks behind, their
-/// prefill time once more.
+/// How many prompt tokens an engine holding `matched_here` blocks of the request may have to
+/// prefill up to its first token (its own included) before it passes it on to the next in
+/// rank: the entry's estimate of that work at the next, plus, when the request would leave
+/// cached blocks behind, those blocks once more. Work in tokens, as both sides count it:
+/// engines of one fleet prefill at about one speed, and two speeds measured at different
+/// moments would not compare.
 ///
-/// The estimate at `next`, from what the entry believed of it (`estimate`): the prefill of
-/// the requests queued there (the oldest half done; plus the configured slack), then of what
-/// it does not hold of this prompt. The entry does not know the size of the requests queued there; it counts each
-/// as this one would be there (at least a block), which is exact for a uniform load, and
-/// otherwise errs towards keeping a request where its entry sent it.
+/// The estimate at the next, from what the entry believed of it (`estimate`): the requests
+/// queued there (plus the configured slack), then what it does not hold of this prompt. The
+/// entry does not know the size of the requests queued there; it counts each as this one
+/// would be there (at least a block), which is exact for a uniform load, and otherwise errs
+/// towards keeping a request where its entry sent it.
 ///
 /// The cached blocks count twice because leaving them costs twice: this request computes them
-/// again, and every request queued behind it at `next` waits for that. A prefix is taken from
-/// its cache only when the queue costs more than both; a new prefix, cached nowhere, goes
+/// again, and every request queued behind it at the next waits for that. A prefix is taken
+/// from its cache only when the queue costs more than both; a new prefix, cached nowhere, goes
 /// where it starts first.
-pub fn ttft_bound_ms(
-    next: &Candidate<'_>,
+pub fn tokens_bound(
     estimate: Estimate,
     matched_here: u32,
     request: &RouteRequest<'_>,
@@ -349,13 +347,8 @@ pub fn ttft_bound_ms(
 ) -> u32 {
     let uncached = f64::from(uncached_tokens(estimate.matched, request));
     let each_queued = uncached.max(f64::from(request.tokens_per_block));
-    // The oldest queued there is, on average, half done when the entry's view of it is read.
-    let queued = match estimate.queued {
-        0 => 0.0,
-        n => f64::from(n) - 0.5,
-    } + config.decline_slack.max(0.0);
+    let queued = f64::from(estimate.queued) + config.decline_slack.max(0.0);
     let recomputed = uncached - f64::from(uncached_tokens(matched_here, request));
     let tokens = queued * each_queued + uncached + recomputed.max(0.0);
-    let ms = tokens / prefill_tokens_per_s(next.digest, config) * 1000.0;
-    ms.round().min(f64::from(u32::MAX)) as u32
+    tokens.round().min(f64::from(u32::MAX)) as u32
 }

@@ -7,10 +7,13 @@
 //! nothing until it is complete, so for those the engine's own `waiting` gauge, read at the
 //! last poll, counts, plus what was handed over since.
 //!
-//! Admission judges that queue in time, not in requests: each request carries the prompt
-//! tokens its entry expects this engine to compute, so a queue of three cached questions and
-//! a queue of three uncached documents are told apart, and the bound it is judged against is
-//! the entry's estimate of the time to the first token at the next candidate.
+//! Admission judges that queue in prefill work, not in requests: each request carries the
+//! prompt tokens its entry expects this engine to compute, so a queue of three cached
+//! questions and a queue of three uncached documents are told apart, and the bound it is
+//! judged against is the entry's estimate of the tokens to prefill before the request's first
+//! token at the next candidate. Tokens, not time: the two sides would otherwise divide by two
+//! speeds measured at different moments (one engine's fresh, the other's gossiped or not yet
+//! known), and an idle engine could decline for a speed it was measured at.
 
 use super::entry::RECENT_TTL_MS;
 use super::report::LoadReport;
@@ -35,9 +38,9 @@ pub struct Admission {
     /// Prompt tokens the entry expects this engine to compute: the prompt less what it
     /// believed cached here.
     pub prefill_tokens: u32,
-    /// Decline when the request would get its first token here later than this, in
-    /// milliseconds from now (`None`: never; a request's last attempt carries none).
-    pub decline_after_ms: Option<u32>,
+    /// Decline when more prompt tokens than this would be prefilled here up to the request's
+    /// first token, its own included (`None`: never; a request's last attempt carries none).
+    pub decline_above_tokens: Option<u32>,
     /// Whether the answer streams (its first byte then marks the end of the prefill).
     pub streamed: bool,
 }
@@ -92,7 +95,8 @@ pub struct ServingState {
     streamed_unstarted: u32,
     /// The prompt tokens those still have to compute, as their entries estimated them.
     streamed_unstarted_tokens: u64,
-    /// The engine's prefill speed, tokens per second (0: not known yet).
+    /// The engine's prefill speed, tokens per second (0: not known yet), to tell how far it
+    /// got with the oldest queued request.
     prefill_tokens_per_s: f64,
     /// Since when the engine has been working on the oldest of those: when the last one
     /// started, or when one was handed over to an idle queue.
@@ -133,17 +137,13 @@ impl ServingState {
         }
     }
 
-    /// When a request that must compute `prefill_tokens` would get its first token if handed
-    /// over at `now_ms`, in milliseconds: the prefill of everything queued ahead, less what
-    /// the engine has done of the oldest since it began it, then its own. The queued requests
-    /// whose size this node does not know (whole answers, the engine's other clients) count
-    /// as the mean of those it knows, or as this one. `None` while the engine's speed is
-    /// unknown.
-    pub fn wait_ms(&self, prefill_tokens: u32, now_ms: u64) -> Option<f64> {
-        let speed = self.prefill_tokens_per_s;
-        if speed <= 0.0 {
-            return None;
-        }
+    /// The prompt tokens the engine would prefill up to the first token of a request that
+    /// must compute `prefill_tokens`, if handed over at `now_ms`: everything queued ahead, less
+    /// what the engine has done of the oldest since it began it (at its measured speed, while
+    /// known), then the request's own. The queued requests whose size this node does not know
+    /// (whole answers, the engine's other clients) count as the mean of those it knows, or as
+    /// this one.
+    pub fn tokens_ahead(&self, prefill_tokens: u32, now_ms: u64) -> f64 {
         let known = f64::from(self.streamed_unstarted);
         let unknown = f64::from(self.queued().saturating_sub(self.streamed_unstarted));
         let known_tokens = self.streamed_unstarted_tokens as f64;
@@ -155,10 +155,9 @@ impl ServingState {
         let elapsed_s = now_ms.saturating_sub(self.head_since_ms) as f64 / 1000.0;
         let done = match self.streamed_unstarted {
             0 => 0.0,
-            _ => (elapsed_s * speed).min(mean),
+            _ => (elapsed_s * self.prefill_tokens_per_s).min(mean),
         };
-        let tokens = known_tokens + unknown * mean - done + f64::from(prefill_tokens);
-        Some(tokens.max(0.0) / speed * 1000.0)
+        (known_tokens + unknown * mean - done).max(0.0) + f64::from(prefill_tokens)
     }
 
     /// This node built a digest of this version (reports name the latest).
@@ -214,8 +213,7 @@ impl ServingState {
     }
 
     /// Hands a request to the engine, or declines it: only when its entry allowed that and
-    /// the queue here would hold it past the entry's bound (while the engine's speed is not
-    /// known yet, it takes it). A request whose prefix this engine is computing as a new prefix is never declined: here
+    /// the queue here would hold it past the entry's bound. A request whose prefix this engine is computing as a new prefix is never declined: here
     /// it meets those blocks as they are computed, anywhere else it would compute them again,
     /// and every entry sending a new prefix at once must land on one engine. For the same
     /// reason a new prefix declined here is declined again for [`FOLLOW_TTL_MS`], whatever the
@@ -230,7 +228,7 @@ impl ServingState {
             self.declined_new_prefixes.pop_front();
         }
         let new_prefix = request.first_block.filter(|_| request.new_prefix);
-        if let Some(bound_ms) = request.decline_after_ms {
+        if let Some(bound) = request.decline_above_tokens {
             let joins = request
                 .first_block
                 .is_some_and(|block| self.new_prefixes.contains(&block));
@@ -239,9 +237,7 @@ impl ServingState {
             if declined_before && !joins {
                 return Err(DeclineReason::Follows);
             }
-            let over = self
-                .wait_ms(request.prefill_tokens, now_ms)
-                .is_some_and(|wait| wait > f64::from(bound_ms));
+            let over = self.tokens_ahead(request.prefill_tokens, now_ms) > f64::from(bound);
             if !joins && over {
                 let Some(block) = new_prefix else {
                     return Err(DeclineReason::Queue);
@@ -308,18 +304,18 @@ impl ServingState {
 mod tests {
     use super::*;
 
-    /// A streamed request of 1,000 uncached tokens: 1 s on [`serving`]'s engine.
-    fn streamed(new_prefix: Option<u64>, decline_after_ms: Option<u32>) -> Admission {
+    /// A streamed request of 1,000 uncached tokens.
+    fn streamed(new_prefix: Option<u64>, decline_above_tokens: Option<u32>) -> Admission {
         Admission {
             first_block: new_prefix,
             new_prefix: new_prefix.is_some(),
             prefill_tokens: 1_000,
-            decline_after_ms,
+            decline_above_tokens,
             streamed: true,
         }
     }
 
-    /// A serving side whose engine prefills 1,000 tokens a second.
+    /// A serving side whose engine prefills 1,000 tokens a second (1 ms a token).
     fn serving() -> ServingState {
         let mut serving = ServingState::new();
         serving.set_prefill_speed(1_000.0);
@@ -355,7 +351,7 @@ mod tests {
             first_block: None,
             new_prefix: false,
             prefill_tokens: 100,
-            decline_after_ms: None,
+            decline_above_tokens: None,
             streamed: false,
         };
         let first = serving.admit(&whole, 0).unwrap();
@@ -387,7 +383,7 @@ mod tests {
         assert_eq!(
             serving.admit(&streamed(Some(2), Some(1_000)), 0),
             Err(DeclineReason::NewPrefix),
-            "its first token would come after 2 s"
+            "2,000 tokens up to its first token"
         );
         assert_eq!(
             serving.admit(&streamed(None, Some(1_000)), 0),
@@ -414,41 +410,56 @@ mod tests {
     }
 
     #[test]
-    fn the_queue_is_judged_in_prefill_time_not_in_requests() {
+    fn the_queue_is_judged_in_prefill_tokens_not_in_requests() {
         let mut serving = serving();
-        let question = |decline_after_ms| Admission {
+        let question = |decline_above_tokens| Admission {
             prefill_tokens: 100,
-            ..streamed(None, decline_after_ms)
+            ..streamed(None, decline_above_tokens)
         };
         let cached: Vec<_> = (0..3)
             .map(|_| serving.admit(&question(None), 0).unwrap())
             .collect();
-        assert_eq!(serving.wait_ms(100, 0), Some(400.0));
+        assert_eq!(serving.tokens_ahead(100, 0), 400.0);
         let fourth = serving
             .admit(&question(Some(500)), 0)
-            .expect("three cached questions ahead: 0.4 s");
+            .expect("three cached questions ahead: 400 tokens");
         let document = serving.admit(&streamed(Some(7), None), 0).unwrap();
         assert_eq!(
             serving.admit(&question(Some(500)), 0),
             Err(DeclineReason::Queue),
-            "an uncached document ahead: 1.5 s"
+            "an uncached document ahead: 1,500 tokens"
         );
         for ticket in cached.into_iter().chain([fourth, document]) {
             serving.finished(ticket, 0);
         }
-        assert_eq!(serving.wait_ms(100, 0), Some(100.0));
+        assert_eq!(serving.tokens_ahead(100, 0), 100.0);
     }
 
     #[test]
-    fn an_engine_of_unknown_speed_takes_every_request() {
-        let mut serving = ServingState::new();
-        let tickets: Vec<_> = (0..5)
-            .map(|block| serving.admit(&streamed(Some(block), Some(0)), 0).unwrap())
-            .collect();
-        assert_eq!(serving.queued(), 5);
-        for ticket in tickets {
-            serving.finished(ticket, 0);
-        }
+    fn the_oldest_queued_request_is_credited_with_what_the_engine_did_of_it() {
+        let mut serving = serving();
+        let mut first = serving.admit(&streamed(Some(1), None), 1_000).unwrap();
+        let second = serving.admit(&streamed(Some(2), None), 1_100).unwrap();
+        assert_eq!(serving.tokens_ahead(0, 1_000), 2_000.0);
+        assert_eq!(
+            serving.tokens_ahead(0, 1_400),
+            1_600.0,
+            "400 ms at 1,000 tokens/s"
+        );
+        assert_eq!(
+            serving.tokens_ahead(0, 9_000),
+            1_000.0,
+            "at most the oldest's size"
+        );
+        serving.started(&mut first, 1_500);
+        assert_eq!(
+            serving.tokens_ahead(0, 1_500),
+            1_000.0,
+            "the next starts now"
+        );
+        assert_eq!(serving.tokens_ahead(0, 1_750), 750.0);
+        serving.finished(first, 2_000);
+        serving.finished(second, 2_000);
     }
 
     #[test]

@@ -88,7 +88,7 @@ pub struct RouteConfig {
     /// serving node knows only its own queue. Default 3.
     pub max_new_prefix_declines: u32,
     /// Queued requests added to the entry's estimate of the next candidate's queue before a
-    /// serving node declines (see [`crate::lifecycle::ttft_bound_ms`]). Both sides count what
+    /// serving node declines (see [`crate::lifecycle::tokens_bound`]). Both sides count what
     /// the prompt meets cached: a prefix is taken from its cache only when the queue costs
     /// more than the cache saves. Default 0.
     pub decline_slack: f64,

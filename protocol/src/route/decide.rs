@@ -110,8 +110,8 @@ pub struct Estimate {
     /// Blocks of the prompt it holds.
     pub matched: u32,
     /// Requests queued there (waiting plus this node's pending sends): what the entry
-    /// estimates the time to the first token there from (see
-    /// [`crate::lifecycle::ttft_bound_ms`]).
+    /// estimates the prefill work ahead of a request there from (see
+    /// [`crate::lifecycle::tokens_bound`]).
     pub queued: u32,
 }
 
@@ -494,7 +494,7 @@ fn estimated_ttft_ms(
 }
 
 /// An engine's prefill speed: what its digest reports, else the configured assumption.
-pub(crate) fn prefill_tokens_per_s(digest: &LoadDigest, config: &RouteConfig) -> f64 {
+fn prefill_tokens_per_s(digest: &LoadDigest, config: &RouteConfig) -> f64 {
     match f64::from(digest.prefill_tokens_per_s) {
         tps if tps > 0.0 => tps,
         _ => config.default_prefill_tokens_per_s.max(1.0),

@@ -15,7 +15,6 @@ mod rendezvous;
 mod tests;
 
 pub use config::{BoundOn, Policy, RouteConfig};
-pub(crate) use decide::prefill_tokens_per_s;
 pub use decide::{
     Candidate, DecideScratch, Decision, Estimate, Gauges, RouteError, RouteRequest, decide,
     decide_with,

@@ -219,7 +219,7 @@ fn admit(sim: &mut Sim<'_>, state: &mut Loop, id: u64, node: u32, now: u64) {
         first_block: attempt.first_block,
         new_prefix: attempt.new_prefix,
         prefill_tokens: attempt.prefill_tokens,
-        decline_after_ms: attempt.decline_after_ms,
+        decline_above_tokens: attempt.decline_above_tokens,
         // The simulated clients stream (TTFT is the first token).
         streamed: true,
     };
