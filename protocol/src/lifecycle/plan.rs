@@ -2,9 +2,10 @@
 //!
 //! The entry tries the ranked engines in order. An attempt may be declined by its serving node
 //! (late binding) when the entry allowed it: never on a request's last attempt, at most
-//! `max_declines` times (`max_new_prefix_declines` for a new prefix), and never after a failure (a retry goes where it can). A failed
-//! attempt is retried on the next in rank while retries remain and the failure left nothing
-//! committed to the client. Every outcome updates the entry's view of that engine.
+//! `max_declines` times (`max_new_prefix_declines` for a new prefix), and never after a
+//! failure (a retry goes where it can). A failed attempt is retried on the next in rank while
+//! retries remain and the failure left nothing committed to the client. Every outcome updates
+//! the entry's view of that engine.
 
 use super::entry::EntryState;
 use super::report::LoadReport;

@@ -13,7 +13,8 @@
 //! judged against is the entry's estimate of the tokens to prefill before the request's first
 //! token at the next candidate. Tokens, not time: the two sides would otherwise divide by two
 //! speeds measured at different moments (one engine's fresh, the other's gossiped or not yet
-//! known), and an idle engine could decline for a speed it was measured at.
+//! known), and an idle engine measured slower than the speed assumed of the next would
+//! decline.
 
 use super::entry::RECENT_TTL_MS;
 use super::report::LoadReport;
@@ -213,12 +214,12 @@ impl ServingState {
     }
 
     /// Hands a request to the engine, or declines it: only when its entry allowed that and
-    /// the queue here would hold it past the entry's bound. A request whose prefix this engine is computing as a new prefix is never declined: here
-    /// it meets those blocks as they are computed, anywhere else it would compute them again,
-    /// and every entry sending a new prefix at once must land on one engine. For the same
-    /// reason a new prefix declined here is declined again for [`FOLLOW_TTL_MS`], whatever the
-    /// queue: every entry ranks a new prefix's engines alike, so its copies follow the first to
-    /// its next engine.
+    /// the queue here would hold it past the entry's bound. A request whose prefix this
+    /// engine is computing as a new prefix is never declined: here it meets those blocks as
+    /// they are computed, anywhere else it would compute them again, and every entry sending a
+    /// new prefix at once must land on one engine. For the same reason a new prefix declined
+    /// here is declined again for [`FOLLOW_TTL_MS`], whatever the queue: every entry ranks a
+    /// new prefix's engines alike, so its copies follow the first to its next engine.
     pub fn admit(&mut self, request: &Admission, now_ms: u64) -> Result<Ticket, DeclineReason> {
         while self
             .declined_new_prefixes
