@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{self, RecvTimeoutError, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -30,11 +30,15 @@ struct OutputLog {
 }
 
 impl OutputLog {
-    fn push(&self, pipe: Pipe, line: String) {
-        let mut lines = self
-            .lines
+    /// The kept lines; a reader thread that panicked leaves them readable.
+    fn lines(&self) -> MutexGuard<'_, VecDeque<(Pipe, String)>> {
+        self.lines
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn push(&self, pipe: Pipe, line: String) {
+        let mut lines = self.lines();
         if lines.len() == KEPT_LINES {
             lines.pop_front();
         }
@@ -42,10 +46,7 @@ impl OutputLog {
     }
 
     fn tail(&self, count: usize) -> String {
-        let lines = self
-            .lines
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let lines = self.lines();
         let skip = lines.len().saturating_sub(count);
         let mut text = String::new();
         for (pipe, line) in lines.iter().skip(skip) {
@@ -227,11 +228,7 @@ impl ManagedProcess {
 
     /// The first output line so far that starts with `prefix`.
     pub fn output_line(&self, prefix: &str) -> Option<String> {
-        let lines = self
-            .output
-            .lines
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let lines = self.output.lines();
         lines
             .iter()
             .find(|(_, line)| line.starts_with(prefix))
@@ -240,11 +237,7 @@ impl ManagedProcess {
 
     /// Every kept line of one pipe, oldest first.
     pub fn output_lines(&self, pipe: Pipe) -> Vec<String> {
-        let lines = self
-            .output
-            .lines
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let lines = self.output.lines();
         lines
             .iter()
             .filter(|(from, _)| *from == pipe)
@@ -254,11 +247,7 @@ impl ManagedProcess {
 
     /// Whether any output line so far contains `needle`.
     pub fn output_contains(&self, needle: &str) -> bool {
-        let lines = self
-            .output
-            .lines
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let lines = self.output.lines();
         lines.iter().any(|(_, line)| line.contains(needle))
     }
 
