@@ -282,14 +282,7 @@ fn a_burst_of_new_prefixes_from_one_entry_spreads_over_both_engines() {
             assert!(plan.new_prefix());
             while let Some(attempt) = plan.next_attempt(&mut entry, &chain, now) {
                 let engine = &mut engines[attempt.candidate];
-                let admission = Admission {
-                    first_block: attempt.first_block,
-                    new_prefix: attempt.new_prefix,
-                    prefill_tokens: attempt.prefill_tokens,
-                    decline_above_tokens: attempt.decline_above_tokens,
-                    streamed: true,
-                };
-                let outcome = match engine.admit(&admission, now) {
+                let outcome = match engine.admit(&attempt.admission(true), now) {
                     Ok(ticket) => {
                         tickets.push(ticket);
                         served[attempt.candidate] += 1;

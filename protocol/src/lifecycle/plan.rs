@@ -9,6 +9,7 @@
 
 use super::entry::EntryState;
 use super::report::LoadReport;
+use super::serving::Admission;
 use crate::route::{Candidate, Decision, Estimate, RouteConfig, RouteReason, RouteRequest};
 
 /// One engine of the ranking, with what an attempt there carries.
@@ -43,6 +44,20 @@ pub struct Attempt {
     pub first_block: Option<u64>,
     /// No engine held the prompt's first block: the serving node counts the new prefix.
     pub new_prefix: bool,
+}
+
+impl Attempt {
+    /// What the serving side admits it by (`streamed`: whether the client asked for a
+    /// streamed answer).
+    pub fn admission(&self, streamed: bool) -> Admission {
+        Admission {
+            first_block: self.first_block,
+            new_prefix: self.new_prefix,
+            prefill_tokens: self.prefill_tokens,
+            decline_above_tokens: self.decline_above_tokens,
+            streamed,
+        }
+    }
 }
 
 /// How an attempt ended.

@@ -17,7 +17,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
-use kvmesh_protocol::lifecycle::{Admission, Attempt, Outcome, Plan, Progress, Ticket};
+use kvmesh_protocol::lifecycle::{Attempt, Outcome, Plan, Progress, Ticket};
 use kvmesh_protocol::summary::ShardWire;
 use kvmesh_protocol::{Role, RouteRequest};
 
@@ -215,14 +215,8 @@ fn admit(sim: &mut Sim<'_>, state: &mut Loop, id: u64, node: u32, now: u64) {
     let routing = &state.routing[&id];
     let attempt = routing.attempt.expect("an attempt in flight");
     let remote = node != routing.entry;
-    let admission = Admission {
-        first_block: attempt.first_block,
-        new_prefix: attempt.new_prefix,
-        prefill_tokens: attempt.prefill_tokens,
-        decline_above_tokens: attempt.decline_above_tokens,
-        // The simulated clients stream (TTFT is the first token).
-        streamed: true,
-    };
+    // The simulated clients stream (TTFT is the first token).
+    let admission = attempt.admission(true);
     let serving = &mut sim.nodes[node as usize].serving;
     let outcome = match serving.admit(&admission, now / 1_000_000) {
         Ok(ticket) => {
