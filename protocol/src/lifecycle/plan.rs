@@ -349,7 +349,9 @@ fn uncached_tokens(matched: u32, request: &RouteRequest<'_>) -> u32 {
 /// queued there (plus the configured slack), then what it does not hold of this prompt. The
 /// entry does not know the size of the requests queued there; it counts each as this one
 /// would be there (at least a block), which is exact for a uniform load, and otherwise errs
-/// towards keeping a request where its entry sent it.
+/// towards keeping a request where its entry sent it. The queue its gauges showed has
+/// shrunk since they were read, by the work the engine could do in their age (a digest is
+/// 100–300 ms old, about one long prefill); this node's sends after them have not.
 ///
 /// The cached blocks count twice because leaving them costs twice: this request computes them
 /// again, and every request queued behind it at the next waits for that. A prefix is taken
@@ -363,8 +365,77 @@ pub fn tokens_bound(
 ) -> u32 {
     let uncached = f64::from(uncached_tokens(estimate.matched, request));
     let each_queued = uncached.max(f64::from(request.tokens_per_block));
-    let queued = f64::from(estimate.queued) + config.decline_slack.max(0.0);
+    let shown = f64::from(estimate.queued.saturating_sub(estimate.pending)) * each_queued;
+    let left_of_shown = (shown - f64::from(estimate.worked_tokens)).max(0.0);
+    let pending = f64::from(estimate.pending) + config.decline_slack.max(0.0);
     let recomputed = uncached - f64::from(uncached_tokens(matched_here, request));
-    let tokens = queued * each_queued + uncached + recomputed.max(0.0);
+    let tokens = left_of_shown + pending * each_queued + uncached + recomputed.max(0.0);
     tokens.round().min(f64::from(u32::MAX)) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Role;
+
+    fn request(chain: &[u64]) -> RouteRequest<'_> {
+        RouteRequest {
+            model: "m",
+            chain,
+            prompt_tokens: chain.len() as u32 * 16,
+            tokens_per_block: 16.0,
+            session: None,
+            role: Role::Mixed,
+            spread: None,
+        }
+    }
+
+    fn estimate(queued: u32, pending: u32, worked_tokens: u32) -> Estimate {
+        Estimate {
+            matched: 0,
+            queued,
+            pending,
+            worked_tokens,
+        }
+    }
+
+    #[test]
+    fn a_new_prefix_is_bounded_by_the_queue_at_the_next_then_its_own_prefill() {
+        let chain: Vec<u64> = (0..8).collect();
+        let config = RouteConfig::default();
+        // 128 prompt tokens, none cached anywhere: two queued there, then its own.
+        assert_eq!(
+            tokens_bound(estimate(2, 0, 0), 0, &request(&chain), &config),
+            3 * 128
+        );
+    }
+
+    #[test]
+    fn the_queue_gauges_showed_shrinks_with_their_age_but_later_sends_do_not() {
+        let chain: Vec<u64> = (0..8).collect();
+        let config = RouteConfig::default();
+        let request = request(&chain);
+        // Two shown by the gauges, one sent since; the engine did 100 tokens' work since the
+        // gauges were read.
+        assert_eq!(
+            tokens_bound(estimate(3, 1, 100), 0, &request, &config),
+            2 * 128 - 100 + 128 + 128
+        );
+        // However old the gauges, the sends after them still count.
+        assert_eq!(
+            tokens_bound(estimate(3, 1, 1_000_000), 0, &request, &config),
+            128 + 128
+        );
+    }
+
+    #[test]
+    fn cached_blocks_left_behind_count_twice() {
+        let chain: Vec<u64> = (0..8).collect();
+        let config = RouteConfig::default();
+        // Here 6 of 8 blocks are cached; the next holds none and has nothing queued.
+        assert_eq!(
+            tokens_bound(estimate(0, 0, 0), 6, &request(&chain), &config),
+            128 + 96
+        );
+    }
 }

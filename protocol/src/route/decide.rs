@@ -18,7 +18,8 @@ pub struct Candidate<'a> {
     pub summary: Option<&'a PeerSummary>,
     /// What the node's engine holds in offload tiers (CPU, storage), from exact mode.
     pub offload: Option<&'a PeerSummary>,
-    /// When this node received `digest` (its own clock), for staleness.
+    /// When this node received the gauges it judges the engine by (`digest`'s, or `fresh`'s
+    /// when those are newer), its own clock: for staleness.
     pub digest_received_ms: u64,
     /// Requests this node sent there that its gauges (`fresh`, else the digest's) do not
     /// reflect yet.
@@ -113,6 +114,11 @@ pub struct Estimate {
     /// estimates the prefill work ahead of a request there from (see
     /// [`crate::lifecycle::tokens_bound`]).
     pub queued: u32,
+    /// Of `queued`, this node's sends its gauges do not count yet.
+    pub pending: u32,
+    /// Prompt tokens the engine could have prefilled since its gauges were read (their age
+    /// at its prefill speed): work off the queue they show, not off the sends after them.
+    pub worked_tokens: u32,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -138,6 +144,8 @@ struct Entry {
     bounded: u32,
     /// Waiting plus pending.
     queued: u32,
+    pending: u32,
+    worked_tokens: u32,
     /// Requests in flight there (running, waiting, pending) as the gossiped digest shows
     /// them: what every entry node sees alike.
     shared_load: u32,
@@ -256,6 +264,8 @@ pub fn decide_with(
             }
             .saturating_add(candidate.pending),
             queued: gauges.waiting.saturating_add(candidate.pending),
+            pending: candidate.pending,
+            worked_tokens: worked_tokens(candidate, config, now_ms),
             fresh,
         });
     }
@@ -388,6 +398,8 @@ pub fn decide_with(
             .map(|r| Estimate {
                 matched: entries[r.entry].matched,
                 queued: entries[r.entry].queued,
+                pending: entries[r.entry].pending,
+                worked_tokens: entries[r.entry].worked_tokens,
             })
             .collect(),
     })
@@ -491,6 +503,14 @@ fn estimated_ttft_ms(
     let cached = f64::from(matched) * f64::from(request.tokens_per_block);
     let prefill_ms = (prompt - cached).max(0.0) / prefill_tokens_per_s(digest, config) * 1000.0;
     queued * service_ms(digest, waiting, request, config) + prefill_ms
+}
+
+/// The prompt tokens `candidate`'s engine could have prefilled since its gauges were read:
+/// their age (from when this node received them) at the engine's prefill speed. The gauges'
+/// own age before they arrived is not known and not counted, so this errs low.
+fn worked_tokens(candidate: &Candidate<'_>, config: &RouteConfig, now_ms: u64) -> u32 {
+    let age_s = now_ms.saturating_sub(candidate.digest_received_ms) as f64 / 1000.0;
+    (age_s * prefill_tokens_per_s(candidate.digest, config)).min(f64::from(u32::MAX)) as u32
 }
 
 /// An engine's prefill speed: what its digest reports, else the configured assumption.

@@ -458,3 +458,35 @@ fn a_cold_prefix_goes_to_the_less_loaded_of_its_two_rendezvous_choices() {
         [second, first, third, by_weight[3]].map(node_key).to_vec()
     );
 }
+
+#[test]
+fn an_estimate_credits_the_work_done_since_the_gauges_were_read() {
+    let mut measured = digest(2);
+    measured.prefill_tokens_per_s = 10_000.0;
+    let unmeasured = digest(2);
+    let c = chain(4, 1);
+    let mut old = candidate("a", &measured, None);
+    old.digest_received_ms = NOW - 200;
+    let mut unknown_speed = candidate("b", &unmeasured, None);
+    unknown_speed.digest_received_ms = NOW - 200;
+    let mut just_read = candidate("c", &measured, None);
+    just_read.digest_received_ms = NOW;
+    let decision = decide(
+        &[old, unknown_speed, just_read],
+        &request(&c),
+        &RouteConfig::default(),
+        NOW,
+    )
+    .unwrap();
+    let worked = |index: usize| {
+        let rank = decision.ranked.iter().position(|&i| i == index).unwrap();
+        decision.estimates[rank].worked_tokens
+    };
+    assert_eq!(worked(0), 2_000, "200 ms at the engine's measured speed");
+    assert_eq!(
+        worked(1),
+        (0.2 * RouteConfig::default().default_prefill_tokens_per_s) as u32,
+        "200 ms at the configured speed when none was measured"
+    );
+    assert_eq!(worked(2), 0, "gauges read now have done nothing yet");
+}
