@@ -1,5 +1,6 @@
 //! The decode side's heartbeats: every sixth of the lease, one batched heartbeat per prefill
-//! engine naming every lease this engine still waits on there (vLLM's `HB:` notification).
+//! engine naming every lease this engine still waits on there (vLLM's `HB:` notification),
+//! once the handshake with that engine is done.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
@@ -37,6 +38,11 @@ pub(super) fn spawn(shared: Weak<Shared>, interval: Duration) {
 fn batches(shared: &Arc<Shared>) -> Vec<(RemoteKv, Vec<String>)> {
     let mut by_engine: HashMap<(String, String, u16), (RemoteKv, Vec<String>)> = HashMap::new();
     for remote in shared.tracked().values() {
+        // NIXL notifications need the remote agent: no heartbeat before the handshake (vLLM
+        // defers it to the step after the early handshake completes).
+        if !shared.handshakes.is_done(&remote.engine_id) {
+            continue;
+        }
         let key = (remote.engine_id.clone(), remote.host.clone(), remote.port);
         by_engine
             .entry(key)

@@ -17,8 +17,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use crate::engine::model::{
-    Engine, EngineGauges, EngineRequest, EngineStats, FinishReason, KvCacheEvent, KvTransfer,
-    Output, RequestId,
+    Engine, EngineGauges, EngineRequest, EngineStats, KvCacheEvent, KvTransfer, Output, RequestId,
 };
 use crate::engine::nixl::params::RemoteKv;
 use crate::engine::nixl::puller::{PullReport, Puller, PullerConfig};
@@ -191,9 +190,6 @@ async fn run(
                 let name = routes.prefill_names.remove(&id);
                 if let (Some(name), Some(_)) = (name, &f.remote_block_ids) {
                     routes.leased.insert(name, id);
-                }
-                if f.reason == FinishReason::Error {
-                    routes.forget(id);
                 }
             }
             let delivered = match routes.sinks.get(&id) {
