@@ -34,8 +34,8 @@ pub type TokenEvent = (u32, Output);
 pub struct Submission {
     /// Engine requests, one per choice (index = position).
     pub requests: Vec<EngineRequest>,
-    /// The engine's internal id of each request (vLLM's, which a prefill leg reports as
-    /// `remote_request_id`).
+    /// For a prefill leg, the engine's internal id of each request (vLLM's, which the leg
+    /// reports as `remote_request_id`); empty otherwise.
     pub internal_ids: Vec<String>,
     /// For a decode leg: where its KV is.
     pub remote: Option<RemoteKv>,

@@ -208,7 +208,13 @@ async fn generate(
             mix64(first_id ^ state.id_salt)
         )
     });
-    let internal_ids = internal_ids(state, endpoint, &id_body, first_id, requests.len());
+    // Only a prefill leg shows its internal id (as `remote_request_id`); other requests skip
+    // building it.
+    let internal_ids = if leg == Leg::Prefill {
+        internal_ids(state, endpoint, &id_body, first_id, requests.len())
+    } else {
+        Vec::new()
+    };
     let meta = ResponseMeta {
         id: format!("{prefix}-{id_body}"),
         created: unix_now(),
@@ -250,10 +256,12 @@ async fn generate(
             usage.prompt_tokens += f.prompt_tokens;
             usage.completion_tokens += f.completion_tokens;
             cached += f.cached_tokens;
-            if let (Some(blocks), Some(side_channel)) = (f.remote_block_ids, &state.side_channel) {
+            if let (Some(blocks), Some(side_channel), Some(internal_id)) =
+                (f.remote_block_ids, &state.side_channel, internal_ids.get(i))
+            {
                 kv_params = Some(params::prefill_answer(
                     &state.engine_id,
-                    &internal_ids[i],
+                    internal_id,
                     (&side_channel.0, side_channel.1),
                     &blocks,
                 ));
