@@ -111,6 +111,9 @@ fn run_engine(args: EngineArgs) -> anyhow::Result<()> {
         if let Some(ep) = &addrs.kv_events_replay {
             writeln!(out, "kv events replay on {ep}")?;
         }
+        if let Some(addr) = &addrs.nixl_side_channel {
+            writeln!(out, "nixl side channel on {addr}")?;
+        }
         out.flush()?;
         drop(out);
         tokio::select! {

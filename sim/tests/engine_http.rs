@@ -360,9 +360,11 @@ async fn eviction_happens_at_capacity() {
 
 #[tokio::test]
 async fn prefill_and_decode_legs_follow_the_nixl_protocol() {
-    // Real time: pulling 250 blocks is modelled at ~60 ms, computing 4000 tokens at ~350 ms.
-    let prefill = EngineProc::start(&["--role", "prefill"]);
-    let decode = EngineProc::start(&["--role", "decode"]);
+    // Real time: pulling 250 blocks is modelled at ~55 ms after a 50 ms handshake, computing
+    // 4000 tokens at ~350 ms.
+    let nixl = ["--kv-connector", "nixl", "--nixl-handshake-ms", "50"];
+    let prefill = EngineProc::start(&nixl);
+    let decode = EngineProc::start(&nixl);
     let client = LoadClient::new();
     let prompt = text_of_tokens(4000, 9);
     let leg1 = json!({"prompt": prompt, "max_tokens": 1, "stream": false, "kv_transfer_params": {
@@ -382,7 +384,8 @@ async fn prefill_and_decode_legs_follow_the_nixl_protocol() {
     assert!(params["remote_engine_id"].is_string());
     assert_eq!(params["remote_host"], "127.0.0.1");
     assert!(params["remote_port"].is_u64());
-    assert!(params["remote_request_id"].is_string());
+    let internal = params["remote_request_id"].as_str().unwrap();
+    assert!(internal.starts_with("cmpl-"), "{internal}");
     // The decode leg pulls the KV (modelled) instead of computing it: fast first token.
     let leg2 =
         json!({"prompt": prompt, "max_tokens": 4, "stream": true, "kv_transfer_params": params});
@@ -420,14 +423,26 @@ async fn prefill_and_decode_legs_follow_the_nixl_protocol() {
         out.ttft,
         local.ttft
     );
-    // Roles refuse the other leg.
-    let (s, _) = post(
+    // Like vLLM's NixlConnector, an engine takes either leg: the proxy decides.
+    let (s, v) = post(
         &client,
         &format!("{}/v1/completions", decode.url),
         leg1.to_string(),
     )
     .await;
-    assert_eq!(s, 400);
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["kv_transfer_params"]["do_remote_prefill"], true);
+    // Without a connector the params are ignored, as by vLLM without one.
+    let plain_engine = EngineProc::start(&[]);
+    let (s, v) = post(
+        &client,
+        &format!("{}/v1/completions", plain_engine.url),
+        leg1.to_string(),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["kv_transfer_params"], Value::Null);
+    assert_eq!(v["usage"]["completion_tokens"], 1);
 }
 
 #[tokio::test]

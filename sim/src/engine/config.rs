@@ -1,18 +1,36 @@
 //! Command-line configuration of `kvmesh-sim engine`.
 
 use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
 
-use super::model::{EngineConfig, TimingModel};
+use super::model::{EngineConfig, KvLoadFailurePolicy, TimingModel};
 
-/// Disaggregation role of the engine (vLLM's NixlConnector `kv_role`, as the router sees it).
+/// KV connector of the engine (vLLM's `--kv-transfer-config` `kv_connector`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Role {
-    /// Serves whole requests and both legs of disaggregated ones (`kv_both`).
-    Mixed,
-    /// Serves ordinary requests and prefill legs; refuses decode legs.
-    Prefill,
-    /// Serves ordinary requests and decode legs; refuses prefill legs.
-    Decode,
+pub enum KvConnector {
+    /// vLLM's NixlConnector: prefill legs lend their KV, decode legs pull it. Like vLLM's, it
+    /// ignores `kv_role`: any engine serves either leg; the proxy decides.
+    Nixl,
+}
+
+/// `--kv-load-failure-policy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LoadFailurePolicy {
+    /// The decode leg fails (HTTP 500, as vLLM answers it).
+    Fail,
+    /// The decode engine prefills the prompt itself.
+    Recompute,
+}
+
+/// A fault the NIXL side channel injects when this engine is the prefill side (for tests).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum NixlFault {
+    /// Refuse every handshake (as an incompatible or broken NIXL agent would).
+    HandshakeFailure,
+    /// Answer reads only after `--nixl-fault-delay-ms`.
+    SlowRead,
+    /// Never answer reads.
+    HungRead,
 }
 
 /// Shape of KV-event messages on the wire.
@@ -74,18 +92,48 @@ pub struct EngineArgs {
     /// Attention cost of prefill, nanoseconds per (token × context token).
     #[arg(long, default_value_t = 1.0)]
     pub attention_ns_per_token_ctx: f64,
-    /// Modelled KV transfer time per block for decode legs, milliseconds.
-    #[arg(long, default_value_t = 0.2)]
-    pub kv_transfer_ms_per_block: f64,
     /// Multiplier on every modelled duration (1.0 = real time, 0.1 = ten times faster).
     #[arg(long, default_value_t = 1.0)]
     pub time_scale: f64,
     /// No modelled delay at all (cache bookkeeping and metrics still run).
     #[arg(long)]
     pub instant: bool,
-    /// Disaggregation role.
-    #[arg(long, value_enum, default_value_t = Role::Mixed)]
-    pub role: Role,
+    /// KV connector. Without one, `kv_transfer_params` are ignored, as vLLM ignores them.
+    #[arg(long, value_enum)]
+    pub kv_connector: Option<KvConnector>,
+    /// Address of the NIXL side channel decode engines pull from (default: --host); reported
+    /// to them as `remote_host` (vLLM's VLLM_NIXL_SIDE_CHANNEL_HOST).
+    #[arg(long)]
+    pub nixl_side_channel_host: Option<IpAddr>,
+    /// Port of the NIXL side channel; 0 picks a free one (printed on stdout as `nixl side
+    /// channel on HOST:PORT`; vLLM's VLLM_NIXL_SIDE_CHANNEL_PORT).
+    #[arg(long, default_value_t = 0)]
+    pub nixl_side_channel_port: u16,
+    /// Seconds a finished prefill leg keeps its blocks for the decode engine (vLLM's
+    /// `kv_lease_duration`). A decode engine heartbeats every sixth of its own lease; each
+    /// heartbeat extends the prefill side's lease to 2/3 of this. Real time (no --time-scale).
+    #[arg(long, default_value_t = 30.0)]
+    pub kv_lease_duration_s: f64,
+    /// What a decode leg does when its pull fails.
+    #[arg(long, value_enum, default_value_t = LoadFailurePolicy::Fail)]
+    pub kv_load_failure_policy: LoadFailurePolicy,
+    /// Bytes of KV per token (the default is an 8B model: 32 layers × 8 KV heads × 128 × K,V ×
+    /// fp16); sets the bytes a pull moves.
+    #[arg(long, default_value_t = 131_072)]
+    pub kv_bytes_per_token: u64,
+    /// Modelled bandwidth of a pull, GB/s (1e9 bytes per second).
+    #[arg(long, default_value_t = 10.0)]
+    pub nixl_bandwidth_gb_s: f64,
+    /// Modelled handshake on a decode engine's first contact with a prefill engine,
+    /// milliseconds.
+    #[arg(long, default_value_t = 5000.0)]
+    pub nixl_handshake_ms: f64,
+    /// Fault the side channel injects as the prefill side.
+    #[arg(long, value_enum)]
+    pub nixl_fault: Option<NixlFault>,
+    /// Delay of `--nixl-fault slow-read`, milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    pub nixl_fault_delay_ms: u64,
     /// Publish KV cache events on a ZMQ PUB socket bound here, e.g. tcp://127.0.0.1:5557
     /// (port 0 picks a free one; the endpoint is printed on stdout; vLLM's tcp://*:PORT
     /// means all interfaces).
@@ -109,7 +157,8 @@ pub struct EngineArgs {
     /// Value of the `engine` label on metrics.
     #[arg(long, default_value_t = 0)]
     pub engine_index: u32,
-    /// Engine id reported to decode engines (default: derived from seed and port).
+    /// Engine id reported to decode engines (vLLM's `engine_id`; default: a fresh random id per
+    /// process, as vLLM's uuid4, so a restarted engine is a new peer).
     #[arg(long)]
     pub engine_id: Option<String>,
     /// Largest accepted request body, bytes (larger bodies get 413).
@@ -121,6 +170,35 @@ pub struct EngineArgs {
 }
 
 impl EngineArgs {
+    /// Refuses flag values the engine cannot run with.
+    pub fn validate(&self) -> Result<(), String> {
+        let positive = |name: &str, v: f64| {
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                Err(format!("--{name} must be a positive number, got {v}"))
+            }
+        };
+        positive("kv-lease-duration-s", self.kv_lease_duration_s)?;
+        positive("nixl-bandwidth-gb-s", self.nixl_bandwidth_gb_s)?;
+        if !(self.nixl_handshake_ms.is_finite() && self.nixl_handshake_ms >= 0.0) {
+            return Err(format!(
+                "--nixl-handshake-ms must be zero or more, got {}",
+                self.nixl_handshake_ms
+            ));
+        }
+        if self.kv_bytes_per_token == 0 {
+            return Err("--kv-bytes-per-token must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    /// Bytes of KV in one block.
+    pub fn kv_bytes_per_block(&self) -> u64 {
+        self.kv_bytes_per_token
+            .saturating_mul(u64::from(self.block_size.max(1)))
+    }
+
     /// The engine model configuration these flags describe.
     pub fn engine_config(&self) -> EngineConfig {
         let capacity = self.kv_blocks.saturating_mul(self.block_size);
@@ -137,11 +215,18 @@ impl EngineArgs {
                 decode_s_per_ctx_token: self.decode_ns_per_ctx_token / 1e9,
                 prefill_tokens_per_s: self.prefill_tokens_per_s.max(1e-9),
                 attention_s_per_token_ctx: self.attention_ns_per_token_ctx / 1e9,
-                kv_transfer_s_per_block: self.kv_transfer_ms_per_block / 1e3,
+                kv_transfer_s_per_block: self.kv_bytes_per_block() as f64
+                    / (self.nixl_bandwidth_gb_s.max(1e-9) * 1e9),
+                kv_handshake_s: self.nixl_handshake_ms.max(0.0) / 1e3,
                 time_scale: self.time_scale.max(0.0),
                 instant: self.instant,
             },
             seed: self.seed,
+            kv_lease: Duration::from_secs_f64(self.kv_lease_duration_s.clamp(1e-3, 1e9)),
+            kv_load_failure_policy: match self.kv_load_failure_policy {
+                LoadFailurePolicy::Fail => KvLoadFailurePolicy::Fail,
+                LoadFailurePolicy::Recompute => KvLoadFailurePolicy::Recompute,
+            },
         }
     }
 }

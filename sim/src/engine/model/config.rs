@@ -1,6 +1,19 @@
 //! Static configuration and instantaneous gauges of an engine.
 
+use std::time::Duration;
+
 use super::timing::TimingModel;
+
+/// What a decode leg does when pulling its KV from the prefill engine fails (vLLM's
+/// `kv_load_failure_policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvLoadFailurePolicy {
+    /// The request ends with an error (vLLM's default since 0.14: a failed pull is loud).
+    #[default]
+    Fail,
+    /// The decode engine prefills the missing part of the prompt itself.
+    Recompute,
+}
 
 /// Static configuration of an engine.
 #[derive(Debug, Clone, PartialEq)]
@@ -22,6 +35,12 @@ pub struct EngineConfig {
     pub timing: TimingModel,
     /// Seed of the output text and of the block-hash root.
     pub seed: u64,
+    /// How long a finished prefill leg keeps its blocks for the decode engine before they
+    /// expire (vLLM's `kv_lease_duration`); each renewal extends it to 2/3 of this from then.
+    /// A protocol timer, so real time: `time_scale` does not apply.
+    pub kv_lease: Duration,
+    /// What a decode leg does when its pull fails.
+    pub kv_load_failure_policy: KvLoadFailurePolicy,
 }
 
 impl Default for EngineConfig {
@@ -35,6 +54,8 @@ impl Default for EngineConfig {
             max_model_len: 131_072,
             timing: TimingModel::default(),
             seed: 0,
+            kv_lease: Duration::from_secs(30),
+            kv_load_failure_policy: KvLoadFailurePolicy::Fail,
         }
     }
 }
@@ -44,7 +65,7 @@ impl Default for EngineConfig {
 pub struct EngineGauges {
     /// Sequences in the running batch.
     pub running: usize,
-    /// Requests waiting (including those waiting for a KV transfer).
+    /// Requests waiting (including those waiting for their KV to be pulled).
     pub waiting: usize,
     /// Fraction of KV blocks referenced by requests.
     pub kv_usage: f64,

@@ -14,6 +14,13 @@
 //! Driving it: call [`Engine::submit`] when a request arrives, [`Engine::next_event_time`] to
 //! learn when something happens next, and [`Engine::advance`] with the current time to run
 //! every step that completes by then. Same inputs, same seed: same outputs, same timings.
+//!
+//! Disaggregation (vLLM's NixlConnector) adds two exchanges with the driver. A prefill leg
+//! that finishes by length keeps its blocks under a lease ([`super::lease`]) that the driver
+//! ends with [`Engine::release_lease`] once a decode engine read them, renews with
+//! [`Engine::renew_lease`], or lets run out. A decode leg is admitted with blocks for the whole
+//! prompt and waits while the driver pulls the KV: [`Engine::take_pulls`] says what to pull,
+//! [`Engine::finish_pull`] says how it went.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
@@ -21,15 +28,18 @@ use std::time::Duration;
 use super::block_hash::{BlockHash, BlockHasher, CacheKey};
 use super::block_pool::{BlockId, BlockPool, KvCacheEvent};
 use super::config::{EngineConfig, EngineGauges};
+use super::lease::Leases;
 use super::offload_tier::OffloadTier;
 use super::request::{
-    EngineRequest, Finished, KvTransfer, Output, RequestId, SubmitError, validate,
+    EngineRequest, Finished, KvTransfer, Output, PullRequest, RequestId, SubmitError, validate,
 };
 use super::stats::{EngineStats, FinishReason};
 use super::timing::StepShape;
 use super::tokenizer::token_id;
 use crate::rng::mix64;
 use crate::text;
+
+mod disagg;
 
 #[derive(Debug)]
 struct Seq {
@@ -47,7 +57,22 @@ struct Seq {
     arrival: Duration,
     first_token_at: Option<Duration>,
     cached_tokens: Option<u32>,
-    transfer_done: bool,
+    /// Prompt tokens whose KV came from a prefill engine (vLLM's
+    /// `num_external_computed_tokens`).
+    external_tokens: u32,
+    pull: Pull,
+}
+
+/// Where a decode leg is with its remote KV.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pull {
+    /// Not a decode leg, or its one pull is over (vLLM pulls at most once: a decode leg
+    /// preempted later recomputes its prompt locally).
+    None,
+    /// A decode leg not admitted yet.
+    Pending,
+    /// Blocks allocated, waiting for the driver's [`Engine::finish_pull`].
+    InFlight,
 }
 
 #[derive(Debug)]
@@ -66,7 +91,13 @@ pub struct Engine {
     seqs: HashMap<RequestId, Seq>,
     waiting: VecDeque<RequestId>,
     running: Vec<RequestId>,
-    transferring: Vec<(RequestId, Duration)>,
+    /// Decode legs waiting for their KV (`WAITING_FOR_REMOTE_KVS`).
+    pulling: Vec<RequestId>,
+    /// Pulls the driver has not taken yet.
+    pull_requests: Vec<PullRequest>,
+    /// Outputs produced outside a step (failed pulls), handed out by the next advance.
+    pending_outputs: Vec<Output>,
+    leases: Leases,
     in_flight: Option<InFlight>,
     clock: Duration,
     stalled: bool,
@@ -88,7 +119,10 @@ impl Engine {
             seqs: HashMap::new(),
             waiting: VecDeque::new(),
             running: Vec::new(),
-            transferring: Vec::new(),
+            pulling: Vec::new(),
+            pull_requests: Vec::new(),
+            pending_outputs: Vec::new(),
+            leases: Leases::new(cfg.kv_lease),
             in_flight: None,
             clock: Duration::ZERO,
             stalled: false,
@@ -111,7 +145,7 @@ impl Engine {
     pub fn gauges(&self) -> EngineGauges {
         EngineGauges {
             running: self.running.len(),
-            waiting: self.waiting.len() + self.transferring.len(),
+            waiting: self.waiting.len() + self.pulling.len(),
             kv_usage: self.pool.usage(),
         }
     }
@@ -198,7 +232,12 @@ impl Engine {
                 arrival: now,
                 first_token_at: None,
                 cached_tokens: None,
-                transfer_done: false,
+                external_tokens: 0,
+                pull: if matches!(req.kv_transfer, KvTransfer::RemotePrefill { .. }) {
+                    Pull::Pending
+                } else {
+                    Pull::None
+                },
                 req,
             },
         );
@@ -214,7 +253,8 @@ impl Engine {
         };
         self.waiting.retain(|&r| r != id);
         self.running.retain(|&r| r != id);
-        self.transferring.retain(|&(r, _)| r != id);
+        self.pulling.retain(|&r| r != id);
+        self.pull_requests.retain(|p| p.request != id);
         self.pool.free(seq.blocks.iter().rev().copied());
         self.stats.count_finished(FinishReason::Abort);
         self.wake(now);
@@ -222,17 +262,23 @@ impl Engine {
     }
 
     /// When the engine next has something to do: the end of the step in flight, `now`-ish
-    /// (the engine's clock) when idle with schedulable work, the end of the earliest KV
-    /// transfer, or `None` when there is nothing to do until a request arrives.
+    /// (the engine's clock) when idle with schedulable work or outputs to hand out, the
+    /// earliest lease expiry, or `None` when there is nothing to do until a request arrives
+    /// or a pull ends.
     pub fn next_event_time(&self) -> Option<Duration> {
-        if let Some(step) = &self.in_flight {
-            return Some(step.end);
+        let work = if let Some(step) = &self.in_flight {
+            Some(step.end)
+        } else if !self.pending_outputs.is_empty()
+            || (!self.stalled && (!self.running.is_empty() || !self.waiting.is_empty()))
+        {
+            Some(self.clock)
+        } else {
+            None
+        };
+        match (work, self.leases.next_expiry()) {
+            (Some(w), Some(l)) => Some(w.min(l.max(self.clock))),
+            (w, l) => w.or(l.map(|l| l.max(self.clock))),
         }
-        let transfer = self.transferring.iter().map(|&(_, t)| t).min();
-        if !self.stalled && (!self.running.is_empty() || !self.waiting.is_empty()) {
-            return Some(self.clock);
-        }
-        transfer.map(|t| t.max(self.clock))
     }
 
     /// Runs every step that completes by `now` and returns the tokens they generated.
@@ -244,6 +290,8 @@ impl Engine {
 
     /// Like [`advance`](Self::advance), appending to `out`.
     pub fn advance_into(&mut self, now: Duration, out: &mut Vec<Output>) {
+        self.expire_leases(now);
+        out.append(&mut self.pending_outputs);
         loop {
             if let Some(step) = &self.in_flight {
                 if step.end > now {
@@ -254,15 +302,8 @@ impl Engine {
                 self.complete_step(step, out);
                 continue;
             }
-            self.finish_transfers();
             if self.stalled || (self.running.is_empty() && self.waiting.is_empty()) {
-                match self.transferring.iter().map(|&(_, t)| t).min() {
-                    Some(t) if t <= now => {
-                        self.clock = self.clock.max(t);
-                        continue;
-                    }
-                    _ => return,
-                }
+                return;
             }
             if self.clock > now {
                 return;
@@ -287,28 +328,6 @@ impl Engine {
         self.stalled = false;
         if self.in_flight.is_none() && self.running.is_empty() {
             self.clock = self.clock.max(now);
-        }
-    }
-
-    fn finish_transfers(&mut self) {
-        let clock = self.clock;
-        let mut i = 0;
-        while i < self.transferring.len() {
-            if self.transferring[i].1 > clock {
-                i += 1;
-                continue;
-            }
-            let (id, _) = self.transferring.swap_remove(i);
-            if let Some(seq) = self.seqs.get_mut(&id) {
-                // The pulled KV covers the whole prompt but its last token, which the decode
-                // engine computes itself to sample the first token (as vLLM does).
-                seq.num_computed = seq.num_computed.max(seq.prompt_len - 1);
-                seq.transfer_done = true;
-                let full = seq.num_computed / self.cfg.block_size as usize;
-                register_blocks(&mut self.pool, &self.hasher, seq, full);
-                self.waiting.push_front(id);
-                self.stalled = false;
-            }
         }
     }
 
@@ -379,7 +398,9 @@ impl Engine {
         let bs = self.cfg.block_size as usize;
         let seq = self.seqs.get_mut(&id).expect("waiting ids are live");
         if !seq.blocks.is_empty() {
-            // Resumed after a KV transfer: blocks are held already.
+            // Resumed after a pull: blocks are held already. Like vLLM, the cached tokens it
+            // reports are what it holds when first scheduled.
+            seq.cached_tokens.get_or_insert(seq.num_computed as u32);
             let num_new = (seq.tokens.len() - seq.num_computed).min(budget);
             return if self.try_allocate(id, num_new) {
                 Admission::Scheduled(num_new)
@@ -404,8 +425,8 @@ impl Engine {
             }
         }
         let hit_tokens = hit_blocks.len() * bs;
-        let remote =
-            matches!(seq.req.kv_transfer, KvTransfer::RemotePrefill { .. }) && !seq.transfer_done;
+        // A decode leg allocates blocks for its whole prompt at once, so it may wait for KV.
+        let remote = seq.pull == Pull::Pending;
         let target_tokens = if remote {
             seq.tokens.len()
         } else {
@@ -428,10 +449,19 @@ impl Engine {
         self.stats.prefix_cache_queries += seq.tokens.len() as u64;
         self.stats.prefix_cache_hits += hit_tokens as u64;
         if remote {
-            let pulled = seq.blocks.len() - hit_tokens / bs;
-            seq.cached_tokens.get_or_insert((seq.prompt_len - 1) as u32);
-            let until = self.clock + self.cfg.timing.transfer_duration(pulled);
-            self.transferring.push((id, until));
+            // Every prompt token past the local hit is external (vLLM's NixlConnector
+            // `get_num_new_matched_tokens`), pulled asynchronously.
+            let external = (seq.tokens.len() - hit_tokens) as u64;
+            self.stats.external_prefix_cache_queries += external;
+            self.stats.external_prefix_cache_hits += external;
+            seq.external_tokens = external as u32;
+            seq.pull = Pull::InFlight;
+            self.pull_requests.push(PullRequest {
+                request: id,
+                first_block: hit_tokens / bs,
+                num_blocks: new_blocks,
+            });
+            self.pulling.push(id);
             return Admission::Transferring;
         }
         seq.cached_tokens.get_or_insert(hit_tokens as u32);
@@ -460,7 +490,6 @@ impl Engine {
         self.pool.free(seq.blocks.drain(..).rev());
         seq.num_computed = 0;
         seq.num_registered = 0;
-        seq.transfer_done = false;
         self.waiting.push_front(id);
         self.stats.num_preemptions += 1;
     }
@@ -491,10 +520,13 @@ impl Engine {
                 self.stats
                     .ttft
                     .observe(now.saturating_sub(seq.arrival).as_secs_f64());
+                self.stats.prompt_sources.count(
+                    seq.prompt_len as u64,
+                    u64::from(seq.cached_tokens.unwrap_or(0)),
+                    u64::from(seq.external_tokens),
+                );
             }
-            let reason = if seq.req.kv_transfer == KvTransfer::RemoteDecode
-                || seq.num_output >= seq.req.max_tokens
-            {
+            let reason = if seq.num_output >= seq.req.max_tokens {
                 Some(FinishReason::Length)
             } else if !seq.req.ignore_eos
                 && seq.num_output >= seq.natural_len.max(seq.req.min_tokens)
@@ -511,10 +543,22 @@ impl Engine {
                 self.stats
                     .e2e
                     .observe(now.saturating_sub(seq.arrival).as_secs_f64());
-                let prompt_blocks = seq.prompt_len.div_ceil(self.cfg.block_size as usize);
-                let remote_block_ids = (seq.req.kv_transfer == KvTransfer::RemoteDecode)
-                    .then(|| seq.blocks[..prompt_blocks.min(seq.blocks.len())].to_vec());
-                self.pool.free(seq.blocks.iter().rev().copied());
+                // A prefill leg that finished by length lends its blocks to the decode engine
+                // (vLLM's NixlConnector `request_finished`: stopped or aborted legs free them
+                // and hand out nothing; vLLM from mid-2026 also lends on stop). The decode
+                // engine reads the prompt's blocks.
+                let remote_block_ids = if seq.req.kv_transfer == KvTransfer::RemoteDecode
+                    && reason == FinishReason::Length
+                {
+                    let prompt_blocks = seq.prompt_len.div_ceil(self.cfg.block_size as usize);
+                    let readable = prompt_blocks.min(seq.blocks.len());
+                    let lent = seq.blocks[..readable].to_vec();
+                    self.leases.grant(id, seq.blocks, readable, now);
+                    Some(lent)
+                } else {
+                    self.pool.free(seq.blocks.iter().rev().copied());
+                    None
+                };
                 Finished {
                     reason,
                     prompt_tokens: seq.prompt_len as u32,

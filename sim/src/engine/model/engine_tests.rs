@@ -344,39 +344,6 @@ fn submit_validates_length_and_ids() {
 }
 
 #[test]
-fn prefill_leg_returns_blocks_and_decode_leg_skips_prefill() {
-    let mut p = Engine::new(cfg(256));
-    let mut req = EngineRequest::new(1, prompt(5, 2000), 1);
-    req.kv_transfer = KvTransfer::RemoteDecode;
-    p.submit(req, Duration::ZERO).unwrap();
-    let out = run(&mut p);
-    assert_eq!(out.len(), 1);
-    let blocks = out[0].1.finished.clone().unwrap().remote_block_ids.unwrap();
-    assert_eq!(blocks.len(), 125);
-
-    let mut d = Engine::new(cfg(256));
-    let mut req = EngineRequest::new(1, prompt(5, 2000), 3);
-    req.kv_transfer = KvTransfer::RemotePrefill {
-        remote_blocks: blocks.len(),
-    };
-    d.submit(req, Duration::ZERO).unwrap();
-    let out = run(&mut d);
-    assert_eq!(out.len(), 3);
-    let mut local = Engine::new(cfg(256));
-    local
-        .submit(EngineRequest::new(1, prompt(5, 2000), 3), Duration::ZERO)
-        .unwrap();
-    let local_out = run(&mut local);
-    assert!(
-        out[0].0 < local_out[0].0,
-        "pulling KV is faster than computing it"
-    );
-    // The pulled blocks are now cached on the decode engine.
-    let hashes = d.block_hashes(&prompt(5, 2000), &CacheKey::default());
-    assert!(hashes.iter().take(124).all(|h| d.pool().contains(*h)));
-}
-
-#[test]
 fn time_scale_shrinks_latency() {
     let ttft = |scale: f64| {
         let timing = TimingModel {
@@ -511,6 +478,7 @@ mod random_interleavings {
                 max_model_len: 96,
                 timing,
                 seed: 3,
+                ..EngineConfig::default()
             });
             let mut now = Duration::ZERO;
             let mut t = Tracker::default();

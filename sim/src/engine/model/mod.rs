@@ -1,5 +1,5 @@
 //! The sans-IO engine model: pseudo-tokenizer, prefix cache, scheduler and timing (plus the
-//! KV events of a CPU offload tier).
+//! KV events of a CPU offload tier and the KV leases of disaggregated prefill).
 //!
 //! No sockets, no runtime, no clock: time is a [`Duration`](std::time::Duration) since an
 //! epoch the caller chooses, passed into every call. The HTTP server drives it in real time;
@@ -9,6 +9,7 @@ pub mod block_hash;
 pub mod block_pool;
 pub mod config;
 pub mod engine;
+pub mod lease;
 pub mod offload_tier;
 pub mod request;
 pub mod stats;
@@ -17,14 +18,18 @@ pub mod tokenizer;
 
 pub use block_hash::{BlockHash, BlockHasher, CacheKey};
 pub use block_pool::{BlockId, BlockPool, KvCacheEvent};
-pub use config::{EngineConfig, EngineGauges};
+pub use config::{EngineConfig, EngineGauges, KvLoadFailurePolicy};
 pub use engine::Engine;
+pub use lease::ReadRefused;
 pub use offload_tier::OffloadTier;
 pub use request::{
-    EngineRequest, Finished, KvTransfer, LoraRef, Output, RequestId, SubmitError, validate,
+    EngineRequest, Finished, KvTransfer, LoraRef, Output, PullOutcome, PullRequest, RequestId,
+    SubmitError, validate,
 };
-pub use stats::{EngineStats, FinishReason, Histogram};
+pub use stats::{EngineStats, FinishReason, Histogram, PromptTokenSources};
 pub use timing::{StepShape, TimingModel};
 
+#[cfg(test)]
+mod engine_pd_tests;
 #[cfg(test)]
 mod engine_tests;

@@ -31,6 +31,32 @@ pub enum KvTransfer {
     },
 }
 
+/// A decode leg's request to pull its prompt's KV, handed to the driver: the engine has
+/// allocated the blocks and waits (`WAITING_FOR_REMOTE_KVS`) until the driver calls
+/// [`Engine::finish_pull`](super::Engine::finish_pull). The driver pulls the remote blocks
+/// `first_block .. first_block + num_blocks` of the prompt (the earlier ones hit the local
+/// prefix cache). A driver in virtual time can finish it after
+/// [`TimingModel::transfer_duration`](super::TimingModel::transfer_duration).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PullRequest {
+    /// The decode leg.
+    pub request: RequestId,
+    /// Index of the first prompt block to pull (= blocks hit in the local prefix cache).
+    pub first_block: usize,
+    /// Number of blocks to pull (at least 1: the last prompt token is never a local hit).
+    pub num_blocks: usize,
+}
+
+/// How a pull ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PullOutcome {
+    /// The blocks arrived: they join the prefix cache and the request decodes.
+    Loaded,
+    /// The pull failed (prefill engine gone, lease expired, handshake refused): the engine's
+    /// [`KvLoadFailurePolicy`](super::KvLoadFailurePolicy) decides.
+    Failed,
+}
+
 /// A request submitted to the engine.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EngineRequest {
@@ -110,11 +136,14 @@ pub struct Finished {
     /// Prompt tokens served from the prefix cache (or pulled from a prefill engine) the first
     /// time the request was scheduled.
     pub cached_tokens: u32,
-    /// For a prefill leg ([`KvTransfer::RemoteDecode`]): the blocks holding the prompt's KV.
+    /// For a prefill leg ([`KvTransfer::RemoteDecode`]) that finished by length: the leased
+    /// blocks holding the prompt's KV, for the decode engine to read.
     pub remote_block_ids: Option<Vec<BlockId>>,
 }
 
-/// One generated token of one request; the last one of a request carries [`Finished`].
+/// One generated token of one request; the last one of a request carries [`Finished`]. A
+/// request that ends in error ([`FinishReason::Error`]) ends with an output carrying no token:
+/// empty `text`, `token_id` 0.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Output {
     /// The request.

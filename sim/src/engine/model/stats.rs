@@ -70,6 +70,9 @@ pub enum FinishReason {
     Length,
     /// The client went away or the request was aborted.
     Abort,
+    /// The engine failed the request (a decode leg whose KV pull failed, under the `fail`
+    /// policy).
+    Error,
 }
 
 impl FinishReason {
@@ -79,7 +82,46 @@ impl FinishReason {
             FinishReason::Stop => "stop",
             FinishReason::Length => "length",
             FinishReason::Abort => "abort",
+            FinishReason::Error => "error",
         }
+    }
+
+    /// Every reason, in `vllm:request_success` label order.
+    pub const ALL: [FinishReason; 4] = [
+        FinishReason::Stop,
+        FinishReason::Length,
+        FinishReason::Abort,
+        FinishReason::Error,
+    ];
+}
+
+/// Prompt tokens by where their KV came from (vLLM's `PromptTokenStats`), counted when a
+/// request's prefill produces its first token.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PromptTokenSources {
+    /// Computed by this engine (`source="local_compute"`).
+    pub local_compute: u64,
+    /// Found in this engine's prefix cache (`source="local_cache_hit"`).
+    pub local_cache_hit: u64,
+    /// Pulled from a prefill engine (`source="external_kv_transfer"`).
+    pub external_kv_transfer: u64,
+    /// Cached tokens, local and external (`vllm:prompt_tokens_cached`).
+    pub cached: u64,
+    /// Cached tokens recomputed anyway, the last prompt token (`vllm:prompt_tokens_recomputed`).
+    pub recomputed: u64,
+}
+
+impl PromptTokenSources {
+    /// Counts one prefill, with vLLM's arithmetic (`PromptTokenStats.update_from_output`):
+    /// when all but one prompt token were cached, that one is taken to be a cached token the
+    /// scheduler recomputed, so it counts as a hit as well as computed.
+    pub fn count(&mut self, prompt_len: u64, cached: u64, external: u64) {
+        let recomputed = u64::from(cached + 1 == prompt_len);
+        self.local_compute += prompt_len - cached;
+        self.external_kv_transfer += external;
+        self.local_cache_hit += (cached + recomputed).saturating_sub(external);
+        self.cached += cached;
+        self.recomputed += recomputed;
     }
 }
 
@@ -96,8 +138,18 @@ pub struct EngineStats {
     pub prompt_tokens: u64,
     /// Generated tokens (`vllm:generation_tokens`).
     pub generation_tokens: u64,
-    /// Finished requests by reason: stop, length, abort (`vllm:request_success`).
-    pub finished: [u64; 3],
+    /// Finished requests by reason, in [`FinishReason::ALL`] order (`vllm:request_success`).
+    pub finished: [u64; 4],
+    /// Prompt tokens by source (`vllm:prompt_tokens_by_source`).
+    pub prompt_sources: PromptTokenSources,
+    /// Prompt tokens a decode leg looked up beyond its local hit
+    /// (`vllm:external_prefix_cache_queries`).
+    pub external_prefix_cache_queries: u64,
+    /// Of those, tokens the prefill engine offered (`vllm:external_prefix_cache_hits`).
+    pub external_prefix_cache_hits: u64,
+    /// Prefill legs whose lease ran out before a decode engine read them
+    /// (`vllm:nixl_num_kv_expired_reqs`).
+    pub kv_expired_reqs: u64,
     /// Time to first token, seconds.
     pub ttft: Histogram,
     /// End-to-end latency of finished requests, seconds.
@@ -112,7 +164,11 @@ impl Default for EngineStats {
             num_preemptions: 0,
             prompt_tokens: 0,
             generation_tokens: 0,
-            finished: [0; 3],
+            finished: [0; 4],
+            prompt_sources: PromptTokenSources::default(),
+            external_prefix_cache_queries: 0,
+            external_prefix_cache_hits: 0,
+            kv_expired_reqs: 0,
             ttft: Histogram::new(&TTFT_BUCKETS),
             e2e: Histogram::new(&E2E_BUCKETS),
         }
@@ -126,6 +182,7 @@ impl EngineStats {
             FinishReason::Stop => 0,
             FinishReason::Length => 1,
             FinishReason::Abort => 2,
+            FinishReason::Error => 3,
         };
         self.finished[i] += 1;
     }
@@ -134,6 +191,21 @@ impl EngineStats {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prompt_sources_follow_vllm_arithmetic() {
+        let mut s = PromptTokenSources::default();
+        // A decode leg of 2048 tokens that pulled all of it: 2047 cached, the last recomputed.
+        s.count(2048, 2047, 2048);
+        assert_eq!(
+            (s.local_compute, s.local_cache_hit, s.external_kv_transfer),
+            (1, 0, 2048)
+        );
+        // A local request of 100 tokens with 64 cached.
+        s.count(100, 64, 0);
+        assert_eq!((s.local_compute, s.local_cache_hit), (37, 64));
+        assert_eq!((s.cached, s.recomputed), (2047 + 64, 1));
+    }
 
     #[test]
     fn histogram_is_cumulative() {

@@ -15,7 +15,8 @@
 //! reads (long contexts decode slower); the last term grows with context length, so long
 //! prompts cost more than linearly. `instant` makes every step take
 //! zero time (the bookkeeping still runs). A KV transfer for a disaggregated decode costs
-//! `kv_transfer_s_per_block` per block pulled.
+//! `kv_transfer_s_per_block` per block pulled, and the first contact between a decode engine
+//! and a prefill engine a handshake of `kv_handshake_s`.
 
 use std::time::Duration;
 
@@ -34,6 +35,8 @@ pub struct TimingModel {
     pub attention_s_per_token_ctx: f64,
     /// Modelled KV transfer time per block pulled from a prefill engine, seconds.
     pub kv_transfer_s_per_block: f64,
+    /// Modelled handshake of a decode engine with a prefill engine it has not met, seconds.
+    pub kv_handshake_s: f64,
     /// Multiplier applied to every modelled duration.
     pub time_scale: f64,
     /// Zero modelled time for everything.
@@ -49,7 +52,10 @@ impl Default for TimingModel {
             decode_s_per_ctx_token: 10.0e-9,
             prefill_tokens_per_s: 12_000.0,
             attention_s_per_token_ctx: 1.0e-9,
-            kv_transfer_s_per_block: 0.000_2,
+            // 2 MiB blocks (16 tokens of an 8B model's KV) at 10 GB/s.
+            kv_transfer_s_per_block: 0.000_21,
+            // The NIXL handshake llm-d reports (~5 s per pair: agent metadata exchange).
+            kv_handshake_s: 5.0,
             time_scale: 1.0,
             instant: false,
         }
@@ -89,6 +95,14 @@ impl TimingModel {
             return Duration::ZERO;
         }
         scaled(self.kv_transfer_s_per_block * blocks as f64 * self.time_scale)
+    }
+
+    /// Duration of a decode engine's first handshake with a prefill engine.
+    pub fn handshake_duration(&self) -> Duration {
+        if self.instant {
+            return Duration::ZERO;
+        }
+        scaled(self.kv_handshake_s * self.time_scale)
     }
 }
 

@@ -62,6 +62,16 @@ impl ApiError {
         }
     }
 
+    /// 500 with vLLM's message for a request the engine failed (`GenerationError`): the body
+    /// is `{"error":{"message":"Internal server error","type":"InternalServerError",...}}`.
+    pub fn generation_failed() -> Self {
+        Self {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message: "Internal server error".into(),
+            param: None,
+        }
+    }
+
     /// 503 Service Unavailable (the engine loop is gone).
     pub fn unavailable() -> Self {
         Self {

@@ -19,8 +19,9 @@ use super::errors::ApiError;
 use super::metrics_text::{self, MetricsLabels};
 use super::openai::{self, Endpoint, Generation, Models};
 use super::responses::{self, ChoiceResult, PromptTokensDetails, ResponseMeta, Usage};
-use crate::engine::config::Role;
-use crate::engine::model::{EngineConfig, EngineRequest, KvTransfer, validate};
+use crate::engine::config::KvConnector;
+use crate::engine::model::{EngineConfig, EngineRequest, FinishReason, KvTransfer, validate};
+use crate::engine::nixl::params::{self, Leg};
 use crate::rng::mix64;
 
 /// Everything handlers share.
@@ -33,12 +34,12 @@ pub struct AppState {
     pub driver: DriverHandle,
     /// Metric labels.
     pub labels: MetricsLabels,
-    /// Disaggregation role.
-    pub role: Role,
+    /// KV connector, if any.
+    pub connector: Option<KvConnector>,
     /// Id reported to decode engines.
     pub engine_id: String,
-    /// Host and port reported to decode engines.
-    pub advertise: (String, u16),
+    /// Host and port of the NIXL side channel, reported to decode engines.
+    pub side_channel: Option<(String, u16)>,
     /// Largest accepted body.
     pub max_body_bytes: usize,
     /// Report cached tokens in usage.
@@ -137,7 +138,12 @@ async fn metrics(state: &AppState) -> Result<Response<Body>, ApiError> {
         .snapshot()
         .await
         .ok_or_else(ApiError::unavailable)?;
-    let text = metrics_text::render(&state.labels, &snap.gauges, &snap.stats);
+    let text = metrics_text::render(
+        &state.labels,
+        &snap.gauges,
+        &snap.stats,
+        snap.transfers.as_ref(),
+    );
     let mut resp = Response::new(full(text));
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -168,20 +174,19 @@ async fn generate(
         Endpoint::Completions => openai::parse_completion(&body, &state.models)?,
         Endpoint::Chat => openai::parse_chat(&body, &state.models)?,
     };
-    match (&generation.kv_transfer, state.role) {
-        (KvTransfer::RemoteDecode, Role::Decode) => {
-            return Err(ApiError::bad_param(
-                "kv_transfer_params",
-                "this engine has the decode role; it does not serve prefill legs",
-            ));
-        }
-        (KvTransfer::RemotePrefill { .. }, Role::Prefill) => {
-            return Err(ApiError::bad_param(
-                "kv_transfer_params",
-                "this engine has the prefill role; it does not serve decode legs",
-            ));
-        }
-        _ => {}
+    let leg = match state.connector {
+        // vLLM keeps the params on the request, but only a KV connector reads them: without
+        // one, a prefill leg is an ordinary request (answered with `kv_transfer_params: null`)
+        // and a decode leg prefills its prompt itself.
+        None => Leg::Whole,
+        Some(KvConnector::Nixl) => params::parse(generation.kv_transfer_params.as_ref())
+            .map_err(|e| ApiError::bad_param("kv_transfer_params", e))?,
+    };
+    if leg != Leg::Whole && generation.prompts.len() > 1 {
+        return Err(ApiError::bad_param(
+            "kv_transfer_params",
+            "kvmesh-sim serves disaggregated legs of one prompt only, not of a batch",
+        ));
     }
     let request_id = parts
         .headers
@@ -191,7 +196,7 @@ async fn generate(
     let first_id = state
         .next_id
         .fetch_add(generation.prompts.len() as u64, Ordering::Relaxed);
-    let requests = engine_requests(state, &generation, first_id)?;
+    let requests = engine_requests(state, &generation, &leg, first_id)?;
     let prefix = match endpoint {
         Endpoint::Completions => "cmpl",
         Endpoint::Chat => "chatcmpl",
@@ -203,6 +208,13 @@ async fn generate(
             mix64(first_id ^ state.id_salt)
         )
     });
+    // Only a prefill leg shows its internal id (as `remote_request_id`); other requests skip
+    // building it.
+    let internal_ids = if leg == Leg::Prefill {
+        internal_ids(state, endpoint, &id_body, first_id, requests.len())
+    } else {
+        Vec::new()
+    };
     let meta = ResponseMeta {
         id: format!("{prefix}-{id_body}"),
         created: unix_now(),
@@ -211,7 +223,17 @@ async fn generate(
     };
     let (tx, rx) = mpsc::unbounded_channel();
     let choices = requests.len();
-    if !state.driver.submit(Submission { requests, sink: tx }) {
+    let remote = match leg {
+        Leg::Decode(remote) => Some(remote),
+        _ => None,
+    };
+    let submission = Submission {
+        requests,
+        internal_ids: internal_ids.clone(),
+        remote,
+        sink: tx,
+    };
+    if !state.driver.submit(submission) {
         return Err(ApiError::unavailable());
     }
     if generation.stream {
@@ -227,15 +249,20 @@ async fn generate(
         let i = index as usize;
         texts[i].push_str(out.text);
         if let Some(f) = out.finished {
+            if f.reason == FinishReason::Error {
+                return Err(ApiError::generation_failed());
+            }
             finishes[i] = Some(f.reason.as_str());
             usage.prompt_tokens += f.prompt_tokens;
             usage.completion_tokens += f.completion_tokens;
             cached += f.cached_tokens;
-            if let Some(blocks) = f.remote_block_ids {
-                kv_params = Some(prefill_transfer_params(
-                    state,
-                    &meta,
-                    request_id.as_deref(),
+            if let (Some(blocks), Some(side_channel), Some(internal_id)) =
+                (f.remote_block_ids, &state.side_channel, internal_ids.get(i))
+            {
+                kv_params = Some(params::prefill_answer(
+                    &state.engine_id,
+                    internal_id,
+                    (&side_channel.0, side_channel.1),
                     &blocks,
                 ));
             }
@@ -268,11 +295,40 @@ async fn generate(
     ))
 }
 
+/// The engine's internal request ids, shaped as vLLM's: the endpoint's prefix, the
+/// client's id (or a fresh one), the choice index for completions, and a random suffix
+/// (vLLM appends one so that client-chosen ids cannot collide inside the engine).
+fn internal_ids(
+    state: &AppState,
+    endpoint: Endpoint,
+    base: &str,
+    first_id: u64,
+    n: usize,
+) -> Vec<String> {
+    (0..n)
+        .map(|i| {
+            let suffix = mix64((first_id + i as u64) ^ state.id_salt) as u32;
+            match endpoint {
+                Endpoint::Completions => format!("cmpl-{base}-{i}-{suffix:08x}"),
+                Endpoint::Chat => format!("chatcmpl-{base}-{suffix:08x}"),
+            }
+        })
+        .collect()
+}
+
 fn engine_requests(
     state: &AppState,
     g: &Generation,
+    leg: &Leg,
     first_id: u64,
 ) -> Result<Vec<EngineRequest>, ApiError> {
+    let kv_transfer = match leg {
+        Leg::Whole => KvTransfer::None,
+        Leg::Prefill => KvTransfer::RemoteDecode,
+        Leg::Decode(remote) => KvTransfer::RemotePrefill {
+            remote_blocks: remote.block_ids.len(),
+        },
+    };
     let mut out = Vec::with_capacity(g.prompts.len());
     for (i, prompt) in g.prompts.iter().enumerate() {
         let room = (state.engine.max_model_len as usize).saturating_sub(prompt.len()) as u32;
@@ -280,11 +336,6 @@ fn engine_requests(
             (Some(m), _) => m,
             (None, Endpoint::Completions) => 16,
             (None, Endpoint::Chat) => room.max(1),
-        };
-        let max_tokens = if g.kv_transfer == KvTransfer::RemoteDecode {
-            1
-        } else {
-            max_tokens
         };
         validate(&state.engine, prompt.len(), max_tokens)
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
@@ -296,28 +347,10 @@ fn engine_requests(
             ignore_eos: g.ignore_eos,
             lora: g.model.lora.clone(),
             cache_salt: g.cache_salt.clone(),
-            kv_transfer: g.kv_transfer.clone(),
+            kv_transfer: kv_transfer.clone(),
         });
     }
     Ok(out)
-}
-
-fn prefill_transfer_params(
-    state: &AppState,
-    meta: &ResponseMeta,
-    request_id: Option<&str>,
-    blocks: &[u32],
-) -> Value {
-    json!({
-        "do_remote_prefill": true,
-        "do_remote_decode": false,
-        "remote_block_ids": blocks,
-        "remote_engine_id": state.engine_id,
-        "remote_request_id": request_id.unwrap_or(&meta.id),
-        "remote_host": state.advertise.0,
-        "remote_port": state.advertise.1,
-        "tp_size": 1,
-    })
 }
 
 /// State of one SSE response.
@@ -330,11 +363,21 @@ struct StreamState {
     cached: u32,
     include_usage: bool,
     details: bool,
+    /// The engine failed the request: the stream ends with vLLM's error event.
+    failed: bool,
     done: bool,
 }
 
 impl StreamState {
     fn push_token(&mut self, (index, out): TokenEvent) {
+        if out.finished.as_ref().map(|f| f.reason) == Some(FinishReason::Error) {
+            // Headers went out with the stream: like vLLM, report the failure in the stream.
+            self.pending
+                .push_back(responses::sse_error(&ApiError::generation_failed()));
+            self.open = 0;
+            self.failed = true;
+            return;
+        }
         let finish = out.finished.as_ref().map(|f| f.reason.as_str());
         self.pending
             .push_back(responses::token_chunk(&self.meta, index, out.text, finish));
@@ -347,7 +390,7 @@ impl StreamState {
     }
 
     fn finish(&mut self) {
-        if self.include_usage {
+        if self.include_usage && !self.failed {
             self.usage.total_tokens = self.usage.prompt_tokens + self.usage.completion_tokens;
             if self.details {
                 self.usage.prompt_tokens_details = Some(PromptTokensDetails {
@@ -384,6 +427,7 @@ fn stream_response(
         cached: 0,
         include_usage: g.include_usage,
         details: state.prompt_tokens_details,
+        failed: false,
         done: false,
     };
     // Each body frame carries every chunk available at that moment: one write per engine

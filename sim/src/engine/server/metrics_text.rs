@@ -7,7 +7,8 @@
 
 use std::fmt::Write;
 
-use crate::engine::model::{EngineGauges, EngineStats, Histogram};
+use crate::engine::model::{EngineGauges, EngineStats, FinishReason, Histogram};
+use crate::engine::nixl::stats::TransferStats;
 
 /// Content type of the exposition.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -25,8 +26,14 @@ pub struct MetricsLabels {
     pub num_gpu_blocks: u32,
 }
 
-/// Renders the exposition.
-pub fn render(labels: &MetricsLabels, gauges: &EngineGauges, stats: &EngineStats) -> String {
+/// Renders the exposition; `transfers` (the NIXL connector's, when configured) adds vLLM's
+/// `vllm:nixl_*` series.
+pub fn render(
+    labels: &MetricsLabels,
+    gauges: &EngineGauges,
+    stats: &EngineStats,
+    transfers: Option<&TransferStats>,
+) -> String {
     let mut out = String::with_capacity(8 * 1024);
     let base = format!(
         "model_name=\"{}\",engine=\"{}\"",
@@ -80,9 +87,50 @@ pub fn render(labels: &MetricsLabels, gauges: &EngineGauges, stats: &EngineStats
     );
     counter(
         &mut out,
+        "vllm:external_prefix_cache_queries",
+        "External prefix cache queries from KV connector cross-instance cache sharing, \
+         in terms of number of queried tokens.",
+        stats.external_prefix_cache_queries,
+    );
+    counter(
+        &mut out,
+        "vllm:external_prefix_cache_hits",
+        "External prefix cache hits from KV connector cross-instance cache sharing, \
+         in terms of number of cached tokens.",
+        stats.external_prefix_cache_hits,
+    );
+    counter(
+        &mut out,
         "vllm:prompt_tokens",
         "Number of prefill tokens processed.",
         stats.prompt_tokens,
+    );
+    header(
+        &mut out,
+        "vllm:prompt_tokens_by_source_total",
+        "Number of prompt tokens by source.",
+        "counter",
+    );
+    let sources = &stats.prompt_sources;
+    for (source, n) in [
+        ("local_compute", sources.local_compute),
+        ("local_cache_hit", sources.local_cache_hit),
+        ("external_kv_transfer", sources.external_kv_transfer),
+    ] {
+        let l = format!("{base},source=\"{source}\"");
+        sample(&mut out, "vllm:prompt_tokens_by_source_total", &l, n as f64);
+    }
+    counter(
+        &mut out,
+        "vllm:prompt_tokens_cached",
+        "Number of cached prompt tokens (local + external).",
+        sources.cached,
+    );
+    counter(
+        &mut out,
+        "vllm:prompt_tokens_recomputed",
+        "Number of cached tokens recomputed for forward pass.",
+        sources.recomputed,
     );
     counter(
         &mut out,
@@ -96,8 +144,8 @@ pub fn render(labels: &MetricsLabels, gauges: &EngineGauges, stats: &EngineStats
         "Count of successfully processed requests.",
         "counter",
     );
-    for (reason, n) in ["stop", "length", "abort"].iter().zip(stats.finished) {
-        let l = format!("{base},finished_reason=\"{reason}\"");
+    for (reason, n) in FinishReason::ALL.iter().zip(stats.finished) {
+        let l = format!("{base},finished_reason=\"{}\"", reason.as_str());
         sample(&mut out, "vllm:request_success_total", &l, n as f64);
     }
     histogram(
@@ -130,7 +178,61 @@ pub fn render(labels: &MetricsLabels, gauges: &EngineGauges, stats: &EngineStats
         labels.num_gpu_blocks
     );
     sample(&mut out, "vllm:cache_config_info", &info, 1.0);
+    if let Some(t) = transfers {
+        nixl(&mut out, &base, t, stats.kv_expired_reqs);
+    }
     out
+}
+
+/// vLLM's `NixlPromMetrics` families.
+fn nixl(out: &mut String, base: &str, t: &TransferStats, kv_expired_reqs: u64) {
+    let histograms = [
+        (
+            "vllm:nixl_xfer_time_seconds",
+            "Histogram of transfer duration for NIXL KV Cache transfers.",
+            &t.xfer_time,
+        ),
+        (
+            "vllm:nixl_post_time_seconds",
+            "Histogram of transfer post time for NIXL KV Cache transfers.",
+            &t.post_time,
+        ),
+        (
+            "vllm:nixl_bytes_transferred",
+            "Histogram of bytes transferred per NIXL KV Cache transfers.",
+            &t.bytes,
+        ),
+        (
+            "vllm:nixl_num_descriptors",
+            "Histogram of number of descriptors per NIXL  KV Cache transfers.",
+            &t.descriptors,
+        ),
+    ];
+    for (name, help, h) in histograms {
+        histogram(out, name, help, base, h);
+    }
+    let counters = [
+        (
+            "vllm:nixl_num_failed_transfers_total",
+            "Number of failed NIXL KV Cache transfers.",
+            t.failed_transfers,
+        ),
+        (
+            "vllm:nixl_num_failed_notifications_total",
+            "Number of failed NIXL KV Cache notifications.",
+            t.failed_notifications,
+        ),
+        (
+            "vllm:nixl_num_kv_expired_reqs_total",
+            "Number of requests that had their KV expire. NOTE: This metric is tracked on \
+             the P instance.",
+            kv_expired_reqs,
+        ),
+    ];
+    for (name, help, v) in counters {
+        header(out, name, help, "counter");
+        sample(out, name, base, v as f64);
+    }
 }
 
 fn header(out: &mut String, name: &str, help: &str, kind: &str) {
@@ -203,7 +305,7 @@ mod tests {
             prefix_cache_hits: 32,
             ..Default::default()
         };
-        let text = render(&labels, &g, &stats);
+        let text = render(&labels, &g, &stats, None);
         assert!(text.contains("# TYPE vllm:prefix_cache_hits_total counter\n"));
         assert!(
             text.contains("vllm:prefix_cache_hits_total{model_name=\"m\",engine=\"0\"} 32.0\n")

@@ -23,18 +23,27 @@ use self::metrics_text::MetricsLabels;
 use self::openai::Models;
 use super::config::EngineArgs;
 use super::model::{Engine, KvCacheEvent};
+use super::nixl::puller::PullerConfig;
 use crate::rng::mix64;
 
 /// Builds the shared state and starts the engine driver on the current runtime.
+/// `side_channel` is the NIXL side channel's address, with `--kv-connector nixl`.
 pub fn app_state(
     args: &EngineArgs,
     local: SocketAddr,
+    side_channel: Option<SocketAddr>,
     events: Option<mpsc::UnboundedSender<Vec<KvCacheEvent>>>,
 ) -> Arc<AppState> {
     let cfg = args.engine_config();
     let engine = Engine::new(cfg.clone());
     let engine_cfg = engine.config().clone();
-    let driver = driver::spawn(engine, events);
+    let pulls = args.kv_connector.map(|_| PullerConfig {
+        block_size: engine_cfg.block_size,
+        bytes_per_block: args.kv_bytes_per_block(),
+        timing: engine_cfg.timing.clone(),
+        lease: engine_cfg.kv_lease,
+    });
+    let driver = driver::spawn(engine, events, pulls);
     let id_salt = mix64(args.seed ^ (u64::from(local.port()) << 32) ^ std::process::id() as u64);
     Arc::new(AppState {
         models: Models {
@@ -49,19 +58,36 @@ pub fn app_state(
         },
         engine: engine_cfg,
         driver,
-        role: args.role,
-        engine_id: args.engine_id.clone().unwrap_or_else(|| {
-            format!(
-                "kvmesh-sim-{:016x}",
-                mix64(args.seed ^ u64::from(local.port()))
-            )
-        }),
-        advertise: (local.ip().to_string(), local.port()),
+        connector: args.kv_connector,
+        engine_id: args
+            .engine_id
+            .clone()
+            .unwrap_or_else(|| fresh_engine_id(id_salt)),
+        side_channel: side_channel.map(|a| (a.ip().to_string(), a.port())),
         max_body_bytes: args.max_body_bytes,
         prompt_tokens_details: args.enable_prompt_tokens_details,
         next_id: AtomicU64::new(0),
         id_salt,
     })
+}
+
+/// A uuid4-shaped engine id, new for every process (vLLM draws a uuid4 per engine), so a
+/// restarted prefill engine is a different peer to decode engines.
+fn fresh_engine_id(salt: u64) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let hi = mix64(salt ^ nanos);
+    let lo = mix64(hi ^ 0x6b76_6d65_7368);
+    format!(
+        "{:08x}-{:04x}-4{:03x}-8{:03x}-{:012x}",
+        hi >> 32,
+        (hi >> 16) & 0xffff,
+        hi & 0xfff,
+        lo >> 52,
+        lo & 0xffff_ffff_ffff
+    )
 }
 
 /// Accepts connections forever, serving each with HTTP/1.1 keep-alive and TCP_NODELAY.

@@ -7,8 +7,8 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::errors::ApiError;
+use crate::engine::model::LoraRef;
 use crate::engine::model::tokenizer::{ChatMessage, render_chat, tokenize};
-use crate::engine::model::{KvTransfer, LoraRef};
 
 /// The models the server answers to.
 #[derive(Debug, Clone)]
@@ -98,8 +98,9 @@ pub struct Generation {
     pub stream: bool,
     /// `stream_options.include_usage`.
     pub include_usage: bool,
-    /// Disaggregation leg requested through `kv_transfer_params`.
-    pub kv_transfer: KvTransfer,
+    /// `kv_transfer_params`: an object, or `None` when absent or null. Only a KV connector
+    /// reads it.
+    pub kv_transfer_params: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -281,42 +282,20 @@ fn finish(
             .stream_options
             .and_then(|o| o.include_usage)
             .unwrap_or(false),
-        kv_transfer: kv_transfer(c.kv_transfer_params.as_ref())?,
+        kv_transfer_params: kv_transfer_params(c.kv_transfer_params)?,
     })
 }
 
-fn kv_transfer(params: Option<&Value>) -> Result<KvTransfer, ApiError> {
-    let Some(p) = params.filter(|p| !p.is_null()) else {
-        return Ok(KvTransfer::None);
-    };
-    let Some(obj) = p.as_object() else {
-        return Err(ApiError::bad_param(
+/// vLLM's request models type `kv_transfer_params` as an optional dict, whatever the
+/// connector: anything else is a validation error.
+fn kv_transfer_params(params: Option<Value>) -> Result<Option<Value>, ApiError> {
+    match params {
+        None | Some(Value::Null) => Ok(None),
+        Some(p @ Value::Object(_)) => Ok(Some(p)),
+        Some(_) => Err(ApiError::bad_param(
             "kv_transfer_params",
             "kv_transfer_params must be an object",
-        ));
-    };
-    let flag = |k: &str| obj.get(k).and_then(Value::as_bool).unwrap_or(false);
-    match (flag("do_remote_decode"), flag("do_remote_prefill")) {
-        (true, true) => Err(ApiError::bad_param(
-            "kv_transfer_params",
-            "do_remote_decode and do_remote_prefill are exclusive",
         )),
-        (true, false) => Ok(KvTransfer::RemoteDecode),
-        (false, true) => {
-            let blocks = obj
-                .get("remote_block_ids")
-                .and_then(Value::as_array)
-                .ok_or_else(|| {
-                    ApiError::bad_param(
-                        "kv_transfer_params",
-                        "do_remote_prefill needs remote_block_ids",
-                    )
-                })?;
-            Ok(KvTransfer::RemotePrefill {
-                remote_blocks: blocks.len(),
-            })
-        }
-        (false, false) => Ok(KvTransfer::None),
     }
 }
 
@@ -438,21 +417,16 @@ mod tests {
     }
 
     #[test]
-    fn kv_transfer_params_select_the_leg() {
+    fn kv_transfer_params_must_be_an_object_or_null() {
         let g = parse_completion(
-            br#"{"prompt":"a","kv_transfer_params":{"do_remote_decode":true,"remote_block_ids":null}}"#,
+            br#"{"prompt":"a","kv_transfer_params":{"do_remote_decode":true}}"#,
             &models(),
         )
         .unwrap();
-        assert_eq!(g.kv_transfer, KvTransfer::RemoteDecode);
-        let g = parse_completion(
-            br#"{"prompt":"a","kv_transfer_params":{"do_remote_prefill":true,"remote_block_ids":[1,2]}}"#,
-            &models(),
-        )
-        .unwrap();
-        assert_eq!(
-            g.kv_transfer,
-            KvTransfer::RemotePrefill { remote_blocks: 2 }
-        );
+        assert_eq!(g.kv_transfer_params.unwrap()["do_remote_decode"], true);
+        let g = parse_completion(br#"{"prompt":"a","kv_transfer_params":null}"#, &models());
+        assert!(g.unwrap().kv_transfer_params.is_none());
+        let e = parse_completion(br#"{"prompt":"a","kv_transfer_params":[1]}"#, &models());
+        assert_eq!(e.unwrap_err().param.as_deref(), Some("kv_transfer_params"));
     }
 }

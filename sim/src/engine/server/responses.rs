@@ -171,6 +171,12 @@ fn sse(json: Vec<u8>) -> Bytes {
     b.freeze()
 }
 
+/// An error event inside a stream: `data: {"error": {...}}` (vLLM's
+/// `create_streaming_error_response`).
+pub fn sse_error(error: &super::errors::ApiError) -> Bytes {
+    sse(error.body_bytes().to_vec())
+}
+
 /// The SSE terminator.
 pub fn sse_done() -> Bytes {
     Bytes::from_static(b"data: [DONE]\n\n")
