@@ -95,6 +95,10 @@ pub struct SimulateArgs {
     /// score and node key alone.
     #[arg(long, default_value_t = RouteConfig::default().spread_margin)]
     pub spread_margin: f64,
+    /// Any other setting of `decide`, as in the node's `[route]` table: `NAME=VALUE`
+    /// (repeatable; VALUE in JSON, e.g. `load_slack=1` or `bound_on="in_flight"`).
+    #[arg(long = "route", value_name = "NAME=VALUE", value_parser = parse_route_setting)]
+    pub route_settings: Vec<(String, serde_json::Value)>,
     /// KV cache blocks per engine (default 8192, or the size the workload is made for:
     /// rag-pressure's small cache).
     #[arg(long)]
@@ -169,8 +173,9 @@ impl SimulateArgs {
             .max(1)
     }
 
-    pub fn cluster_config(&self, nodes: usize) -> ClusterConfig {
-        let route = RouteConfig {
+    /// `decide`'s settings: the defaults, the form and spread margin flags, then `--route`.
+    pub fn route_config(&self) -> Result<RouteConfig, String> {
+        let base = RouteConfig {
             policy: match self.route_form {
                 ScoreFormArg::Score => ScoreForm::Score,
                 ScoreFormArg::Cost => ScoreForm::Cost,
@@ -178,6 +183,10 @@ impl SimulateArgs {
             spread_margin: self.spread_margin.max(0.0),
             ..RouteConfig::default()
         };
+        with_settings(base, &self.route_settings)
+    }
+
+    pub fn cluster_config(&self, nodes: usize, route: RouteConfig) -> ClusterConfig {
         ClusterConfig {
             nodes,
             engine: EngineConfig {
@@ -211,5 +220,59 @@ impl SimulateArgs {
             self_summary: self.self_view == SelfView::Summary,
             seed: self.seed,
         }
+    }
+}
+
+/// `NAME=VALUE` of `--route`: VALUE is JSON, or else a bare string.
+fn parse_route_setting(text: &str) -> Result<(String, serde_json::Value), String> {
+    let (name, value) = text
+        .split_once('=')
+        .ok_or_else(|| format!("`{text}`: expected NAME=VALUE"))?;
+    let value = serde_json::from_str(value).unwrap_or_else(|_| value.into());
+    Ok((name.trim().to_owned(), value))
+}
+
+/// `config` with `settings` applied by name, as the node reads its `[route]` table: an unknown
+/// name or a value of the wrong type is an error, not ignored.
+fn with_settings(
+    config: RouteConfig,
+    settings: &[(String, serde_json::Value)],
+) -> Result<RouteConfig, String> {
+    let mut fields = match serde_json::to_value(config) {
+        Ok(serde_json::Value::Object(fields)) => fields,
+        other => return Err(format!("RouteConfig serialised as {other:?}")),
+    };
+    for (name, value) in settings {
+        match fields.get_mut(name) {
+            Some(field) => *field = value.clone(),
+            None => {
+                let known: Vec<&str> = fields.keys().map(String::as_str).collect();
+                return Err(format!(
+                    "--route {name}: no such setting (known: {})",
+                    known.join(", ")
+                ));
+            }
+        }
+    }
+    serde_json::from_value(serde_json::Value::Object(fields)).map_err(|e| format!("--route: {e}"))
+}
+
+#[cfg(test)]
+mod route_setting_tests {
+    use super::*;
+
+    #[test]
+    fn settings_apply_by_name_and_unknown_or_mistyped_ones_are_refused() {
+        let set = |text: &str| parse_route_setting(text).unwrap();
+        let config = with_settings(
+            RouteConfig::default(),
+            &[set("load_slack=1"), set("bound_on=in_flight")],
+        )
+        .unwrap();
+        assert_eq!(config.load_slack, 1.0);
+        assert_eq!(config.bound_on, kvmesh_protocol::route::BoundOn::InFlight);
+        assert!(with_settings(RouteConfig::default(), &[set("load_slak=1")]).is_err());
+        assert!(with_settings(RouteConfig::default(), &[set("load_slack=many")]).is_err());
+        assert!(parse_route_setting("load_slack").is_err());
     }
 }

@@ -1,6 +1,7 @@
 //! A whole `simulate` invocation: every policy over the same requests, at one or several
 //! cluster sizes.
 
+use kvmesh_protocol::RouteConfig;
 use std::sync::Arc;
 
 use super::args::SimulateArgs;
@@ -68,10 +69,11 @@ pub fn simulate(args: &SimulateArgs) -> Result<Report, SimulateError> {
             "a cluster needs at least one node".into(),
         ));
     }
+    let route = args.route_config().map_err(SimulateError::Invalid)?;
     let inputs = Inputs::new(args)?;
     let mut runs = Vec::new();
     for nodes in sizes {
-        let results = run_size(args, &inputs, nodes);
+        let results = run_size(args, &inputs, nodes, route);
         runs.push(SizeRun { nodes, results });
     }
     Ok(Report {
@@ -86,8 +88,13 @@ pub fn simulate(args: &SimulateArgs) -> Result<Report, SimulateError> {
     })
 }
 
-fn run_size(args: &SimulateArgs, inputs: &Inputs, nodes: usize) -> Vec<PolicyResult> {
-    let config = args.cluster_config(nodes);
+fn run_size(
+    args: &SimulateArgs,
+    inputs: &Inputs,
+    nodes: usize,
+    route: RouteConfig,
+) -> Vec<PolicyResult> {
+    let config = args.cluster_config(nodes, route);
     let policies = args.policy_list();
     let jobs = args.jobs.max(1);
     let mut results: Vec<Option<PolicyResult>> = vec![None; policies.len()];
