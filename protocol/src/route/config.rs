@@ -4,7 +4,8 @@
 #[derive(Copy, Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Policy {
-    /// `α·matched/len + β·(1 - kv_usage) - γ·queued/L`: highest wins.
+    /// `α·matched/len + β·(1 - kv_usage) - γ·queued/L`: highest wins (`queued`: see
+    /// [`RouteConfig::running_weight`]).
     Score,
     /// Estimated time to first token, `queue_wait + prefill(uncached tokens)`: lowest wins.
     Cost,
@@ -35,6 +36,14 @@ pub struct RouteConfig {
     pub gamma: f64,
     /// L, the queue length at which the queue term costs γ. Default 16.
     pub waiting_threshold: f64,
+    /// Score form: weight of a running request in the queue term, against 1 for a waiting
+    /// (or pending) one: `queued = waiting + pending + running_weight·running`. A running
+    /// request holds no place in the queue, but every request in the batch slows each step
+    /// a request joins. Without it an engine that admits every request at once (vLLM below
+    /// `max_num_seqs`) shows nothing while nothing waits, and requests that any engine could
+    /// serve as fast pick busy ones as often as idle ones. The cost form and the load bound
+    /// count what waits only. Default 0.25.
+    pub running_weight: f64,
     /// ε of bounded load: no candidate is given more than `(1 + ε)×` the mean load while one
     /// under it exists. Default 0.25 (as KubeAI's CHWBL).
     pub load_epsilon: f64,
@@ -125,6 +134,7 @@ impl Default for RouteConfig {
             beta: 0.1,
             gamma: 1.0,
             waiting_threshold: 16.0,
+            running_weight: 0.25,
             load_epsilon: 0.25,
             load_slack: 2.0,
             bound_on: BoundOn::Queued,

@@ -146,6 +146,9 @@ struct Entry {
     queued: u32,
     pending: u32,
     worked_tokens: u32,
+    /// Gauges read at this very millisecond (this node's own engine, read live) show nothing
+    /// in flight there, and nothing was sent since.
+    idle_now: bool,
     /// Requests in flight there (running, waiting, pending) as the gossiped digest shows
     /// them: what every entry node sees alike.
     shared_load: u32,
@@ -158,9 +161,9 @@ struct Entry {
 #[derive(Copy, Clone, Debug)]
 struct Ranked {
     under_bound: bool,
-    /// The request's rendezvous weight on this node, if its score is within the spread
-    /// margin of the best.
-    band: Option<u64>,
+    /// If its score is within the spread margin of the best: whether it is idle now, then
+    /// the request's rendezvous weight on it.
+    band: Option<(bool, u64)>,
     score: f64,
     node_key: u64,
     entry: usize,
@@ -266,6 +269,9 @@ pub fn decide_with(
             queued: gauges.waiting.saturating_add(candidate.pending),
             pending: candidate.pending,
             worked_tokens: worked_tokens(candidate, config, now_ms),
+            idle_now: candidate.digest_received_ms >= now_ms
+                && gauges.load() == 0
+                && candidate.pending == 0,
             fresh,
         });
     }
@@ -426,7 +432,7 @@ fn rank(
             (Some(key), Some((best_bound, floor)))
                 if under_bound == best_bound && score >= floor =>
             {
-                Some(rendezvous_weight(key, entry.node_key))
+                Some((entry.idle_now, rendezvous_weight(key, entry.node_key)))
             }
             _ => None,
         };
@@ -476,6 +482,7 @@ fn base_score(
                 0 => 0.0,
                 len => f64::from(entry.matched) / len as f64,
             };
+            let queued = queued + config.running_weight.max(0.0) * f64::from(gauges.running);
             config.alpha * matched + config.beta * (1.0 - f64::from(gauges.kv_usage))
                 - config.gamma * queued / config.waiting_threshold.max(1.0)
         }

@@ -490,3 +490,73 @@ fn an_estimate_credits_the_work_done_since_the_gauges_were_read() {
     );
     assert_eq!(worked(2), 0, "gauges read now have done nothing yet");
 }
+
+#[test]
+fn among_near_equal_holders_the_one_read_idle_now_goes_first() {
+    let prompt = chain(16, 11);
+    let held = summary_of(&prompt);
+    let mut idle = digest(0);
+    idle.running = 0;
+    let busy = digest(0);
+    let config = RouteConfig::default();
+    // "own" is this node's engine, read live at NOW and idle; the others were read by gossip
+    // 50 ms ago and show nothing waiting either (one of them running two).
+    let mut own = candidate("own", &idle, Some(&held));
+    own.digest_received_ms = NOW;
+    let candidates = [
+        candidate("a", &idle, Some(&held)),
+        candidate("b", &busy, Some(&held)),
+        own,
+    ];
+    for id in 0..200u64 {
+        let mut request = request(&prompt);
+        request.spread = Some(rendezvous_weight(id, 5));
+        let decision = decide(&candidates, &request, &config, NOW).unwrap();
+        assert_eq!(decision.ranked[0], 2, "request {id}");
+    }
+    // Once something was sent there since, it is one near-equal holder among the others.
+    let mut sent_to = own;
+    sent_to.pending = 1;
+    let candidates = [
+        candidate("a", &idle, Some(&held)),
+        candidate("c", &idle, Some(&held)),
+        sent_to,
+    ];
+    let firsts: std::collections::HashSet<usize> = (0..200u64)
+        .map(|id| {
+            let mut request = request(&prompt);
+            request.spread = Some(rendezvous_weight(id, 5));
+            decide(&candidates, &request, &config, NOW).unwrap().ranked[0]
+        })
+        .collect();
+    assert!(firsts.len() > 1, "{firsts:?}");
+}
+
+#[test]
+fn running_requests_weigh_in_the_score_form() {
+    let prompt = chain(4, 12);
+    let held = summary_of(&prompt);
+    let (mut quiet, mut batched) = (digest(1), digest(1));
+    quiet.running = 0;
+    batched.running = 12;
+    let winner = |config: &RouteConfig, batched_name: &str, quiet_name: &str| {
+        // Both hold the prompt: only the load tells them apart.
+        let candidates = [
+            candidate(batched_name, &batched, Some(&held)),
+            candidate(quiet_name, &quiet, Some(&held)),
+        ];
+        let decision = decide(&candidates, &request(&prompt), config, NOW).unwrap();
+        assert_eq!(decision.reason, RouteReason::PrefixHit);
+        decision.ranked[0]
+    };
+    let config = RouteConfig::default();
+    // The quiet one wins whichever name (node key) it has.
+    assert_eq!(winner(&config, "a", "b"), 1);
+    assert_eq!(winner(&config, "b", "a"), 1);
+    // Weighed at nothing, the two are equal and the node key decides.
+    let config = RouteConfig {
+        running_weight: 0.0,
+        ..config
+    };
+    assert_ne!(winner(&config, "a", "b"), winner(&config, "b", "a"));
+}
