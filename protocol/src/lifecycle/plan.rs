@@ -350,8 +350,11 @@ fn uncached_tokens(matched: u32, request: &RouteRequest<'_>) -> u32 {
 /// entry does not know the size of the requests queued there; it counts each as this one
 /// would be there (at least a block), which is exact for a uniform load, and otherwise errs
 /// towards keeping a request where its entry sent it. The queue its gauges showed has
-/// shrunk since they were read, by the work the engine could do in their age (a digest is
-/// 100–300 ms old, about one long prefill); this node's sends after them have not.
+/// shrunk since they were read by the work the engine could do in their age (a digest is
+/// 100–300 ms old, about one long prefill), of its oldest request at most: the serving side
+/// credits its own queue no more (see [`super::ServingState::tokens_ahead`]), and the two
+/// must judge alike, or a burst through one entry piles onto whichever side credits more.
+/// This node's sends after the gauges are not credited.
 ///
 /// The cached blocks count twice because leaving them costs twice: this request computes them
 /// again, and every request queued behind it at the next waits for that. A prefix is taken
@@ -366,7 +369,7 @@ pub fn tokens_bound(
     let uncached = f64::from(uncached_tokens(estimate.matched, request));
     let each_queued = uncached.max(f64::from(request.tokens_per_block));
     let shown = f64::from(estimate.queued.saturating_sub(estimate.pending)) * each_queued;
-    let left_of_shown = (shown - f64::from(estimate.worked_tokens)).max(0.0);
+    let left_of_shown = (shown - f64::from(estimate.worked_tokens).min(each_queued)).max(0.0);
     let pending = f64::from(estimate.pending) + config.decline_slack.max(0.0);
     let recomputed = uncached - f64::from(uncached_tokens(matched_here, request));
     let tokens = left_of_shown + pending * each_queued + uncached + recomputed.max(0.0);
@@ -411,7 +414,7 @@ mod tests {
     }
 
     #[test]
-    fn the_queue_gauges_showed_shrinks_with_their_age_but_later_sends_do_not() {
+    fn the_oldest_request_the_gauges_showed_shrinks_with_their_age_later_sends_do_not() {
         let chain: Vec<u64> = (0..8).collect();
         let config = RouteConfig::default();
         let request = request(&chain);
@@ -421,10 +424,11 @@ mod tests {
             tokens_bound(estimate(3, 1, 100), 0, &request, &config),
             2 * 128 - 100 + 128 + 128
         );
-        // However old the gauges, the sends after them still count.
+        // However old the gauges, the oldest request shown is all that is credited, and the
+        // sends after them still count.
         assert_eq!(
             tokens_bound(estimate(3, 1, 1_000_000), 0, &request, &config),
-            128 + 128
+            128 + 128 + 128
         );
     }
 
