@@ -162,8 +162,12 @@ proptest! {
         for (plan, _) in plans.iter_mut() {
             plan.ended(&mut entry);
         }
-        for &key in &keys {
+        for (peer, &key) in peers.iter().zip(&keys) {
             prop_assert_eq!(entry.pending(key, 0, now), 0, "pending after every request ended");
+            prop_assert_eq!(
+                entry.estimate(peer, now).pending, 0,
+                "counted as sent or as coming back after every request ended"
+            );
         }
     }
 
@@ -303,5 +307,76 @@ fn a_burst_of_new_prefixes_from_one_entry_spreads_over_both_engines() {
         );
         eprintln!("burst of {burst}: served {served:?}");
         drop(tickets);
+    }
+}
+
+/// An attempt that may be declined counts at the next in rank while it is in flight (a
+/// decline would send it there), and stops counting once it is answered either way.
+#[test]
+fn a_declinable_attempt_counts_at_its_next_until_answered() {
+    let (busy, idle) = (digest(0, 0), digest(0, 0));
+    let (remote, own) = (node_key("remote"), node_key("own"));
+    let peers = [
+        PeerInput {
+            key: remote,
+            digest: &busy,
+            digest_received_ms: 0,
+            summary: None,
+            offload: None,
+            live: None,
+        },
+        PeerInput {
+            key: own,
+            digest: &idle,
+            digest_received_ms: 0,
+            summary: None,
+            offload: None,
+            live: Some(kvmesh_protocol::route::Gauges {
+                running: 0,
+                waiting: 0,
+                kv_usage: 0.0,
+            }),
+        },
+    ];
+    let config = RouteConfig::default();
+    let mut entry = EntryState::default();
+    for answer in [Outcome::Started(None), Outcome::Declined(None)] {
+        // Find a new prefix whose rendezvous order puts the remote node first.
+        let chain = (1..1_000u64)
+            .map(|b| vec![b])
+            .find(|chain| {
+                let request = request(chain);
+                let plan = entry.route(&peers, &request, &config, 10).unwrap();
+                plan.ranked_keys().next() == Some(remote)
+            })
+            .unwrap();
+        let mut plan = entry.route(&peers, &request(&chain), &config, 10).unwrap();
+        let attempt = plan.next_attempt(&mut entry, &chain, 10).unwrap();
+        assert_eq!(attempt.node_key, remote);
+        assert!(attempt.decline_above_tokens.is_some());
+        assert_eq!(
+            entry.estimate(&peers[1], 10).pending,
+            1,
+            "may come back here"
+        );
+        plan.on_outcome(&mut entry, &chain, answer, 11);
+        assert_eq!(entry.estimate(&peers[1], 11).pending, 0, "{answer:?}");
+        if let Some(next) = plan.next_attempt(&mut entry, &chain, 11) {
+            assert_eq!(next.node_key, own);
+            plan.on_outcome(&mut entry, &chain, Outcome::Started(None), 12);
+        }
+        plan.ended(&mut entry);
+    }
+}
+
+fn request(chain: &[u64]) -> RouteRequest<'_> {
+    RouteRequest {
+        model: "m",
+        chain,
+        prompt_tokens: 64,
+        tokens_per_block: 16.0,
+        session: None,
+        role: Role::Mixed,
+        spread: None,
     }
 }

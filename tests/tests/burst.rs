@@ -116,6 +116,22 @@ fn a_burst_spreads(nodes: usize, prompts: u64) {
         number(&through, "/ttft_s/mean") * 1e3,
         number(&direct, "/ttft_s/mean") * 1e3,
     );
+    // Which side turned the burst away, and why: each node's declines by reason.
+    for node in cluster.nodes() {
+        let declines: Vec<String> = ["new-prefix", "queue", "follows"]
+            .iter()
+            .map(|reason| {
+                let count = node
+                    .sidecar
+                    .metric("kvmesh_declined_total", &[("reason", reason)])
+                    .ok()
+                    .flatten()
+                    .unwrap_or(0.0);
+                format!("{reason} {count}")
+            })
+            .collect();
+        println!("  {} declined: {}", node.name(), declines.join(", "));
+    }
     let busiest = served.iter().copied().fold(0.0, f64::max);
     assert!(
         busiest <= 0.6 * total,

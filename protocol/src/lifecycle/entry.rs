@@ -83,6 +83,10 @@ struct Reported {
 #[derive(Debug)]
 pub struct EntryState {
     ledger: PendingLedger,
+    /// Attempts in flight that may be declined, by the node a decline would send them to:
+    /// counted there as if sent, since that engine's load at the check is what the decliner
+    /// compares against, and in a burst through this node many come back at once.
+    returnable: PendingLedger,
     recent: RecentSends,
     reports: BlockMap<u64, Reported>,
     scratch: DecideScratch,
@@ -100,6 +104,7 @@ impl EntryState {
     pub fn new(recent_ttl_ms: u64, recent_max_entries: usize) -> Self {
         Self {
             ledger: PendingLedger::new(PENDING_TTL_MS),
+            returnable: PendingLedger::new(PENDING_TTL_MS),
             recent: RecentSends::new(recent_ttl_ms, recent_max_entries),
             reports: BlockMap::default(),
             scratch: DecideScratch::default(),
@@ -145,7 +150,8 @@ impl EntryState {
             ),
             (None, None) => (None, peer.digest_received_ms, peer.digest_received_ms),
         };
-        let pending = self.ledger.pending(peer.key, since, now_ms);
+        let pending = self.ledger.pending(peer.key, since, now_ms)
+            + self.returnable.pending(peer.key, 0, now_ms);
         Candidate {
             node_key: peer.key,
             digest: peer.digest,
@@ -211,6 +217,7 @@ impl EntryState {
     /// reports that outlived theirs.
     pub fn prune(&mut self, now_ms: u64, digest_received_ms: impl Fn(u64) -> u64) {
         self.ledger.prune(now_ms, digest_received_ms);
+        self.returnable.prune(now_ms, |_| 0);
         self.reports
             .retain(|_, reported| now_ms.saturating_sub(reported.received_ms) <= REPORT_TTL_MS);
     }
@@ -218,6 +225,16 @@ impl EntryState {
     pub(super) fn record_send(&mut self, key: u64, chain: &[u64], now_ms: u64) {
         self.ledger.record(key, now_ms);
         self.recent.record(key, chain, now_ms);
+    }
+
+    /// An attempt made at `at_ms` would come to `key` if declined.
+    pub(super) fn record_returnable(&mut self, key: u64, at_ms: u64) {
+        self.returnable.record(key, at_ms);
+    }
+
+    /// The attempt made at `at_ms` that would have come to `key` ended one way or another.
+    pub(super) fn settle_returnable(&mut self, key: u64, at_ms: u64) {
+        self.returnable.withdraw(key, at_ms);
     }
 
     /// The send at `at_ms` left nothing in that engine's queue or cache.

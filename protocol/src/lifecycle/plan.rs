@@ -89,6 +89,8 @@ struct Sent {
     key: u64,
     at_ms: u64,
     may_decline: bool,
+    /// The next in rank, where a decline would send it (counted there meanwhile).
+    returns_to: Option<u64>,
 }
 
 /// One request's attempts.
@@ -226,11 +228,19 @@ impl Plan {
             self.reason
         };
         entry.record_send(target.key, chain, now_ms);
+        let returns_to = match may_decline {
+            true => self.targets.get(rank + 1).map(|next| next.key),
+            false => None,
+        };
+        if let Some(next) = returns_to {
+            entry.record_returnable(next, now_ms);
+        }
         self.sent = Some(Sent {
             rank,
             key: target.key,
             at_ms: now_ms,
             may_decline,
+            returns_to,
         });
         Some(Attempt {
             candidate: target.candidate,
@@ -254,6 +264,9 @@ impl Plan {
         let Some(sent) = self.sent.take() else {
             return self.progress_after(false);
         };
+        if let Some(next) = sent.returns_to {
+            entry.settle_returnable(next, sent.at_ms);
+        }
         let outcome = match outcome {
             // A decline the entry did not allow is a fault of the peer: a failure.
             Outcome::Declined(_) if !sent.may_decline => Outcome::Failed {
