@@ -132,6 +132,27 @@ fn a_burst_spreads(nodes: usize, prompts: u64) {
             .collect();
         println!("  {} declined: {}", node.name(), declines.join(", "));
     }
+    // How the entry placed them (a retry after a failed attempt also lands off its first
+    // choice).
+    let entry = &cluster.nodes()[0].sidecar;
+    let reasons: Vec<String> = [
+        "cold-hash",
+        "prefix-hit",
+        "least-loaded",
+        "load-spill",
+        "declined",
+        "retry",
+    ]
+    .iter()
+    .filter_map(|reason| {
+        let count = entry
+            .metric("kvmesh_requests_total", &[("reason", reason)])
+            .ok()
+            .flatten()?;
+        (count > 0.0).then(|| format!("{reason} {count}"))
+    })
+    .collect();
+    println!("  entry's requests by reason: {}", reasons.join(", "));
     let busiest = served.iter().copied().fold(0.0, f64::max);
     assert!(
         busiest <= 0.6 * total,
