@@ -106,13 +106,8 @@ proptest! {
         let mut served: Vec<usize> = Vec::new();
         for (index, chain) in chains.iter().enumerate() {
             let request = RouteRequest {
-                model: "m",
-                chain,
-                prompt_tokens: 64,
-                tokens_per_block: 16.0,
-                session: None,
-                role: Role::Mixed,
                 spread: Some(index as u64),
+                ..request(chain)
             };
             let plan = entry.route(&peers, &request, &config, now).unwrap();
             plans.push((plan.with_retries(retries), index));

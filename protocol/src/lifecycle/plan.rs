@@ -392,19 +392,7 @@ pub fn tokens_bound(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Role;
-
-    fn request(chain: &[u64]) -> RouteRequest<'_> {
-        RouteRequest {
-            model: "m",
-            chain,
-            prompt_tokens: chain.len() as u32 * 16,
-            tokens_per_block: 16.0,
-            session: None,
-            role: Role::Mixed,
-            spread: None,
-        }
-    }
+    use crate::route::tests::request;
 
     fn estimate(queued: u32, pending: u32, worked_tokens: u32) -> Estimate {
         Estimate {

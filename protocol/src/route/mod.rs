@@ -12,7 +12,7 @@ mod reason;
 mod recent;
 mod rendezvous;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 pub use config::{BoundOn, Policy, RouteConfig};
 pub use decide::{

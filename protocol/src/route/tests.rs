@@ -61,7 +61,8 @@ fn candidate<'a>(
     }
 }
 
-fn request(chain: &[u64]) -> RouteRequest<'_> {
+/// A 16-token-per-block request for `chain` (shared with the lifecycle's unit tests).
+pub(crate) fn request(chain: &[u64]) -> RouteRequest<'_> {
     RouteRequest {
         model: "m",
         chain,
