@@ -110,6 +110,9 @@ pub struct NodeMetrics {
     pub new_prefixes_in_flight: Gauge,
     /// Requests queued at this node's engine as this node counts them exactly.
     pub engine_queued: Gauge,
+    /// Copies of a new prefix held back until an earlier copy had its first token, by how
+    /// the hold ended.
+    pub copies_held: Family<OutcomeLabels, Counter>,
     /// Requests this node declined (late binding), by reason.
     pub declined: Family<ReasonLabels, Counter>,
     /// Attempts of requests that entered here that their serving node declined.
@@ -150,6 +153,7 @@ impl Default for NodeMetrics {
             tokenize_failures: Counter::default(),
             new_prefixes_in_flight: Gauge::default(),
             engine_queued: Gauge::default(),
+            copies_held: Family::default(),
             declined: Family::default(),
             attempts_declined: Counter::default(),
             load_reports: Counter::default(),
@@ -292,6 +296,11 @@ impl NodeMetrics {
             "new_prefixes_in_flight",
             "Requests with a prefix no engine held, sent to this node's engine and not yet answered with a first byte",
             self.new_prefixes_in_flight.clone(),
+        );
+        registry.register(
+            "copies_held",
+            "Requests held back from this node's engine while an earlier copy of their new prefix computed it, by how the hold ended: cached (the earlier one had its first token) or timed_out",
+            self.copies_held.clone(),
         );
         registry.register(
             "engine_queued",

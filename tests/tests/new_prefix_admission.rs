@@ -1,7 +1,8 @@
 //! A node whose engine is computing one new prefix declines a second, different one (its queue
 //! is longer than the entry believes the other engine's to be), and the entry sends it to the
 //! prefix's next choice (`protocol::lifecycle`); a request with the prefix being computed is
-//! never declined, so it still lands on one engine.
+//! never declined, so it still lands on one engine, where it waits for the first copy's
+//! prefill to cache the prefix rather than computing it again beside it.
 //!
 //! Two slow modelled engines (a 1,000-token prefill takes about 2 s) and two sidecars with plain
 //! rendezvous cold placement (`cold_choices = 1`), so that where a new prefix goes first is
@@ -47,16 +48,21 @@ fn first_choice<'a>(body: &Value, nodes: &'a [&'a str]) -> &'a str {
 }
 
 struct Cluster {
-    _engines: Vec<Engine>,
+    engines: Vec<Engine>,
     nodes: Vec<Sidecar>,
     _dir: tempfile::TempDir,
 }
 
 impl Cluster {
     fn start() -> Self {
+        Self::with_route("cold_choices = 1\n")
+    }
+
+    /// Two nodes whose `[route]` table is `route`.
+    fn with_route(route: &str) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let config = dir.path().join("kvmesh.toml");
-        std::fs::write(&config, "[route]\ncold_choices = 1\n").expect("config file");
+        std::fs::write(&config, format!("[route]\n{route}")).expect("config file");
         let ca = ClusterCa::init("admission-e2e");
         let engines: Vec<Engine> = (0..2)
             .map(|i| {
@@ -82,7 +88,7 @@ impl Cluster {
                 .all(|s| s.peer_ids().is_ok_and(|peers| peers.len() == 1))
         });
         Cluster {
-            _engines: engines,
+            engines,
             nodes,
             _dir: dir,
         }
@@ -93,6 +99,16 @@ impl Cluster {
             .iter()
             .find(|n| n.node_id() == name)
             .expect("node")
+    }
+
+    /// Prompt tokens node `name`'s engine found in its prefix cache so far.
+    fn engine_cache_hits(&self, name: &str) -> f64 {
+        let index = self
+            .nodes
+            .iter()
+            .position(|n| n.node_id() == name)
+            .expect("node");
+        self.engines[index].metric("vllm:prefix_cache_hits_total", &[])
     }
 
     fn metric(&self, name: &str, metric: &str) -> f64 {
@@ -214,4 +230,55 @@ fn a_busy_engine_declines_a_second_new_prefix_and_the_next_choice_serves_it() {
     round(&cluster, "forwarded", false);
     // A local to X's sidecar: it declines B before its own engine and forwards it.
     round(&cluster, "local", true);
+}
+
+/// Two copies of a new prefix reach its engine while that engine computes something else, so
+/// the engine would schedule both at once and compute the prefix twice: the second is held
+/// until the first has its first token, and then meets the prefix in the cache.
+#[test]
+fn a_second_copy_of_a_new_prefix_waits_for_the_first_ones_blocks() {
+    // No declines: everything goes to its rendezvous first choice.
+    let cluster =
+        Cluster::with_route("cold_choices = 1\nmax_declines = 0\nmax_new_prefix_declines = 0\n");
+    let names = ["n0", "n1"];
+    let body = |tag: &str, question: &str| completion_body(MODEL, &prompt(tag, question), 1, true);
+    let a = body("copies A", "first question");
+    let x = first_choice(&a, &names);
+    // Something else, also new, that keeps X's engine busy when the copies arrive.
+    let busy = (0..)
+        .map(|i| body(&format!("copies busy {i}"), "q"))
+        .find(|b| first_choice(b, &names) == x)
+        .expect("half of all prefixes go to X first");
+    let held = [("outcome", "cached")];
+    let held_before = cluster.labelled_metric(x, "kvmesh_copies_held_total", &held);
+    let hits_before = cluster.engine_cache_hits(x);
+    let open = |body: &Value| {
+        cluster
+            .node(x)
+            .try_open(Request::post_json("/v1/completions", body).timeout(PREFILL_TIMEOUT))
+            .expect("response head")
+    };
+    let busy = open(&busy);
+    wait_until(
+        Duration::from_secs(10),
+        "X to compute the other prefix",
+        || cluster.metric(x, "kvmesh_new_prefixes_in_flight") == 1.0,
+    );
+    let first = open(&a);
+    let second = open(&body("copies A", "second question"));
+    for response in [busy, first, second] {
+        assert_eq!(response.status, 200);
+        assert_eq!(response.header("x-kvmesh-node"), Some(x));
+        let text = finish(response);
+        assert!(text.contains("data: [DONE]"), "{text}");
+    }
+    let cached = cluster.engine_cache_hits(x) - hits_before;
+    assert!(
+        cached >= 512.0,
+        "the second copy found {cached} tokens of the prefix cached"
+    );
+    assert_eq!(
+        cluster.labelled_metric(x, "kvmesh_copies_held_total", &held),
+        held_before + 1.0
+    );
 }

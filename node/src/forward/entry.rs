@@ -157,6 +157,7 @@ async fn attempt_local(
             report: None,
             message: format!("local engine declined it ({})", reason.as_str()),
         })?;
+    handed.after_earlier_copy().await;
     let method = Method::from_bytes(head.method.as_bytes()).unwrap_or(Method::POST);
     let response = state
         .engine

@@ -75,6 +75,12 @@ async fn handle(
             return reply_error(&mut send, busy).await;
         }
     };
+    // A copy of a new prefix an earlier request is computing here waits for its blocks, and
+    // for nothing else: the entry giving up ends the wait too.
+    tokio::select! {
+        _ = handed.after_earlier_copy() => {}
+        _ = send.stopped() => return Err("entry gave up while its request was held".into()),
+    }
     let method = Method::from_bytes(head.method.as_bytes()).unwrap_or(Method::POST);
     let body_for_index = body.clone();
     // The entry may give up while the engine works on the answer (its client hung up):

@@ -23,4 +23,4 @@ pub use entry::{
 };
 pub use plan::{Attempt, Outcome, Plan, Progress, tokens_bound};
 pub use report::LoadReport;
-pub use serving::{Admission, DeclineReason, ServingState, Ticket};
+pub use serving::{Admission, COPY_HOLD_MAX_MS, DeclineReason, ServingState, Ticket};

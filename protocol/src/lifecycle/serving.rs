@@ -29,6 +29,12 @@ pub const FOLLOW_TTL_MS: u64 = RECENT_TTL_MS;
 /// At most this many declined new prefixes are remembered (the oldest go first).
 pub const FOLLOW_MAX_ENTRIES: usize = 4_096;
 
+/// A copy of a new prefix is held back from the engine at most this long while an earlier
+/// copy computes it (see [`ServingState::behind_earlier_copy`]): a guard against an earlier
+/// copy that hangs. A copy held behind a long queue loses nothing by it, since it would wait
+/// in that queue anyway; past the bound, the two are computed side by side, as without it.
+pub const COPY_HOLD_MAX_MS: u64 = 10_000;
+
 /// What the serving side needs to know of a request to admit it.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct Admission {
@@ -87,6 +93,11 @@ pub struct Ticket {
     epoch: u64,
     new_prefix: Option<u64>,
     prefill_tokens: u32,
+    /// Its place in the order of hand-overs.
+    seq: u64,
+    /// The first block of the new prefix an earlier copy was computing here when it was
+    /// handed over.
+    joins: Option<u64>,
 }
 
 /// The exact state of this node's engine, as far as this node's sidecar sees it.
@@ -110,8 +121,11 @@ pub struct ServingState {
     polled: Option<Gauges>,
     /// Requests handed over and not finished.
     inflight: u32,
-    /// First blocks of the new prefixes handed over with no first byte back (a multiset).
-    new_prefixes: Vec<u64>,
+    /// The new prefixes handed over with no first byte back: first block, hand-over order,
+    /// whether its answer streams (only then does its first byte end its prefill).
+    new_prefixes: Vec<(u64, u64, bool)>,
+    /// Requests handed over so far (their order).
+    handed_over: u64,
     /// First blocks of the new prefixes declined here, with when their copies stop following
     /// them (oldest first).
     declined_new_prefixes: VecDeque<(u64, u64)>,
@@ -186,6 +200,25 @@ impl ServingState {
         self.new_prefixes.len()
     }
 
+    /// `first_block`, if a new prefix starting with it is being computed here.
+    fn computing(&self, first_block: Option<u64>) -> Option<u64> {
+        first_block.filter(|&block| self.new_prefixes.iter().any(|&(b, _, _)| b == block))
+    }
+
+    /// Whether `ticket`'s request should wait before the engine gets it: a copy of its new
+    /// prefix handed over before it is still prefilling (streamed, no first token yet).
+    /// Handed over at once, the two would be computed side by side, neither meeting the
+    /// other's blocks, each taking as long as both; held until the first has its first
+    /// token, the second finds the prefix cached. At most [`COPY_HOLD_MAX_MS`]: the node
+    /// gives up holding after that.
+    pub fn behind_earlier_copy(&self, ticket: &Ticket) -> bool {
+        ticket.joins.is_some_and(|block| {
+            self.new_prefixes
+                .iter()
+                .any(|&(b, seq, streamed)| b == block && seq < ticket.seq && streamed)
+        })
+    }
+
     /// The engine's gauges now: the poll's, with this node's exact queue.
     pub fn gauges(&self) -> Gauges {
         let polled = self.polled.unwrap_or(Gauges {
@@ -230,9 +263,7 @@ impl ServingState {
         }
         let new_prefix = request.first_block.filter(|_| request.new_prefix);
         if let Some(bound) = request.decline_above_tokens {
-            let joins = request
-                .first_block
-                .is_some_and(|block| self.new_prefixes.contains(&block));
+            let joins = self.computing(request.first_block).is_some();
             let declined_before = new_prefix
                 .is_some_and(|block| self.declined_new_prefixes.iter().any(|&(b, _)| b == block));
             if declined_before && !joins {
@@ -261,8 +292,11 @@ impl ServingState {
         } else {
             self.whole_since_poll += 1;
         }
+        let joins = self.computing(request.first_block);
+        self.handed_over += 1;
+        let seq = self.handed_over;
         if let Some(block) = new_prefix {
-            self.new_prefixes.push(block);
+            self.new_prefixes.push((block, seq, request.streamed));
         }
         Ok(Ticket {
             streamed: request.streamed,
@@ -270,6 +304,8 @@ impl ServingState {
             epoch: self.poll_epoch,
             new_prefix,
             prefill_tokens: request.prefill_tokens,
+            seq,
+            joins,
         })
     }
 
@@ -287,8 +323,11 @@ impl ServingState {
         } else if ticket.epoch == self.poll_epoch {
             self.whole_since_poll = self.whole_since_poll.saturating_sub(1);
         }
-        if let Some(block) = ticket.new_prefix
-            && let Some(i) = self.new_prefixes.iter().position(|&b| b == block)
+        if ticket.new_prefix.is_some()
+            && let Some(i) = self
+                .new_prefixes
+                .iter()
+                .position(|&(_, seq, _)| seq == ticket.seq)
         {
             self.new_prefixes.swap_remove(i);
         }
@@ -314,6 +353,48 @@ mod tests {
             decline_above_tokens,
             streamed: true,
         }
+    }
+
+    #[test]
+    fn a_copy_of_a_new_prefix_waits_for_the_earlier_one_to_start() {
+        let mut serving = serving();
+        let mut first = serving.admit(&streamed(Some(7), None), 0).unwrap();
+        let second = serving.admit(&streamed(Some(7), None), 1).unwrap();
+        let third = serving.admit(&streamed(Some(7), None), 2).unwrap();
+        let other = serving.admit(&streamed(Some(8), None), 3).unwrap();
+        assert!(
+            !serving.behind_earlier_copy(&first),
+            "the first computes it"
+        );
+        assert!(serving.behind_earlier_copy(&second));
+        assert!(serving.behind_earlier_copy(&third));
+        assert!(!serving.behind_earlier_copy(&other), "another prefix");
+        // The first has its first token: the prefix is cached, the copies go (the third
+        // behind the second, which meets the cache and starts at once).
+        serving.started(&mut first, 50);
+        assert!(!serving.behind_earlier_copy(&second));
+        assert!(serving.behind_earlier_copy(&third));
+        serving.finished(second, 60);
+        assert!(!serving.behind_earlier_copy(&third));
+        for ticket in [first, third, other] {
+            serving.finished(ticket, 70);
+        }
+        assert_eq!(serving.new_prefixes_in_flight(), 0);
+    }
+
+    #[test]
+    fn a_whole_answer_is_not_waited_for() {
+        // A non-streamed answer's first byte comes at its end, not its prefill's.
+        let mut serving = serving();
+        let whole = Admission {
+            streamed: false,
+            ..streamed(Some(7), None)
+        };
+        let first = serving.admit(&whole, 0).unwrap();
+        let copy = serving.admit(&streamed(Some(7), None), 1).unwrap();
+        assert!(!serving.behind_earlier_copy(&copy));
+        serving.finished(first, 2);
+        serving.finished(copy, 3);
     }
 
     /// A serving side whose engine prefills 1,000 tokens a second (1 ms a token).
