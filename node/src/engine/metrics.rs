@@ -73,7 +73,10 @@ pub fn parse(text: &str) -> EngineMetrics {
                 if let Some(blocks) =
                     label(labels, "num_gpu_blocks").and_then(|v| v.parse::<u64>().ok())
                 {
-                    *m.num_gpu_blocks.get_or_insert(0) += blocks;
+                    // Saturating: an absurd count must not overflow (a panic in debug builds,
+                    // a wrapped, tiny capacity in release ones).
+                    let total = m.num_gpu_blocks.get_or_insert(0);
+                    *total = total.saturating_add(blocks);
                 }
             }
             _ => {}
@@ -164,6 +167,14 @@ vllm:num_preemptions_total{engine="0",model_name="m"} 2.0
         let m = parse(old);
         assert!((m.kv_usage - 0.8).abs() < 1e-9);
         assert_eq!((m.prefix_queries, m.prefix_hits), (50.0, 5.0));
+    }
+
+    /// Found by the `engine_metrics` fuzz target: block counts summed over engines overflowed.
+    #[test]
+    fn huge_block_counts_saturate() {
+        let line =
+            "vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"18446744073709551615\"} 1\n";
+        assert_eq!(parse(&line.repeat(2)).num_gpu_blocks, Some(u64::MAX));
     }
 
     #[test]
