@@ -39,6 +39,12 @@ done
 echo "==> building ${#targets[@]} targets" >&2
 nice -n 15 cargo fuzz build --sanitizer none >&2
 
+# The last match of a pattern in a log, or nothing (a run cut short by a find has no final
+# stats).
+last() {
+    grep -o "$1" "$2" | tail -1 || true
+}
+
 logs="fuzz/target/fuzz-logs"
 mkdir -p "$logs"
 failed=0
@@ -57,15 +63,15 @@ for target in "${targets[@]}"; do
         result="ok"
     else
         failed=$((failed + 1))
-        artifact=$(grep -o 'Test unit written to [^ ]*' "$log" | tail -1 | awk '{print $NF}')
+        artifact=$(last 'Test unit written to [^ ]*' "$log" | awk '{print $NF}')
         result="FAILED ${artifact:-(see $log)}"
     fi
     elapsed=$(($(date +%s) - start))
     # Final stats when libFuzzer ends normally; the last status line when it stopped on a find.
-    execs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$log" | awk '{print $2}' | tail -1)
-    execs=${execs:-$(grep -o '^#[0-9]*' "$log" | tail -1 | tr -d '#')}
-    rate=$(grep -o 'stat::average_exec_per_sec: [0-9]*' "$log" | awk '{print $2}' | tail -1)
-    rate=${rate:-$(grep -o 'exec/s: [0-9]*' "$log" | tail -1 | awk '{print $2}')}
+    execs=$(last 'stat::number_of_executed_units: [0-9]*' "$log" | awk '{print $2}')
+    execs=${execs:-$(last '^#[0-9]*' "$log" | tr -d '#')}
+    rate=$(last 'stat::average_exec_per_sec: [0-9]*' "$log" | awk '{print $2}')
+    rate=${rate:-$(last 'exec/s: [0-9]*' "$log" | awk '{print $2}')}
     size=$(find "$corpus" -type f | wc -l)
     printf '%-16s %8s %14s %10s %8s  %s\n' "$target" "$elapsed" "${execs:-?}" "${rate:-?}" \
         "$size" "$result"
