@@ -85,5 +85,71 @@ where
     // Network bytes have no alignment guarantee; rkyv needs one.
     let mut aligned = AlignedVec::<16>::with_capacity(body.len());
     aligned.extend_from_slice(body);
-    rkyv::from_bytes::<T, rancor::Error>(&aligned).map_err(|e| DecodeError::Invalid(e.to_string()))
+    rkyv::from_bytes::<T, rancor::Error>(&aligned)
+        .map_err(|e| DecodeError::Invalid(with_offsets(&e.to_string(), aligned.as_ptr() as usize)))
+}
+
+/// rkyv's validation errors name addresses in the buffer they checked ("subtree pointer
+/// overran range: ptr 0x00007f56cb0216d0 size 32 in range …"). A serving node sends a head's
+/// decode error back to the peer that sent it, which must not learn where this process's heap
+/// lies, and the same bytes should fail with the same message every time: each address
+/// (`0x` and 16 hex digits) becomes its offset from the start of the archive.
+fn with_offsets(message: &str, base: usize) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(at) = rest.find("0x") {
+        out.push_str(&rest[..at]);
+        let digits = &rest[at + 2..];
+        let len = digits.bytes().take_while(u8::is_ascii_hexdigit).count();
+        match usize::from_str_radix(&digits[..len], 16) {
+            Ok(address) if len == 16 => {
+                let offset = address as i128 - base as i128;
+                out.push_str(&format!("archive{offset:+}"));
+            }
+            _ => out.push_str(&rest[at..at + 2 + len]),
+        }
+        rest = &digits[len..];
+    }
+    out.push_str(rest);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::LoadDigest;
+
+    /// Found by the `wire_frames` fuzz target: the same bytes failed with a different message
+    /// each time, since rkyv's names the heap addresses it checked, and a serving node echoes
+    /// the message to the peer (`invalid frame: …`).
+    #[test]
+    fn invalid_archives_fail_alike_and_without_addresses() {
+        let bytes = crate::digest::sample_digest().encode();
+        let mut pointer_errors = 0;
+        for at in 2..bytes.len() {
+            for value in [0x01, 0x7f, 0xff] {
+                let mut corrupt = bytes.clone();
+                corrupt[at] = value;
+                let Err(DecodeError::Invalid(first)) = LoadDigest::decode(&corrupt) else {
+                    continue;
+                };
+                // A second decode copies the bytes to another buffer.
+                let _held = LoadDigest::decode(&bytes);
+                assert_eq!(
+                    LoadDigest::decode(&corrupt),
+                    Err(DecodeError::Invalid(first.clone()))
+                );
+                assert!(!first.contains("0x0000"), "{first}");
+                pointer_errors += usize::from(first.contains("archive"));
+            }
+        }
+        assert!(pointer_errors > 0, "no corruption reached a pointer check");
+        assert_eq!(
+            with_offsets(
+                "ptr 0x0000000000001010 size 8 in 0x0000000000001000..0x10",
+                0x1000
+            ),
+            "ptr archive+16 size 8 in archive+0..0x10"
+        );
+    }
 }

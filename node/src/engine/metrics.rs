@@ -38,34 +38,28 @@ pub fn parse(text: &str) -> EngineMetrics {
             continue;
         };
         match name {
-            "vllm:num_requests_running" => m.running += value,
-            "vllm:num_requests_waiting" => m.waiting += value,
-            "vllm:kv_cache_usage_perc" => {
-                m.kv_usage += value;
-                kv_samples += 1;
-            }
-            "vllm:gpu_cache_usage_perc" => {
-                legacy_kv.0 += value;
-                legacy_kv.1 += 1;
-            }
+            "vllm:num_requests_running" => add(&mut m.running, value),
+            "vllm:num_requests_waiting" => add(&mut m.waiting, value),
+            "vllm:kv_cache_usage_perc" => kv_samples += u32::from(added(&mut m.kv_usage, value)),
+            "vllm:gpu_cache_usage_perc" => legacy_kv.1 += u32::from(added(&mut legacy_kv.0, value)),
             "vllm:prefix_cache_queries_total" => {
-                m.prefix_queries += value;
+                add(&mut m.prefix_queries, value);
                 have_prefix = true;
             }
-            "vllm:prefix_cache_hits_total" => m.prefix_hits += value,
+            "vllm:prefix_cache_hits_total" => add(&mut m.prefix_hits, value),
             "vllm:gpu_prefix_cache_queries_total" | "vllm:gpu_prefix_cache_queries" => {
-                legacy_prefix.0 += value
+                add(&mut legacy_prefix.0, value)
             }
             "vllm:gpu_prefix_cache_hits_total" | "vllm:gpu_prefix_cache_hits" => {
-                legacy_prefix.1 += value
+                add(&mut legacy_prefix.1, value)
             }
-            "vllm:prompt_tokens_total" => m.prompt_tokens += value,
-            "vllm:time_to_first_token_seconds_sum" => m.ttft_sum += value,
-            "vllm:time_to_first_token_seconds_count" => m.ttft_count += value,
+            "vllm:prompt_tokens_total" => add(&mut m.prompt_tokens, value),
+            "vllm:time_to_first_token_seconds_sum" => add(&mut m.ttft_sum, value),
+            "vllm:time_to_first_token_seconds_count" => add(&mut m.ttft_count, value),
             "vllm:request_prefill_time_seconds_sum" => {
-                *m.prefill_time_sum.get_or_insert(0.0) += value
+                add(m.prefill_time_sum.get_or_insert(0.0), value)
             }
-            "vllm:num_preemptions_total" => m.preemptions += value,
+            "vllm:num_preemptions_total" => add(&mut m.preemptions, value),
             "vllm:cache_config_info" => {
                 if let Some(size) = label(labels, "block_size").and_then(|v| v.parse().ok()) {
                     m.block_size = Some(size);
@@ -73,7 +67,10 @@ pub fn parse(text: &str) -> EngineMetrics {
                 if let Some(blocks) =
                     label(labels, "num_gpu_blocks").and_then(|v| v.parse::<u64>().ok())
                 {
-                    *m.num_gpu_blocks.get_or_insert(0) += blocks;
+                    // Saturating: an absurd count must not overflow (a panic in debug builds,
+                    // a wrapped, tiny capacity in release ones).
+                    let total = m.num_gpu_blocks.get_or_insert(0);
+                    *total = total.saturating_add(blocks);
                 }
             }
             _ => {}
@@ -90,6 +87,23 @@ pub fn parse(text: &str) -> EngineMetrics {
     }
     m.kv_usage = m.kv_usage.clamp(0.0, 1.0);
     m
+}
+
+/// Adds a sample to a sum, unless the sum would no longer be finite: then the sample is
+/// skipped like a malformed line. Values are finite (see [`split_sample`]), but summed over
+/// engines, two huge ones overflow, and an infinite figure poisons what the poller derives from
+/// it (an infinite or NaN EWMA makes every peer reject this node's digest).
+fn add(sum: &mut f64, value: f64) {
+    added(sum, value);
+}
+
+/// [`add`], saying whether the sample was added.
+fn added(sum: &mut f64, value: f64) -> bool {
+    let total = *sum + value;
+    if total.is_finite() {
+        *sum = total;
+    }
+    total.is_finite()
 }
 
 /// `name{labels} value [timestamp]` → (name, labels, value).
@@ -164,6 +178,28 @@ vllm:num_preemptions_total{engine="0",model_name="m"} 2.0
         let m = parse(old);
         assert!((m.kv_usage - 0.8).abs() < 1e-9);
         assert_eq!((m.prefix_queries, m.prefix_hits), (50.0, 5.0));
+    }
+
+    /// Found by the `engine_metrics` fuzz target: sums over engines overflowed to infinities.
+    #[test]
+    fn huge_values_do_not_sum_to_infinity() {
+        let m = parse(
+            "vllm:num_requests_running{} -1e308\nvllm:num_requests_running{} -1e308\n\
+             vllm:prompt_tokens_total 1e308\nvllm:prompt_tokens_total 1e308\n\
+             vllm:kv_cache_usage_perc 1e308\nvllm:kv_cache_usage_perc 1e308\n\
+             vllm:kv_cache_usage_perc -1e308\n",
+        );
+        assert_eq!((m.running, m.prompt_tokens), (-1e308, 1e308));
+        // The second huge sample was skipped; the mean is over the two that were summed.
+        assert_eq!(m.kv_usage, 0.0);
+    }
+
+    /// Found by the `engine_metrics` fuzz target: block counts summed over engines overflowed.
+    #[test]
+    fn huge_block_counts_saturate() {
+        let line =
+            "vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"18446744073709551615\"} 1\n";
+        assert_eq!(parse(&line.repeat(2)).num_gpu_blocks, Some(u64::MAX));
     }
 
     #[test]

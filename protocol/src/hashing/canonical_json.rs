@@ -59,4 +59,24 @@ mod tests {
         assert_eq!(sa, sb);
         assert_eq!(sa, r#"{"a":{"x":null,"y":[1,"x"]},"b":1}"#);
     }
+
+    /// Found by the `request_hash` fuzz target: serde_json's default float parser is not
+    /// correctly rounded, so one number written two ways rendered two ways, and a body that a
+    /// client re-serialized hashed differently. The crate's `float_roundtrip` parser is exact.
+    #[test]
+    fn a_number_renders_the_same_however_it_is_written() {
+        let render = |json: &str| {
+            let mut out = String::new();
+            write_canonical(&serde_json::from_str(json).unwrap(), &mut out);
+            out
+        };
+        for (a, b) in [
+            ("38e293", "3.8e294"),
+            ("9007199254740993.0", "9007199254740992.0"),
+            ("2.2250738585072011e-308", "2.225073858507201e-308"),
+        ] {
+            assert_eq!(render(a), render(b), "{a} and {b}");
+            assert_eq!(render(&render(a)), render(a), "{a} re-rendered");
+        }
+    }
 }

@@ -35,6 +35,36 @@ pub struct TierChanges {
     pub removed: Vec<u64>,
 }
 
+impl TierChanges {
+    /// Keeps only what the event changed overall. A vLLM hash reused for other content
+    /// releases its old mesh hash mid-event, and a later block of the same event may take that
+    /// mesh hash again (or the other way round): reported as both added and removed, it would
+    /// be dropped by a reader applying the lists in either order, although still held (or
+    /// kept although gone). A hash's additions and removals alternate, so their difference says
+    /// whether it entered (1), left (-1) or is as before (0).
+    fn net_out(&mut self) {
+        if self.added.is_empty() || self.removed.is_empty() {
+            return;
+        }
+        let mut net: BlockMap<u64, i32> = BlockMap::default();
+        for &hash in &self.added {
+            *net.entry(hash).or_default() += 1;
+        }
+        for &hash in &self.removed {
+            *net.entry(hash).or_default() -= 1;
+        }
+        let mut keep = |hash: &u64, sign: i32| match net.get_mut(hash) {
+            Some(n) if *n == sign => {
+                *n = 0;
+                true
+            }
+            _ => false,
+        };
+        self.added.retain(|hash| keep(hash, 1));
+        self.removed.retain(|hash| keep(hash, -1));
+    }
+}
+
 /// What one event changed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct EventChanges {
@@ -195,6 +225,8 @@ impl ExactCache {
             }
             KvEvent::AllBlocksCleared => changes = self.clear(),
         }
+        changes.gpu.net_out();
+        changes.offload.net_out();
         changes
     }
 
@@ -531,6 +563,30 @@ mod tests {
         // A parent forgotten by the clear is unknown afterwards.
         let after = cache.apply(&stored(&[2], Some(1), &tokens[4..], Medium::Gpu), MODEL);
         assert_eq!(after.skipped, Some((SkipReason::UnknownParent, 1)));
+    }
+
+    /// Found by the `kv_event_cache` fuzz target: a vLLM hash stored again at another place in
+    /// a chain releases its old mesh hash, which a later block of the same event takes again.
+    /// The event used to report that hash both added and removed, and the node, applying
+    /// additions before removals, stopped advertising a block the engine still held.
+    #[test]
+    fn a_hash_released_and_taken_again_in_one_event_is_no_change() {
+        let (a, b, c) = (11, 12, 13);
+        let tokens = [0, 2, 0, 2, 0, 2, 0, 2];
+        let chain = chain_from_tokens(ChainSeed::new(MODEL, None), &tokens, 4);
+        let mut cache = ExactCache::new(4);
+        cache.apply(&stored(&[a, b], None, &tokens, Medium::Gpu), MODEL);
+        // `b` now names the chain's first block, and `c` its second (what `b` named before).
+        let changes = cache.apply(&stored(&[b, c], None, &tokens, Medium::Gpu), MODEL);
+        assert_eq!(changes.gpu, TierChanges::default());
+        assert!(chain.iter().all(|&h| cache.contains(Tier::Gpu, h)));
+        assert_eq!(cache.len(Tier::Gpu), 2);
+        // And the other way round: the second block's hash reused for a new third block.
+        let longer = [tokens.as_slice(), &[5, 5, 5, 5]].concat();
+        let third = chain_from_tokens(ChainSeed::new(MODEL, None), &longer, 4)[2];
+        let changes = cache.apply(&stored(&[c], Some(c), &longer[8..], Medium::Gpu), MODEL);
+        assert_eq!(changes.gpu.added, vec![third]);
+        assert_eq!(changes.gpu.removed, vec![chain[1]]);
     }
 
     #[test]
