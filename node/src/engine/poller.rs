@@ -221,8 +221,13 @@ fn update_ewmas(state: &mut EngineState, before: &EngineMetrics, now: &EngineMet
     }
 }
 
+/// The average moved towards `sample`. A sample no digest can carry (not finite, or past
+/// `f32`'s range, as from an engine's garbage counters) leaves it as it was: once infinite
+/// the average would turn NaN for good, and every peer rejects a digest carrying either.
 fn ewma(previous: f64, sample: f64) -> f64 {
-    if previous <= 0.0 {
+    if !sample.is_finite() || sample.abs() > f64::from(f32::MAX) {
+        previous
+    } else if previous <= 0.0 {
         sample
     } else {
         previous + EWMA_WEIGHT * (sample - previous)
@@ -253,6 +258,18 @@ fn parse_models(text: &str) -> Result<(Vec<String>, Vec<String>), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sample_no_digest_could_carry_leaves_the_average_alone() {
+        // Found by the engine_metrics fuzz target's neighbourhood: finite counters whose
+        // quotient overflows, or a cast to the digest's f32 that would.
+        for bad in [f64::INFINITY, f64::NAN, 1e300, -1e300] {
+            assert_eq!(ewma(120.0, bad), 120.0, "{bad}");
+            assert_eq!(ewma(0.0, bad), 0.0, "{bad}");
+        }
+        assert_eq!(ewma(0.0, 80.0), 80.0);
+        assert!(ewma(100.0, 200.0) > 100.0);
+    }
 
     #[test]
     fn models_and_adapters_are_told_apart() {
