@@ -299,7 +299,7 @@ impl NodeMetrics {
         );
         registry.register(
             "copies_held",
-            "Requests held back from this node's engine while an earlier copy of their new prefix computed it, by how the hold ended: cached (the earlier one had its first token) or timed_out",
+            "Requests held back from this node's engine while an earlier copy of their new prefix computed it, by how the hold ended: released (the earlier one had its first token, or ended) or timed_out",
             self.copies_held.clone(),
         );
         registry.register(

@@ -249,7 +249,7 @@ fn a_second_copy_of_a_new_prefix_waits_for_the_first_ones_blocks() {
         .map(|i| body(&format!("copies busy {i}"), "q"))
         .find(|b| first_choice(b, &names) == x)
         .expect("half of all prefixes go to X first");
-    let held = [("outcome", "cached")];
+    let held = [("outcome", "released")];
     let held_before = cluster.labelled_metric(x, "kvmesh_copies_held_total", &held);
     let hits_before = cluster.engine_cache_hits(x);
     let open = |body: &Value| {

@@ -141,7 +141,7 @@ impl HandedOver {
         .await;
         let outcome = match waited {
             Ok(false) => return,
-            Ok(true) => "cached",
+            Ok(true) => "released",
             Err(_) => "timed_out",
         };
         let labels = OutcomeLabels {

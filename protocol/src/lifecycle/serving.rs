@@ -262,15 +262,15 @@ impl ServingState {
             self.declined_new_prefixes.pop_front();
         }
         let new_prefix = request.first_block.filter(|_| request.new_prefix);
+        let joins = self.computing(request.first_block);
         if let Some(bound) = request.decline_above_tokens {
-            let joins = self.computing(request.first_block).is_some();
             let declined_before = new_prefix
                 .is_some_and(|block| self.declined_new_prefixes.iter().any(|&(b, _)| b == block));
-            if declined_before && !joins {
+            if declined_before && joins.is_none() {
                 return Err(DeclineReason::Follows);
             }
             let over = self.tokens_ahead(request.prefill_tokens, now_ms) > f64::from(bound);
-            if !joins && over {
+            if joins.is_none() && over {
                 let Some(block) = new_prefix else {
                     return Err(DeclineReason::Queue);
                 };
@@ -292,7 +292,6 @@ impl ServingState {
         } else {
             self.whole_since_poll += 1;
         }
-        let joins = self.computing(request.first_block);
         self.handed_over += 1;
         let seq = self.handed_over;
         if let Some(block) = new_prefix {
