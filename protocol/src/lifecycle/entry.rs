@@ -150,21 +150,20 @@ impl EntryState {
             ),
             (None, None) => (None, peer.digest_received_ms, peer.digest_received_ms),
         };
-        let pending = self.ledger.pending(peer.key, since, now_ms)
-            + self.returnable.pending(peer.key, 0, now_ms);
+        let sent = self.ledger.pending(peer.key, since, now_ms);
         Candidate {
             node_key: peer.key,
             digest: peer.digest,
             summary: peer.summary,
             offload: peer.offload,
             digest_received_ms: received,
-            pending,
+            pending: sent + self.returnable.pending(peer.key, 0, now_ms),
             // Without fresher gauges, `since` is the digest's arrival: the same count.
             digest_pending: match fresh {
                 Some(_) => self
                     .ledger
                     .pending(peer.key, peer.digest_received_ms, now_ms),
-                None => pending,
+                None => sent,
             },
             recent_match: if recently_sent.contains(&peer.key) {
                 self.recent.matched(peer.key, chain, now_ms)

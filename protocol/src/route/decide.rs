@@ -22,10 +22,11 @@ pub struct Candidate<'a> {
     /// when those are newer), its own clock: for staleness.
     pub digest_received_ms: u64,
     /// Requests this node sent there that its gauges (`fresh`, else the digest's) do not
-    /// reflect yet.
+    /// reflect yet, plus its attempts in flight elsewhere that a decline would send there.
     pub pending: u32,
-    /// Requests this node sent there that the digest does not reflect yet (equal to `pending`
-    /// when `fresh` is `None`).
+    /// Requests this node sent there that the digest does not reflect yet (`pending`'s sends
+    /// when `fresh` is `None`; never the attempts that may come back, which no other entry
+    /// knows of).
     pub digest_pending: u32,
     /// Leading blocks of this request this node itself recently sent there (optimistic: the
     /// peer's summary may not show them yet).
@@ -144,8 +145,6 @@ struct Entry {
     bounded: u32,
     /// Waiting plus pending.
     queued: u32,
-    pending: u32,
-    worked_tokens: u32,
     /// Gauges read at this very millisecond (this node's own engine, read live) show nothing
     /// in flight there, and nothing was sent since.
     idle_now: bool,
@@ -267,8 +266,6 @@ pub fn decide_with(
             }
             .saturating_add(candidate.pending),
             queued: gauges.waiting.saturating_add(candidate.pending),
-            pending: candidate.pending,
-            worked_tokens: worked_tokens(candidate, config, now_ms),
             idle_now: candidate.digest_received_ms >= now_ms
                 && gauges.load() == 0
                 && candidate.pending == 0,
@@ -401,11 +398,15 @@ pub fn decide_with(
         new_prefix: cold,
         estimates: top
             .iter()
-            .map(|r| Estimate {
-                matched: entries[r.entry].matched,
-                queued: entries[r.entry].queued,
-                pending: entries[r.entry].pending,
-                worked_tokens: entries[r.entry].worked_tokens,
+            .map(|r| {
+                let entry = &entries[r.entry];
+                let candidate = &candidates[entry.index];
+                Estimate {
+                    matched: entry.matched,
+                    queued: entry.queued,
+                    pending: candidate.pending,
+                    worked_tokens: worked_tokens(candidate, config, now_ms),
+                }
             })
             .collect(),
     })
