@@ -12,8 +12,30 @@ pub enum Role {
     Mixed,
     /// Runs prefill legs only.
     Prefill,
-    /// Runs decode legs only.
+    /// Runs decode legs, and whole requests when a request is not disaggregated.
     Decode,
+}
+
+impl Role {
+    /// Whether an engine of this role takes work of kind `work`: [`Role::Mixed`] for a whole
+    /// request, [`Role::Prefill`] or [`Role::Decode`] for one leg of a disaggregated one. A
+    /// decode engine runs whole requests too (the prompts too short to disaggregate, and the
+    /// fallbacks); a mixed engine takes no leg, since it may run without a KV connector.
+    pub fn takes(self, work: Role) -> bool {
+        match self {
+            Role::Mixed => work == Role::Mixed,
+            Role::Prefill => work == Role::Prefill,
+            Role::Decode => matches!(work, Role::Mixed | Role::Decode),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Mixed => "mixed",
+            Role::Prefill => "prefill",
+            Role::Decode => "decode",
+        }
+    }
 }
 
 /// One node's load report. Gauges come from the engine's `/metrics`; EWMAs from what the node

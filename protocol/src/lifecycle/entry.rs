@@ -11,6 +11,7 @@ use crate::route::{
     RouteRequest, decide_with,
 };
 use crate::summary::PeerSummary;
+use std::collections::HashMap;
 
 /// Sends stop counting as pending after this even when no newer digest or report arrived: a
 /// peer that stopped publishing must not look loaded forever on this node's account.
@@ -89,7 +90,10 @@ pub struct EntryState {
     returnable: PendingLedger,
     recent: RecentSends,
     reports: BlockMap<u64, Reported>,
-    scratch: DecideScratch,
+    /// Prefill and decode engines whose decode leg started, and when last: the decode engine
+    /// has pulled from that prefill engine, so a next pull skips the handshake.
+    pub(super) pairs: HashMap<(u64, u64), u64>,
+    pub(super) scratch: DecideScratch,
 }
 
 impl Default for EntryState {
@@ -107,6 +111,7 @@ impl EntryState {
             returnable: PendingLedger::new(PENDING_TTL_MS),
             recent: RecentSends::new(recent_ttl_ms, recent_max_entries),
             reports: BlockMap::default(),
+            pairs: HashMap::new(),
             scratch: DecideScratch::default(),
         }
     }
@@ -119,17 +124,24 @@ impl EntryState {
         config: &RouteConfig,
         now_ms: u64,
     ) -> Result<Plan, RouteError> {
-        // Only nodes recently sent this chain's first block can have an optimistic match.
-        let recently_sent: Vec<u64> = self
-            .recent
-            .nodes_with_first(request.chain, now_ms)
-            .collect();
-        let candidates: Vec<Candidate<'_>> = peers
-            .iter()
-            .map(|peer| self.candidate(peer, &recently_sent, request.chain, now_ms))
-            .collect();
+        let candidates = self.candidates(peers, request.chain, now_ms);
         let decision = decide_with(&mut self.scratch, &candidates, request, config, now_ms)?;
         Ok(Plan::new(&decision, &candidates, request, config))
+    }
+
+    /// Every peer as a decision on `chain` sees it.
+    pub(super) fn candidates<'a>(
+        &self,
+        peers: &[PeerInput<'a>],
+        chain: &[u64],
+        now_ms: u64,
+    ) -> Vec<Candidate<'a>> {
+        // Only nodes recently sent this chain's first block can have an optimistic match.
+        let recently_sent: Vec<u64> = self.recent.nodes_with_first(chain, now_ms).collect();
+        peers
+            .iter()
+            .map(|peer| self.candidate(peer, &recently_sent, chain, now_ms))
+            .collect()
     }
 
     /// `peer` as the decision sees it: the fresher of its digest and its last report, and this
@@ -219,6 +231,8 @@ impl EntryState {
         self.returnable.prune(now_ms, |_| 0);
         self.reports
             .retain(|_, reported| now_ms.saturating_sub(reported.received_ms) <= REPORT_TTL_MS);
+        self.pairs
+            .retain(|_, used_ms| now_ms.saturating_sub(*used_ms) <= super::pd::PAIR_TTL_MS);
     }
 
     pub(super) fn record_send(&mut self, key: u64, chain: &[u64], now_ms: u64) {

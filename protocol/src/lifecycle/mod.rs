@@ -13,6 +13,7 @@
 //! a change measured in the simulator is the change the node ships.
 
 mod entry;
+mod pd;
 mod plan;
 mod report;
 mod serving;
@@ -21,6 +22,7 @@ pub use entry::{
     EntryState, Estimated, PENDING_TTL_MS, PeerInput, RECENT_MAX_ENTRIES, RECENT_TTL_MS,
     REPORT_TTL_MS, Source,
 };
+pub use pd::{PAIR_TTL_MS, PdReason, PdRoute};
 pub use plan::{Attempt, Outcome, Plan, Progress, tokens_bound};
 pub use report::LoadReport;
 pub use serving::{Admission, COPY_HOLD_MAX_MS, DeclineReason, ServingState, Ticket};

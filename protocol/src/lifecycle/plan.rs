@@ -23,6 +23,8 @@ struct Planned {
     /// The prefill work, in prompt tokens, above which it should pass the request on to
     /// the next in rank.
     decline_above_tokens: u32,
+    /// Requests the decision believed queued there.
+    queued: u32,
 }
 
 /// One attempt to make now.
@@ -143,6 +145,7 @@ impl Plan {
                     key: candidates[candidate].node_key,
                     prefill_tokens: uncached_tokens(decision.estimates[rank].matched, request),
                     decline_above_tokens,
+                    queued: decision.estimates[rank].queued,
                 }
             })
             .collect();
@@ -168,6 +171,19 @@ impl Plan {
         }
     }
 
+    /// The plan of a disaggregated request's decode leg: the engine pulls the prompt's KV
+    /// rather than computing it, so no attempt counts prefill work in its queue, and none may
+    /// be declined (its serving node's token bound judges prefills, and the entry chose it on
+    /// load that is fresh at the prefill's end).
+    pub fn pulling(mut self) -> Self {
+        for target in &mut self.targets {
+            target.prefill_tokens = 0;
+        }
+        self.new_prefix = false;
+        self.declines_left = 0;
+        self
+    }
+
     /// At most `retries` attempts after failed ones.
     pub fn with_retries(mut self, retries: u32) -> Self {
         self.retries_left = retries;
@@ -182,6 +198,12 @@ impl Plan {
     /// Blocks of the prompt the first choice was believed to hold.
     pub fn matched_blocks(&self) -> u32 {
         self.matched_blocks
+    }
+
+    /// Requests the decision believed queued at its first choice (waiting, plus this node's
+    /// sends its gauges do not show).
+    pub fn queued_at_first(&self) -> u32 {
+        self.targets.first().map_or(0, |target| target.queued)
     }
 
     /// Whether no engine held the prompt's first block.
@@ -346,7 +368,7 @@ impl Plan {
 }
 
 /// The prompt tokens an engine holding `matched` of its blocks has to compute.
-fn uncached_tokens(matched: u32, request: &RouteRequest<'_>) -> u32 {
+pub(super) fn uncached_tokens(matched: u32, request: &RouteRequest<'_>) -> u32 {
     let cached = f64::from(matched) * f64::from(request.tokens_per_block);
     (f64::from(request.prompt_tokens) - cached).max(0.0) as u32
 }

@@ -154,6 +154,37 @@ impl Default for RouteConfig {
     }
 }
 
+/// When a request is disaggregated into a prefill and a decode leg, and where its decode leg
+/// goes (see [`crate::lifecycle::PdRoute`]). Only clusters with prefill engines disaggregate.
+#[derive(Copy, Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PdConfig {
+    /// A request is disaggregated when the part of its prompt the best decode engine does not
+    /// hold is at least this many tokens: below it, the transfer's fixed costs (a round trip
+    /// more, the pull) outweigh what a decode batch saves by not prefilling (llm-d's
+    /// `nonCachedTokens` rule, on the same engine the request would otherwise run on).
+    /// Default 512.
+    pub min_uncached_tokens: u32,
+    /// A prefill engine with this many requests queued ahead (waiting, plus this node's
+    /// sends its gauges do not show) is busy: the request then runs whole on a decode engine
+    /// rather than wait for a prefill (Dynamo's prefill-queue rule). Default 4.
+    pub max_prefill_queue: u32,
+    /// Requests by which a decode engine's load may exceed another's and still be preferred
+    /// because it already pulled from the prefill engine: its first pull from a new one costs
+    /// a handshake (~5 s with NIXL). Default 2.
+    pub warm_margin: u32,
+}
+
+impl Default for PdConfig {
+    fn default() -> Self {
+        Self {
+            min_uncached_tokens: 512,
+            max_prefill_queue: 4,
+            warm_margin: 2,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::RouteConfig;

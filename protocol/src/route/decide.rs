@@ -78,7 +78,8 @@ pub struct RouteRequest<'a> {
     pub tokens_per_block: f32,
     /// A session key (from a session header or the `user` field), for soft affinity.
     pub session: Option<u64>,
-    /// The role the request needs: [`Role::Mixed`] for whole requests.
+    /// The work asked of the engine: [`Role::Mixed`] for a whole request, else one leg of a
+    /// disaggregated one; engines whose role does not take it ([`Role::takes`]) are skipped.
     pub role: Role,
     /// A key of this request alone (e.g. a hash of its id). Candidates whose score is within
     /// [`RouteConfig::spread_margin`] of the best share such requests by rendezvous on this
@@ -237,22 +238,17 @@ pub fn decide_with(
     for (index, candidate) in candidates.iter().enumerate() {
         let digest = candidate.digest;
         let gauges = candidate.gauges();
-        if !digest.healthy || digest.role != request.role || !digest.serves(request.model) {
+        if !digest.healthy || !digest.role.takes(request.role) || !digest.serves(request.model) {
             continue;
         }
         let fresh = now_ms.saturating_sub(candidate.digest_received_ms) <= config.max_digest_age_ms;
         any_fresh |= fresh;
-        let matched_in = |summary: Option<&PeerSummary>| match summary {
-            Some(summary) if digest.hash_version == HASH_VERSION => {
-                (summary.longest_match(request.chain) as u32).min(chain_len)
-            }
-            _ => 0,
-        };
-        let on_gpu = matched_in(candidate.summary)
+        let on_gpu = summary_match(digest, candidate.summary, request.chain)
             .max(candidate.recent_match)
             .min(chain_len);
         // Blocks past the GPU match that an offload tier holds count at a discount.
-        let offloaded = matched_in(candidate.offload).saturating_sub(on_gpu);
+        let offloaded =
+            summary_match(digest, candidate.offload, request.chain).saturating_sub(on_gpu);
         let offload_worth =
             (f64::from(offloaded) * config.offload_weight.clamp(0.0, 1.0)).round() as u32;
         entries.push(Entry {
@@ -410,6 +406,21 @@ pub fn decide_with(
             })
             .collect(),
     })
+}
+
+/// Leading blocks of `chain` that `summary` shows, when its engine's node hashes as this one
+/// does (another hash version's blocks never match).
+pub(super) fn summary_match(
+    digest: &LoadDigest,
+    summary: Option<&PeerSummary>,
+    chain: &[BlockHash],
+) -> u32 {
+    match summary {
+        Some(summary) if digest.hash_version == HASH_VERSION => {
+            (summary.longest_match(chain) as u32).min(chain.len() as u32)
+        }
+        _ => 0,
+    }
 }
 
 /// Calls `each` with every entry's ranking key under `view`: candidates within the spread

@@ -7,6 +7,7 @@
 
 mod config;
 mod decide;
+mod decode;
 mod pending;
 mod reason;
 mod recent;
@@ -14,11 +15,12 @@ mod rendezvous;
 #[cfg(test)]
 pub(crate) mod tests;
 
-pub use config::{BoundOn, Policy, RouteConfig};
+pub use config::{BoundOn, PdConfig, Policy, RouteConfig};
 pub use decide::{
     Candidate, DecideScratch, Decision, Estimate, Gauges, RouteError, RouteRequest, decide,
     decide_with,
 };
+pub use decode::decide_decode;
 pub use pending::PendingLedger;
 pub use reason::RouteReason;
 pub use recent::RecentSends;

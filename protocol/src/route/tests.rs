@@ -7,7 +7,7 @@ use crate::summary::{PeerSummary, SummaryBuilder, SummaryConfig};
 
 const NOW: u64 = 10_000;
 
-fn digest(waiting: u32) -> LoadDigest {
+pub(crate) fn digest(waiting: u32) -> LoadDigest {
     LoadDigest {
         version: 1,
         timestamp_ms: NOW,
