@@ -18,6 +18,19 @@ pub const KV_EVENT_OUTCOMES: [&str; 6] = [
     "malformed",
 ];
 
+/// Why a disaggregated request ran whole after all (`kvmesh_pd_fallbacks_total`):
+/// - `prefill_failed`: every prefill engine tried failed before answering;
+/// - `no_transfer_params`: the prefill answered without `kv_transfer_params` (it did not stop
+///   on its length: nothing to pull);
+/// - `no_decode`: no decode engine could take the decode leg;
+/// - `decode_failed`: the decode leg failed again after its prefill ran a second time.
+pub const PD_FALLBACK_CAUSES: [&str; 4] = [
+    "prefill_failed",
+    "no_transfer_params",
+    "no_decode",
+    "decode_failed",
+];
+
 /// Outcome of a request that entered at this node.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 pub enum Outcome {
@@ -119,6 +132,13 @@ pub struct NodeMetrics {
     pub attempts_declined: Counter,
     /// Load reports peers sent back on answers and declines, applied to this node's view.
     pub load_reports: Counter,
+    /// Disaggregated requests that ran whole after all, by cause (see `PD_FALLBACK_CAUSES`).
+    pub pd_fallbacks: Family<ReasonLabels, Counter>,
+    /// Disaggregated requests whose prefill ran again after their decode leg's pull failed.
+    pub pd_prefill_reruns: Counter,
+    /// Disaggregated requests whose client left between the legs: the prefill engine keeps
+    /// their blocks until its lease ends.
+    pub pd_abandoned: Counter,
     /// 1 while this node's engine is healthy (a routing target), 0 while it is not.
     pub engine_healthy: Gauge,
     /// Always 1, labelled with the sidecar's version: lets a dashboard show what runs where.
@@ -157,6 +177,9 @@ impl Default for NodeMetrics {
             declined: Family::default(),
             attempts_declined: Counter::default(),
             load_reports: Counter::default(),
+            pd_fallbacks: Family::default(),
+            pd_prefill_reruns: Counter::default(),
+            pd_abandoned: Counter::default(),
             engine_healthy: Gauge::default(),
             build_info: Family::default(),
         }
@@ -195,6 +218,11 @@ impl NodeMetrics {
                 reason: reason.as_str().to_owned(),
             });
         }
+        for cause in PD_FALLBACK_CAUSES {
+            let _ = self.pd_fallbacks.get_or_create(&ReasonLabels {
+                reason: cause.to_owned(),
+            });
+        }
         for outcome in KV_EVENT_OUTCOMES {
             let _ = self.kv_event_batches.get_or_create(&OutcomeLabels {
                 outcome: outcome.to_owned(),
@@ -229,6 +257,21 @@ impl NodeMetrics {
             "served",
             "Requests this node's engine served, by where they entered (local or peer)",
             self.served.clone(),
+        );
+        registry.register(
+            "pd_fallbacks",
+            "Disaggregated requests that ran whole after all, by cause",
+            self.pd_fallbacks.clone(),
+        );
+        registry.register(
+            "pd_prefill_reruns",
+            "Disaggregated requests whose prefill ran again after a failed KV pull",
+            self.pd_prefill_reruns.clone(),
+        );
+        registry.register(
+            "pd_abandoned",
+            "Disaggregated requests whose client left between the prefill and the decode leg",
+            self.pd_abandoned.clone(),
         );
         registry.register(
             "digest_decode_errors",

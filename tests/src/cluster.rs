@@ -19,6 +19,9 @@ pub struct NodeSpec {
     pub name: String,
     pub models: Vec<String>,
     pub timing: Timing,
+    /// Extra flags of its engine and of its sidecar.
+    pub engine_args: Vec<String>,
+    pub sidecar_args: Vec<String>,
 }
 
 impl NodeSpec {
@@ -28,7 +31,21 @@ impl NodeSpec {
             name: name.to_string(),
             models: models.iter().map(|model| model.to_string()).collect(),
             timing: Timing::Instant,
+            engine_args: Vec::new(),
+            sidecar_args: Vec::new(),
         }
+    }
+
+    /// Adds flags to its engine's command line.
+    pub fn engine_args(mut self, args: &[&str]) -> Self {
+        self.engine_args.extend(args.iter().map(|a| a.to_string()));
+        self
+    }
+
+    /// Adds flags to its sidecar's command line.
+    pub fn sidecar_args(mut self, args: &[&str]) -> Self {
+        self.sidecar_args.extend(args.iter().map(|a| a.to_string()));
+        self
     }
 
     pub fn timing(mut self, timing: Timing) -> Self {
@@ -38,9 +55,12 @@ impl NodeSpec {
 
     fn start_engine(&self) -> Engine {
         let models: Vec<&str> = self.models.iter().map(String::as_str).collect();
-        EngineConfig::new(&format!("engine {}", self.name), &models)
-            .timing(self.timing)
-            .start()
+        let mut config =
+            EngineConfig::new(&format!("engine {}", self.name), &models).timing(self.timing);
+        for arg in &self.engine_args {
+            config = config.arg(arg);
+        }
+        config.start()
     }
 }
 
@@ -94,7 +114,10 @@ impl Cluster {
     ) -> &mut Node {
         let seeds = self.live_mesh_addrs();
         let engine = spec.start_engine();
-        let config = SidecarConfig::new(&spec.name, &engine.url(), &self.ca).seeds(&seeds);
+        let mut config = SidecarConfig::new(&spec.name, &engine.url(), &self.ca).seeds(&seeds);
+        for arg in &spec.sidecar_args {
+            config = config.arg(arg);
+        }
         let sidecar = adjust(config).start();
         self.nodes.push(Node { engine, sidecar });
         self.nodes.last_mut().expect("just pushed")

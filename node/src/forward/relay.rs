@@ -40,33 +40,18 @@ const READ_BUFFER: usize = 16 * 1024;
 /// `reason` labels the outcome metric.
 pub fn relay(
     state: SharedState,
-    upstream: Upstream,
+    mut upstream: Upstream,
     plan: Plan,
     extra_headers: Vec<(HeaderName, HeaderValue)>,
     reason: &'static str,
 ) -> Response<ResponseBody> {
-    let sse = is_event_stream(&upstream.headers);
-    let silence_limit = state.config.request_timeout;
-    let body = RelayBody {
-        silence: Box::pin(tokio::time::sleep(silence_limit)),
-        silence_limit,
-        source: Some(upstream.body),
-        handed: upstream.handed,
-        first_byte: false,
-        remaining: upstream.content_length,
-        sse,
-        ledger: Some(Ledger {
-            state,
-            plan,
-            reason,
-            served_by: upstream.served_by,
-        }),
-    };
+    let status = StatusCode::from_u16(upstream.status).unwrap_or(StatusCode::BAD_GATEWAY);
+    let upstream_headers = std::mem::take(&mut upstream.headers);
+    let body = relay_body(state, upstream, plan, Some(reason));
     let mut response = Response::new(BodyExt::boxed(body));
-    *response.status_mut() =
-        StatusCode::from_u16(upstream.status).unwrap_or(StatusCode::BAD_GATEWAY);
+    *response.status_mut() = status;
     let headers = response.headers_mut();
-    for (name, value) in &upstream.headers {
+    for (name, value) in &upstream_headers {
         if let (Ok(name), Ok(value)) = (
             HeaderName::try_from(name.as_str()),
             HeaderValue::try_from(value.as_str()),
@@ -80,6 +65,38 @@ pub fn relay(
     response
 }
 
+/// The body of one leg of a disaggregated request that this node reads itself (a prefill's
+/// answer): it relays the upstream as [`relay`] does, and tells `plan` when it ended, but it
+/// is no client's answer and counts in no request metric.
+pub fn leg_body(state: SharedState, upstream: Upstream, plan: Plan) -> ResponseBody {
+    BodyExt::boxed(relay_body(state, upstream, plan, None))
+}
+
+/// `reason`: the request's reason label, when the body is a client's answer.
+fn relay_body(
+    state: SharedState,
+    upstream: Upstream,
+    plan: Plan,
+    reason: Option<&'static str>,
+) -> RelayBody {
+    let silence_limit = state.config.request_timeout;
+    RelayBody {
+        silence: Box::pin(tokio::time::sleep(silence_limit)),
+        silence_limit,
+        sse: is_event_stream(&upstream.headers),
+        source: Some(upstream.body),
+        handed: upstream.handed,
+        first_byte: false,
+        remaining: upstream.content_length,
+        ledger: Some(Ledger {
+            state,
+            plan,
+            reason,
+            served_by: upstream.served_by,
+        }),
+    }
+}
+
 /// How a relay ended.
 enum End {
     Complete,
@@ -91,7 +108,8 @@ enum End {
 struct Ledger {
     state: SharedState,
     plan: Plan,
-    reason: &'static str,
+    /// The request's reason label; `None`: not a client's answer, not counted.
+    reason: Option<&'static str>,
     served_by: String,
 }
 
@@ -112,8 +130,10 @@ impl Ledger {
                 Outcome::Interrupted
             }
         };
-        self.state.metrics.record_request(self.reason, outcome);
-        self.state.metrics.inflight.dec();
+        if let Some(reason) = self.reason {
+            self.state.metrics.record_request(reason, outcome);
+            self.state.metrics.inflight.dec();
+        }
     }
 }
 

@@ -2,16 +2,17 @@
 //! read → parse → hash → decide → forward (with retries) → relay.
 
 use super::body::ResponseBody;
+use super::disaggregated::Disaggregated;
 use super::errors::ApiError;
 use super::hashing::hash_for_routing;
 use super::recent::RecentRequest;
-use crate::forward::entry;
+use crate::forward::attempts::{self, Leg, Unanswered};
 use crate::forward::headers::request_headers_for_engine;
 use crate::forward::relay::relay;
 use crate::metrics::Outcome as MetricOutcome;
 use crate::serve::config::ServeConfig;
-use crate::serve::routing::{RouteFailure, Routed, route};
-use crate::serve::state::{SharedState, lock};
+use crate::serve::routing::{Placement, RouteFailure, Routed, route};
+use crate::serve::state::SharedState;
 use crate::view::unix_ms;
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, StatusCode};
@@ -19,7 +20,7 @@ use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use hyper::{Request, Response};
 use kvmesh_protocol::hashing::Endpoint;
-use kvmesh_protocol::lifecycle::{Outcome, Progress};
+use kvmesh_protocol::lifecycle::PdReason;
 use kvmesh_protocol::route::node_key;
 use kvmesh_protocol::wire::RequestHead;
 use kvmesh_protocol::{RequestHashes, RouteReason};
@@ -71,9 +72,9 @@ async fn answer(
         let json = parse_json(&body)?;
         let hashes = hash_for_routing(&state, endpoint, &json).await?;
         let streamed = json.get("stream").and_then(serde_json::Value::as_bool) == Some(true);
-        Ok::<_, ApiError>((body, hashes, streamed))
+        Ok::<_, ApiError>((body, json, hashes, streamed))
     };
-    let (body, hashes, streamed) = match prepared.await {
+    let (body, json, hashes, streamed) = match prepared.await {
         Ok(prepared) => prepared,
         Err(error) => {
             state
@@ -83,33 +84,11 @@ async fn answer(
         }
     };
     let session = session_key(&parts.headers, &hashes);
-    let routed = match route(&state, &hashes, session, &request_id) {
-        Ok(routed) => routed,
-        Err(RouteFailure::UnknownModel(available)) => {
-            state
-                .metrics
-                .record_request("none", MetricOutcome::Rejected);
-            return ApiError::new(
-                StatusCode::NOT_FOUND,
-                format!(
-                    "The model `{}` does not exist. Available models: {}",
-                    hashes.model,
-                    available.join(", ")
-                ),
-            )
-            .with_param("model")
-            .into_response();
-        }
-        Err(RouteFailure::NoTarget(model)) => {
-            state
-                .metrics
-                .record_request("none", MetricOutcome::NoTarget);
-            return ApiError::unavailable(
-                format!("no engine serving `{model}` can take requests now"),
-                1,
-            )
-            .into_response();
-        }
+    // A client that brings its own `kv_transfer_params` runs its own disaggregation.
+    let disaggregate = json.get("kv_transfer_params").is_none();
+    let placement = match route(&state, &hashes, session, &request_id, disaggregate, None) {
+        Ok(placement) => placement,
+        Err(failure) => return route_failure(&state, failure, &hashes.model),
     };
     let head = RequestHead {
         request_id: request_id.clone(),
@@ -119,7 +98,7 @@ async fn answer(
         method: "POST".into(),
         path,
         headers: request_headers_for_engine(&parts.headers, &request_id),
-        reason: routed.plan.reason(),
+        reason: RouteReason::LeastLoaded,
         entry_node: state.node_name.clone(),
         first_block: None,
         new_prefix: false,
@@ -127,148 +106,143 @@ async fn answer(
         decline_above_tokens: None,
         streamed,
     };
-    forward(state, routed, head, body, hashes.chain, request_id).await
+    match placement {
+        Placement::Whole { routed, pd } => {
+            let label = pd.map(PdReason::as_str);
+            forward_whole(state, routed, head, body, hashes.chain, label).await
+        }
+        Placement::Split { prefill } => {
+            let request = Disaggregated {
+                state,
+                head,
+                body,
+                json,
+                hashes,
+                session,
+            };
+            request.serve(prefill).await
+        }
+    }
 }
 
-/// Makes the plan's attempts in order until one answers with a response head.
-async fn forward(
+/// The answer to a request no engine can be found for.
+pub(super) fn route_failure(
+    state: &SharedState,
+    failure: RouteFailure,
+    model: &str,
+) -> Response<ResponseBody> {
+    match failure {
+        RouteFailure::UnknownModel(available) => {
+            state
+                .metrics
+                .record_request("none", MetricOutcome::Rejected);
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "The model `{model}` does not exist. Available models: {}",
+                    available.join(", ")
+                ),
+            )
+            .with_param("model")
+            .into_response()
+        }
+        RouteFailure::NoTarget(model) => {
+            state
+                .metrics
+                .record_request("none", MetricOutcome::NoTarget);
+            ApiError::unavailable(
+                format!("no engine serving `{model}` can take requests now"),
+                1,
+            )
+            .into_response()
+        }
+    }
+}
+
+/// Serves a request on one engine: the plan's attempts in order until one answers, whose
+/// answer is relayed. `label`: the reason to report instead of the routing reason (why a
+/// request was not disaggregated).
+pub(super) async fn forward_whole(
     state: SharedState,
     routed: Routed,
     mut head: RequestHead,
     body: Bytes,
     chain: Vec<u64>,
-    request_id: String,
+    label: Option<&'static str>,
 ) -> Response<ResponseBody> {
-    let Routed { mut plan, targets } = routed;
-    let decided = plan.reason();
-    let mut failures = Vec::new();
-    let mut timed_out = false;
     let started = std::time::Instant::now();
-    let mut attempts = 0;
-    let model = head.model.clone();
-    let recent = |reason: RouteReason, served_by: Option<String>, attempts: u32| RecentRequest {
-        at_unix_ms: unix_ms(),
-        request_id: request_id.clone(),
-        model: model.clone(),
-        reason: reason.as_str(),
-        served_by,
-        outcome: "forwarded",
-        attempts,
-        head_ms: started.elapsed().as_millis() as u64,
-    };
-    loop {
-        let attempt = plan.next_attempt(&mut lock(&state.entry), &chain, state.now_ms());
-        let Some(attempt) = attempt else { break };
-        attempts += 1;
-        let target = &targets[attempt.candidate];
-        let name = target.name(&state.node_name);
-        let span = tracing::Span::current();
-        span.record("reason", attempt.reason.as_str());
-        span.record("peer", name);
-        head.reason = attempt.reason;
-        head.first_block = attempt.first_block;
-        head.new_prefix = attempt.new_prefix;
-        head.prefill_tokens = attempt.prefill_tokens;
-        head.decline_above_tokens = attempt.decline_above_tokens;
-        let sent = tokio::time::timeout(
-            state.config.request_timeout,
-            entry::attempt(&state, target, head.clone(), body.clone(), &chain),
-        );
-        let result = match sent.await {
-            Ok(result) => result,
-            Err(_) => Err(entry::AttemptError::timed_out("deadline exceeded")),
-        };
-        let outcome = match &result {
-            Ok(upstream) => Outcome::Started(upstream.report),
-            Err(error) => error.outcome(),
-        };
-        if matches!(
-            outcome,
-            Outcome::Started(Some(_)) | Outcome::Declined(Some(_))
-        ) {
-            state.metrics.load_reports.inc();
+    let decided = label.unwrap_or(routed.plan.reason().as_str());
+    match attempts::run(&state, routed, &mut head, &body, &chain, Leg::Whole).await {
+        Ok(answered) => {
+            let reason = label.unwrap_or(answered.reason.as_str());
+            state.recent.record(RecentRequest {
+                at_unix_ms: unix_ms(),
+                request_id: head.request_id.clone(),
+                model: head.model.clone(),
+                reason,
+                served_by: Some(answered.upstream.served_by.clone()),
+                outcome: "forwarded",
+                attempts: answered.attempts,
+                head_ms: started.elapsed().as_millis() as u64,
+            });
+            let extra = response_headers(&answered.upstream.served_by, reason, &head.request_id);
+            state.metrics.inflight.inc();
+            relay(
+                state.clone(),
+                answered.upstream,
+                answered.plan,
+                extra,
+                reason,
+            )
         }
-        let progress = plan.on_outcome(&mut lock(&state.entry), &chain, outcome, state.now_ms());
-        let error = match result {
-            Ok(upstream) => {
-                tracing::debug!(
-                    request_id,
-                    served_by = upstream.served_by,
-                    reason = attempt.reason.as_str(),
-                    matched = plan.matched_blocks(),
-                    "forwarded"
-                );
-                state.recent.record(recent(
-                    attempt.reason,
-                    Some(upstream.served_by.clone()),
-                    attempts,
-                ));
-                let extra = response_headers(&upstream.served_by, attempt.reason, &request_id);
-                state.metrics.inflight.inc();
-                return relay(
-                    state.clone(),
-                    upstream,
-                    plan,
-                    extra,
-                    attempt.reason.as_str(),
-                );
-            }
-            Err(error) => error,
-        };
-        match &error {
-            entry::AttemptError::Declined { message, .. } => {
-                state.metrics.attempts_declined.inc();
-                tracing::debug!(request_id, target = name, error = message, "declined");
-            }
-            entry::AttemptError::Failed {
-                timed_out: deadline,
-                message,
-                ..
-            } => {
-                timed_out |= *deadline;
-                tracing::warn!(request_id, target = name, error = message, "attempt failed");
-                failures.push(format!("{name}: {message}"));
-                if progress == Progress::TryNext {
-                    state.metrics.retries.inc();
-                }
-            }
-        }
-        if progress != Progress::TryNext {
-            break;
-        }
+        Err(unanswered) => failed(&state, &head, decided, &unanswered, started),
     }
-    state
-        .metrics
-        .record_request(decided.as_str(), MetricOutcome::Failed);
+}
+
+/// The answer to a request every attempt of which failed.
+pub(super) fn failed(
+    state: &SharedState,
+    head: &RequestHead,
+    reason: &'static str,
+    unanswered: &Unanswered,
+    started: std::time::Instant,
+) -> Response<ResponseBody> {
+    state.metrics.record_request(reason, MetricOutcome::Failed);
     state.recent.record(RecentRequest {
+        at_unix_ms: unix_ms(),
+        request_id: head.request_id.clone(),
+        model: head.model.clone(),
+        reason,
+        served_by: None,
         outcome: "failed",
-        ..recent(decided, None, attempts)
+        attempts: unanswered.attempts,
+        head_ms: started.elapsed().as_millis() as u64,
     });
-    let status = if timed_out {
+    let status = if unanswered.timed_out {
         StatusCode::GATEWAY_TIMEOUT
     } else {
         StatusCode::BAD_GATEWAY
     };
     let mut response = ApiError::new(
         status,
-        format!("every attempt failed: {}", failures.join("; ")),
+        format!("every attempt failed: {}", unanswered.failures.join("; ")),
     )
     .into_response();
     response.headers_mut().insert(
         HeaderName::from_static("x-kvmesh-reason"),
-        HeaderValue::from_static(decided.as_str()),
+        HeaderValue::from_static(reason),
     );
     response
 }
 
-fn response_headers(
+pub(super) fn response_headers(
     served_by: &str,
-    reason: RouteReason,
+    reason: &'static str,
     request_id: &str,
 ) -> Vec<(HeaderName, HeaderValue)> {
     let mut headers = vec![(
         HeaderName::from_static("x-kvmesh-reason"),
-        HeaderValue::from_static(reason.as_str()),
+        HeaderValue::from_static(reason),
     )];
     if let Ok(value) = HeaderValue::from_str(served_by) {
         headers.push((HeaderName::from_static("x-kvmesh-node"), value));

@@ -4,6 +4,7 @@
 //! - [`handlers`]: one function per endpoint.
 //! - [`inference`]: the request path of `/v1/completions` and `/v1/chat/completions`:
 //!   parse → hash → decide → forward → relay.
+//! - [`disaggregated`]: the request path of a request split into a prefill and a decode leg.
 //! - [`ready`]: `GET /ready`, the readiness verdict (draining, engine, joined the mesh).
 //! - [`exposition`]: `/metrics` as OpenMetrics or as the Prometheus text format, as asked.
 //! - [`recent`]: the last requests that entered here (`/debug/recent`, the dashboard).
@@ -15,6 +16,7 @@
 pub mod body;
 pub mod dashboard;
 pub mod debug_match;
+pub mod disaggregated;
 pub mod errors;
 pub mod exposition;
 pub mod handlers;

@@ -4,8 +4,9 @@
 
 use crate::engine::local_tokenizer::LocalTokenizer;
 use anyhow::{Context, bail};
+use kvmesh_protocol::Role;
 use kvmesh_protocol::hashing::{DEFAULT_BLOCK_TOKENS, HashMode};
-use kvmesh_protocol::route::Policy;
+use kvmesh_protocol::route::{PdConfig, Policy};
 use kvmesh_protocol::{HashConfig, RouteConfig, SummaryBuilder, SummaryConfig};
 use serde::Deserialize;
 use std::net::SocketAddr;
@@ -117,9 +118,19 @@ pub struct ServeArgs {
     /// sidecar can serve when it has cores to itself (figures in BENCHMARKS.md).
     #[arg(long, env = "KVMESH_WORKER_THREADS")]
     pub worker_threads: Option<usize>,
+    /// What this node's engine is for: `mixed` (whole requests), `prefill` (prefill legs of
+    /// disaggregated requests) or `decode` (decode legs, and whole requests not worth
+    /// disaggregating). Prefill and decode engines must run vLLM with the NixlConnector
+    /// (`--kv-transfer-config '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'`)
+    /// [default: mixed].
+    #[arg(long, env = "KVMESH_ROLE")]
+    pub role: Option<String>,
     /// Routing weights (TOML file only).
     #[arg(skip)]
     pub route: Option<RouteConfig>,
+    /// When requests are disaggregated, under a `[pd]` table (TOML file only).
+    #[arg(skip)]
+    pub pd: Option<PdConfig>,
 }
 
 /// Where exact mode reads the engine's KV events.
@@ -153,7 +164,9 @@ pub struct ServeConfig {
     pub digest_interval: Duration,
     pub gossip_interval: Duration,
     pub worker_threads: usize,
+    pub role: Role,
     pub route: RouteConfig,
+    pub pd: PdConfig,
     pub hashing: HashConfig,
     pub summary: SummaryConfig,
     /// Exact mode, when set.
@@ -196,6 +209,12 @@ impl ServeConfig {
             Some("cost") => route.policy = Policy::Cost,
             Some(other) => bail!("--policy must be `score` or `cost`, not `{other}`"),
         }
+        let role = match cli.role.or(file.role).as_deref() {
+            None | Some("mixed") => Role::Mixed,
+            Some("prefill") => Role::Prefill,
+            Some("decode") => Role::Decode,
+            Some(other) => bail!("--role must be `mixed`, `prefill` or `decode`, not `{other}`"),
+        };
         let millis =
             |v: Option<u64>, default: u64| Duration::from_millis(v.unwrap_or(default).max(1));
         let kv_events = cli
@@ -302,7 +321,9 @@ impl ServeConfig {
             digest_interval: millis(cli.digest_interval_ms.or(file.digest_interval_ms), 100),
             gossip_interval: millis(cli.gossip_interval_ms.or(file.gossip_interval_ms), 200),
             worker_threads: cli.worker_threads.or(file.worker_threads).unwrap_or(1),
+            role,
             route,
+            pd: cli.pd.or(file.pd).unwrap_or_default(),
             hashing,
             summary,
             kv_events,
@@ -361,6 +382,43 @@ mod tests {
         assert_eq!(config.worker_threads, 1);
         assert_eq!(config.join_wait, Duration::from_secs(15));
         assert_eq!(config.route, RouteConfig::default());
+        assert_eq!(config.role, Role::Mixed);
+        assert_eq!(config.pd, PdConfig::default());
+    }
+
+    #[test]
+    fn the_role_comes_from_the_flag_and_disaggregation_from_the_pd_table() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kvmesh.toml");
+        std::fs::write(
+            &path,
+            "role = \"prefill\"\n[pd]\nmin_uncached_tokens = 2048\n",
+        )
+        .unwrap();
+        let mut cli = args();
+        cli.config = Some(path.clone());
+        let config = ServeConfig::resolve(cli).unwrap();
+        assert_eq!(config.role, Role::Prefill);
+        assert_eq!(config.pd.min_uncached_tokens, 2048);
+        assert_eq!(
+            config.pd.max_prefill_queue,
+            PdConfig::default().max_prefill_queue
+        );
+        let mut cli = args();
+        cli.config = Some(path.clone());
+        cli.role = Some("decode".into());
+        assert_eq!(ServeConfig::resolve(cli).unwrap().role, Role::Decode);
+        let mut cli = args();
+        cli.role = Some("both".into());
+        let error = ServeConfig::resolve(cli).unwrap_err().to_string();
+        assert!(error.contains("--role must be"), "{error}");
+        std::fs::write(&path, "[pd]\nmin_uncached = 1\n").unwrap();
+        let mut cli = args();
+        cli.config = Some(path);
+        assert!(
+            ServeConfig::resolve(cli).is_err(),
+            "an unknown [pd] key is refused"
+        );
     }
 
     #[test]

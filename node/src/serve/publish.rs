@@ -4,8 +4,8 @@
 
 use crate::serve::state::{SharedState, lock};
 use crate::view::{DIGEST_KEY, encode_digest};
+use kvmesh_protocol::LoadDigest;
 use kvmesh_protocol::hashing::HASH_VERSION;
-use kvmesh_protocol::{LoadDigest, Role};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -134,7 +134,7 @@ fn build_digest(state: &SharedState, version: u64) -> LoadDigest {
         ttft_ewma_ms: engine.ttft_ewma_ms as f32,
         prefill_tokens_per_s: engine.prefill_tokens_per_s as f32,
         inflight_forwarded: state.inflight_forwarded.load(Ordering::Relaxed),
-        role: Role::Mixed,
+        role: state.config.role,
         healthy: engine.healthy && !state.is_draining(),
         hash_version: HASH_VERSION,
         models: engine.models.clone(),

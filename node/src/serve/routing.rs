@@ -1,17 +1,33 @@
-//! From this node's view of the cluster to the lifecycle's peers, and from its plan back to
-//! forwarding targets. All judgement is in `protocol` (`lifecycle::EntryState::route`, which
-//! runs `decide`); this only gathers its inputs.
+//! From this node's view of the cluster to the lifecycle's peers, and from its plans back to
+//! forwarding targets. All judgement is in `protocol` (`lifecycle::EntryState::route_pd` and
+//! `route_decode`, which run `decide`); this only gathers their inputs, from a snapshot taken
+//! when each leg is placed.
 
 use crate::forward::entry::Target;
 use crate::serve::state::{AppState, lock};
-use kvmesh_protocol::lifecycle::{PeerInput, Plan};
-use kvmesh_protocol::route::{RouteError, node_key};
+use crate::view::ClusterView;
+use kvmesh_protocol::lifecycle::{PdReason, PdRoute, PeerInput, Plan};
+use kvmesh_protocol::route::{Gauges, RouteError, node_key};
+use kvmesh_protocol::summary::PeerSummary;
 use kvmesh_protocol::{LoadDigest, RequestHashes, Role, RouteRequest};
+use std::sync::Arc;
 
-/// A routed request: its plan, and the target of each candidate the plan refers to.
+/// A planned leg: its plan, and the target of each candidate the plan refers to.
 pub struct Routed {
     pub plan: Plan,
     pub targets: Vec<Target>,
+}
+
+/// How a request is to be served.
+pub enum Placement {
+    /// On one engine; `pd` says why it was not disaggregated (`None`: nothing to say, the
+    /// cluster has no prefill engine for its model).
+    Whole {
+        routed: Routed,
+        pd: Option<PdReason>,
+    },
+    /// Its prefill leg first; the decode leg is placed when that answers.
+    Split { prefill: Routed },
 }
 
 pub enum RouteFailure {
@@ -21,50 +37,78 @@ pub enum RouteFailure {
     NoTarget(String),
 }
 
-/// `request_id` keys the spread of this request among near-equal engines.
-pub fn route(
-    state: &AppState,
-    hashes: &RequestHashes,
+/// This node's view of the engines at one moment.
+struct Snapshot {
+    view: Arc<ClusterView>,
+    own: Option<(Arc<LoadDigest>, u64)>,
+    own_summary: Arc<PeerSummary>,
+    own_offload: Arc<PeerSummary>,
+    live: Gauges,
+}
+
+impl Snapshot {
+    fn take(state: &AppState) -> Self {
+        let (own_summary, own_offload) = {
+            let prefixes = lock(&state.prefixes);
+            (prefixes.own_summary(), prefixes.own_offload())
+        };
+        Self {
+            view: state.view.load(),
+            own: state.self_digest(),
+            own_summary,
+            own_offload,
+            live: state.engine_queue.gauges(),
+        }
+    }
+
+    /// The lifecycle's peers but `excluded`, and where each is reached.
+    fn peers(&self, state: &AppState, excluded: Option<u64>) -> (Vec<PeerInput<'_>>, Vec<Target>) {
+        let mut peers = Vec::with_capacity(self.view.peers.len() + 1);
+        let mut targets = Vec::with_capacity(self.view.peers.len() + 1);
+        if let Some((digest, received)) = &self.own
+            && excluded != Some(state.node_key)
+        {
+            peers.push(PeerInput {
+                key: state.node_key,
+                digest,
+                digest_received_ms: *received,
+                summary: Some(&self.own_summary),
+                offload: Some(&self.own_offload),
+                // This node counts its own engine's queue exactly, every send included.
+                live: Some(self.live),
+            });
+            targets.push(Target::Local);
+        }
+        for peer in &self.view.peers {
+            let Some(digest) = &peer.digest else { continue };
+            if excluded == Some(peer.key) {
+                continue;
+            }
+            peers.push(PeerInput {
+                key: peer.key,
+                digest,
+                digest_received_ms: peer.digest_received_ms,
+                summary: Some(&peer.summary),
+                offload: Some(&peer.offload),
+                live: None,
+            });
+            targets.push(Target::Peer {
+                name: peer.name.clone(),
+                addr: peer.mesh_addr,
+            });
+        }
+        (peers, targets)
+    }
+}
+
+/// What the decision needs of a request; `request_id` keys its spread among near-equal
+/// engines.
+fn route_request<'a>(
+    hashes: &'a RequestHashes,
     session: Option<u64>,
     request_id: &str,
-) -> Result<Routed, RouteFailure> {
-    let now = state.now_ms();
-    let view = state.view.load();
-    let own = state.self_digest();
-    let (own_summary, own_offload) = {
-        let prefixes = lock(&state.prefixes);
-        (prefixes.own_summary(), prefixes.own_offload())
-    };
-    let mut peers = Vec::with_capacity(view.peers.len() + 1);
-    let mut targets = Vec::with_capacity(view.peers.len() + 1);
-    if let Some((digest, received)) = &own {
-        peers.push(PeerInput {
-            key: state.node_key,
-            digest,
-            digest_received_ms: *received,
-            summary: Some(&own_summary),
-            offload: Some(&own_offload),
-            // This node counts its own engine's queue exactly, every send included.
-            live: Some(state.engine_queue.gauges()),
-        });
-        targets.push(Target::Local);
-    }
-    for peer in &view.peers {
-        let Some(digest) = &peer.digest else { continue };
-        peers.push(PeerInput {
-            key: peer.key,
-            digest,
-            digest_received_ms: peer.digest_received_ms,
-            summary: Some(&peer.summary),
-            offload: Some(&peer.offload),
-            live: None,
-        });
-        targets.push(Target::Peer {
-            name: peer.name.clone(),
-            addr: peer.mesh_addr,
-        });
-    }
-    let request = RouteRequest {
+) -> RouteRequest<'a> {
+    RouteRequest {
         model: &hashes.model,
         chain: &hashes.chain,
         prompt_tokens: hashes.prompt_tokens,
@@ -72,22 +116,114 @@ pub fn route(
         session,
         role: Role::Mixed,
         spread: Some(node_key(request_id)),
+    }
+}
+
+/// Places a request as it arrives: whole, or its prefill leg when `disaggregate` allows it
+/// and the cluster's state makes it worth it. `excluded`: a node not to consider (one whose
+/// prefill's blocks could not be pulled).
+pub fn route(
+    state: &AppState,
+    hashes: &RequestHashes,
+    session: Option<u64>,
+    request_id: &str,
+    disaggregate: bool,
+    excluded: Option<u64>,
+) -> Result<Placement, RouteFailure> {
+    let snapshot = Snapshot::take(state);
+    let (peers, targets) = snapshot.peers(state, excluded);
+    let request = route_request(hashes, session, request_id);
+    let now = state.now_ms();
+    let mut entry = lock(&state.entry);
+    let placed = match disaggregate {
+        true => entry.route_pd(&peers, &request, &state.config.route, &state.config.pd, now),
+        false => entry
+            .route(&peers, &request, &state.config.route, now)
+            .map(|plan| PdRoute::Whole { plan, pd: None }),
     };
-    let planned = lock(&state.entry).route(&peers, &request, &state.config.route, now);
-    match planned {
-        Ok(plan) => Ok(Routed {
-            plan: plan.with_retries(state.config.retries as u32),
-            targets,
+    drop(entry);
+    let retries = state.config.retries as u32;
+    match placed.map_err(|error| failure(error, &peers))? {
+        PdRoute::Whole { plan, pd } => Ok(Placement::Whole {
+            routed: Routed {
+                plan: plan.with_retries(retries),
+                targets,
+            },
+            pd,
         }),
-        Err(RouteError::NoCandidate(model)) => {
-            if peers.iter().any(|p| p.digest.serves(&model)) {
-                Err(RouteFailure::NoTarget(model))
-            } else {
-                Err(RouteFailure::UnknownModel(served_models(
-                    peers.iter().map(|p| p.digest),
-                )))
-            }
-        }
+        PdRoute::Split { prefill, .. } => Ok(Placement::Split {
+            prefill: Routed {
+                plan: prefill.with_retries(retries),
+                targets,
+            },
+        }),
+    }
+}
+
+/// Places a whole request on the engines that take one (after a disaggregation failed), or
+/// on the prefill engines when no other exists.
+pub fn route_whole(
+    state: &AppState,
+    hashes: &RequestHashes,
+    session: Option<u64>,
+    request_id: &str,
+) -> Result<Routed, RouteFailure> {
+    let snapshot = Snapshot::take(state);
+    let (peers, targets) = snapshot.peers(state, None);
+    let request = route_request(hashes, session, request_id);
+    let now = state.now_ms();
+    let mut entry = lock(&state.entry);
+    let plan = entry
+        .route(&peers, &request, &state.config.route, now)
+        .or_else(|_| {
+            let prefill = RouteRequest {
+                role: Role::Prefill,
+                ..request
+            };
+            entry.route(&peers, &prefill, &state.config.route, now)
+        });
+    drop(entry);
+    let plan = plan.map_err(|error| failure(error, &peers))?;
+    Ok(Routed {
+        plan: plan.with_retries(state.config.retries as u32),
+        targets,
+    })
+}
+
+/// Places the decode leg of a request whose prefill `prefill_key`'s engine ran, on the load
+/// known now.
+pub fn route_decode(
+    state: &AppState,
+    hashes: &RequestHashes,
+    prefill_key: u64,
+    request_id: &str,
+) -> Result<Routed, RouteFailure> {
+    let snapshot = Snapshot::take(state);
+    let (peers, targets) = snapshot.peers(state, None);
+    let request = route_request(hashes, None, request_id);
+    let now = state.now_ms();
+    let config = &state.config;
+    let plan = lock(&state.entry).route_decode(
+        &peers,
+        &request,
+        prefill_key,
+        &config.route,
+        &config.pd,
+        now,
+    );
+    let plan = plan.map_err(|error| failure(error, &peers))?;
+    Ok(Routed {
+        plan: plan.with_retries(config.retries as u32),
+        targets,
+    })
+}
+
+fn failure(error: RouteError, peers: &[PeerInput<'_>]) -> RouteFailure {
+    let RouteError::NoCandidate(model) = error;
+    if peers.iter().any(|p| p.digest.serves(&model)) {
+        RouteFailure::NoTarget(model)
+    } else {
+        RouteFailure::UnknownModel(served_models(peers.iter().map(|p| p.digest)))
     }
 }
 
