@@ -325,3 +325,71 @@ fn a_prefill_engine_killed_under_load_fails_no_request() {
         counted("kvmesh_pd_fallbacks_total"),
     );
 }
+
+#[test]
+fn a_decode_engine_loaded_while_prefills_run_gets_no_decode_leg() {
+    // Prefills of 8,192 tokens take about two seconds at three times a GPU's pace: long
+    // enough for a burst to load d1, and for gossip to say so, before any of them answers.
+    let mut specs: Vec<NodeSpec> = PREFILL
+        .iter()
+        .map(|n| spec(n, "prefill", &[]).timing(Timing::Scaled(3.0)))
+        .collect();
+    specs.extend(
+        DECODE
+            .iter()
+            .map(|n| spec(n, "decode", &[]).timing(Timing::Scaled(1.0))),
+    );
+    let cluster = Cluster::start(&specs);
+    wait_for_roles(&cluster);
+    let entries: Vec<_> = ALL.iter().map(|n| cluster.sidecar(n).http_addr()).collect();
+    let requests: Vec<_> = (0..4u32)
+        .map(|i| {
+            let entry = entries[i as usize];
+            std::thread::spawn(move || {
+                Request::post_json(COMPLETIONS, &body(300 + i, 8192, false))
+                    .timeout(REQUEST_TIMEOUT)
+                    .header("x-request-id", &format!("pd-redirect-{i}"))
+                    .send(entry)
+                    .expect("an answer")
+            })
+        })
+        .collect();
+    // Another client's burst of long generations lands on d1's engine directly while the
+    // prefills run (it is not routed: only d1's gauges, gossiped, show it).
+    let d1 = cluster.node("d1").engine.addr();
+    let burst: Vec<_> = (0..8u32)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let long = json!({"model": "mock", "prompt": prompt(400 + i, 64),
+                    "max_tokens": 600, "ignore_eos": true});
+                Request::post_json(COMPLETIONS, &long)
+                    .timeout(REQUEST_TIMEOUT)
+                    .send(d1)
+                    .expect("a burst answer")
+            })
+        })
+        .collect();
+    let decoded_on: Vec<String> = requests
+        .into_iter()
+        .map(|request| {
+            let answer = request.join().expect("client thread");
+            assert_eq!(answer.status, 200, "{}", answer.describe());
+            assert_eq!(answer.header("x-kvmesh-reason"), Some("pd"));
+            answer.header("x-kvmesh-node").unwrap_or("").to_owned()
+        })
+        .collect();
+    // Still decoding: the decode legs were placed while d1 was loaded.
+    let running = cluster
+        .node("d1")
+        .engine
+        .metric("vllm:num_requests_running", &[]);
+    assert!(running >= 8.0, "the burst still runs on d1: {running}");
+    assert_eq!(
+        decoded_on,
+        vec!["d2"; 4],
+        "every decode leg went to the engine under the bound"
+    );
+    for answer in burst {
+        assert_eq!(answer.join().expect("burst thread").status, 200);
+    }
+}
