@@ -4,8 +4,8 @@
 //! paths, and only within the hop limit: a peer can never make this node call another URL or
 //! forward again.
 
-use super::FORWARDABLE_PATHS;
 use super::entry::admission;
+use super::forwardable;
 use super::headers::response_headers_from_engine;
 use crate::engine::client::error_chain;
 use crate::mesh::IncomingForward;
@@ -246,7 +246,7 @@ fn refuse(state: &SharedState, head: &RequestHead) -> Option<WireError> {
     if head.hop_count > MAX_HOPS {
         return Some(wire_error(WireErrorCode::BadRequest, "hop limit exceeded"));
     }
-    if head.method != "POST" || !FORWARDABLE_PATHS.contains(&head.path.as_str()) {
+    if head.method != "POST" || !forwardable(&head.path) {
         return Some(wire_error(
             WireErrorCode::BadRequest,
             &format!("{} {} is not forwardable", head.method, head.path),
@@ -274,7 +274,9 @@ fn refuse(state: &SharedState, head: &RequestHead) -> Option<WireError> {
 fn chain_of(state: &SharedState, path: &str, body: &[u8]) -> Vec<u64> {
     let endpoint = match path {
         "/v1/chat/completions" => Endpoint::ChatCompletions,
-        _ => Endpoint::Completions,
+        "/v1/completions" => Endpoint::Completions,
+        // The other endpoints are routed by model and load: nothing to index.
+        _ => return Vec::new(),
     };
     serde_json::from_slice(body)
         .ok()

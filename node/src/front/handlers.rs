@@ -2,8 +2,10 @@
 
 use super::body::{ResponseBody, full};
 use super::errors::ApiError;
+use super::inference::Api;
 use super::ready::{ReadinessInputs, evaluate};
 use super::{dashboard, debug_match, exposition, inference};
+use crate::forward::forwardable;
 use crate::metrics::Outcome;
 use crate::serve::routing::served_models;
 use crate::serve::state::{SharedState, lock};
@@ -39,10 +41,11 @@ pub async fn handle(
             }
             Ok(()) => match (method, path.as_str()) {
                 (&Method::POST, "/v1/completions") => {
-                    inference::handle(state, request, Endpoint::Completions).await
+                    inference::handle(state, request, Api::Generation(Endpoint::Completions)).await
                 }
                 (&Method::POST, "/v1/chat/completions") => {
-                    inference::handle(state, request, Endpoint::ChatCompletions).await
+                    inference::handle(state, request, Api::Generation(Endpoint::ChatCompletions))
+                        .await
                 }
                 (&Method::GET, "/v1/models") => models(&state),
                 (&Method::GET, "/debug/cluster") => debug_cluster(&state),
@@ -56,6 +59,21 @@ pub async fn handle(
                 )
                 .into_response(),
             },
+        },
+        // vLLM's other inference endpoints, by model and load.
+        (method, path) if forwardable(path) => match authorize(&state, &request) {
+            Err(error) => {
+                state.metrics.record_request("none", Outcome::Rejected);
+                error.into_response()
+            }
+            Ok(()) if method == Method::POST => {
+                inference::handle(state, request, Api::ByModel).await
+            }
+            Ok(()) => ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                format!("{method} is not allowed on {path}"),
+            )
+            .into_response(),
         },
         _ => ApiError::new(
             StatusCode::NOT_FOUND,

@@ -138,3 +138,52 @@ mod tests {
         assert!(local_tokens(&tokenizer, Endpoint::Completions, &ids).is_none());
     }
 }
+
+/// What routing needs of a request routed by model and load alone (embeddings, pooling,
+/// scoring, tokenizing, the Responses API, any other `/v1/…` endpoint): its model and a rough
+/// size, no prefix chain. Without a `model` it is the first model this node's engine serves,
+/// the one the engine itself would default to.
+pub fn hash_by_model(
+    state: &SharedState,
+    body: &Value,
+    body_len: usize,
+) -> Result<RequestHashes, ApiError> {
+    let object = body
+        .as_object()
+        .ok_or_else(|| ApiError::bad_request("the request body must be a JSON object"))?;
+    let model = match object.get("model") {
+        Some(Value::String(model)) => model.clone(),
+        None | Some(Value::Null) => {
+            state
+                .engine
+                .state()
+                .models
+                .first()
+                .cloned()
+                .ok_or_else(|| {
+                    ApiError::bad_request(
+                "missing required field `model` (this node's engine serves no model to default to)",
+            )
+            .with_param("model")
+                })?
+        }
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "field `model` has the wrong type: expected a string",
+            )
+            .with_param("model"));
+        }
+    };
+    let user = match object.get("user") {
+        Some(Value::String(user)) if !user.is_empty() => Some(user.clone()),
+        _ => None,
+    };
+    Ok(RequestHashes {
+        model,
+        chain: Vec::new(),
+        // About four bytes a token: only a size for the cost form's estimates.
+        prompt_tokens: (body_len / 4).min(u32::MAX as usize) as u32,
+        tokens_per_block: 16.0,
+        user,
+    })
+}

@@ -4,7 +4,7 @@
 use super::body::ResponseBody;
 use super::disaggregated::Disaggregated;
 use super::errors::ApiError;
-use super::hashing::hash_for_routing;
+use super::hashing::{hash_by_model, hash_for_routing};
 use super::recent::RecentRequest;
 use crate::forward::attempts::{self, Leg, Unanswered};
 use crate::forward::headers::request_headers_for_engine;
@@ -30,10 +30,20 @@ use tracing::Instrument as _;
 /// Header a client may set to keep a conversation on one engine (a soft preference).
 pub const SESSION_HEADER: &str = "x-session-id";
 
+/// What kind of inference request a path carries.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Api {
+    /// Completions or chat: hashed into a prefix chain, routed cache-aware, disaggregated
+    /// where the cluster does.
+    Generation(Endpoint),
+    /// Any other inference endpoint: routed by model and load.
+    ByModel,
+}
+
 pub async fn handle(
     state: SharedState,
     request: Request<Incoming>,
-    endpoint: Endpoint,
+    api: Api,
 ) -> Response<ResponseBody> {
     let request_id = request_id(&state, &request);
     // Every event of this request carries its id, this node, and once decided the reason and
@@ -45,7 +55,7 @@ pub async fn handle(
         reason = tracing::field::Empty,
         peer = tracing::field::Empty,
     );
-    let mut response = answer(state, request, endpoint, request_id.clone())
+    let mut response = answer(state, request, api, request_id.clone())
         .instrument(span)
         .await;
     // Every answer names its request, refusals and failures included, so that a client's
@@ -62,7 +72,7 @@ pub async fn handle(
 async fn answer(
     state: SharedState,
     request: Request<Incoming>,
-    endpoint: Endpoint,
+    api: Api,
     request_id: String,
 ) -> Response<ResponseBody> {
     let path = request.uri().path().to_owned();
@@ -70,7 +80,10 @@ async fn answer(
     let prepared = async {
         let body = read_body(&parts.headers, body, &state.config).await?;
         let json = parse_json(&body)?;
-        let hashes = hash_for_routing(&state, endpoint, &json).await?;
+        let hashes = match api {
+            Api::Generation(endpoint) => hash_for_routing(&state, endpoint, &json).await?,
+            Api::ByModel => hash_by_model(&state, &json, body.len())?,
+        };
         let streamed = json.get("stream").and_then(serde_json::Value::as_bool) == Some(true);
         Ok::<_, ApiError>((body, json, hashes, streamed))
     };
@@ -85,7 +98,8 @@ async fn answer(
     };
     let session = session_key(&parts.headers, &hashes);
     // A client that brings its own `kv_transfer_params` runs its own disaggregation.
-    let disaggregate = json.get("kv_transfer_params").is_none();
+    let disaggregate =
+        matches!(api, Api::Generation(_)) && json.get("kv_transfer_params").is_none();
     let placement = match route(&state, &hashes, session, &request_id, disaggregate, None) {
         Ok(placement) => placement,
         Err(failure) => return route_failure(&state, failure, &hashes.model),

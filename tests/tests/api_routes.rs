@@ -1,0 +1,62 @@
+//! vLLM's endpoints beyond completions and chat through the sidecars, over real processes:
+//! routed by model and load at every node, with the same errors; administrative endpoints
+//! never reachable.
+
+use kvmesh_tests::cluster::{Cluster, NodeSpec};
+use kvmesh_tests::openai::assert_openai_error;
+use kvmesh_tests::{CONVERGENCE_TIMEOUT, Request};
+use serde_json::json;
+
+fn cluster() -> Cluster {
+    let cluster = Cluster::start(&[
+        NodeSpec::new("a", &["model-a"]),
+        NodeSpec::new("b", &["model-b"]),
+    ]);
+    cluster.wait_membership(&["a", "b"], CONVERGENCE_TIMEOUT);
+    cluster.wait_models(&["a", "b"], &["model-a", "model-b"], CONVERGENCE_TIMEOUT);
+    cluster
+}
+
+#[test]
+fn tokenize_goes_to_an_engine_of_its_model_from_either_node() {
+    let cluster = cluster();
+    for entry in ["a", "b"] {
+        for (model, engine) in [("model-a", "a"), ("model-b", "b")] {
+            let answer = cluster
+                .sidecar(entry)
+                .post_json("/tokenize", &json!({"model": model, "prompt": "abcdefgh"}));
+            assert_eq!(answer.status, 200, "{}", answer.describe());
+            assert_eq!(answer.header("x-kvmesh-node"), Some(engine));
+            assert_eq!(answer.json()["count"], 2);
+        }
+    }
+    // Without a model, the entry's own engine's (as vLLM defaults to its served model).
+    let answer = cluster
+        .sidecar("b")
+        .post_json("/tokenize", &json!({"prompt": "abcd"}));
+    assert_eq!(answer.status, 200, "{}", answer.describe());
+    assert_eq!(answer.header("x-kvmesh-node"), Some("b"));
+}
+
+#[test]
+fn unknown_models_bad_bodies_and_admin_endpoints_get_clear_errors() {
+    let cluster = cluster();
+    let sidecar = cluster.sidecar("a");
+    let unknown = sidecar.post_json("/v1/embeddings", &json!({"model": "nope", "input": "x"}));
+    let error = assert_openai_error(&unknown, 404);
+    let message = error["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("model-a") && message.contains("model-b"),
+        "{message}"
+    );
+    let malformed = sidecar.send(Request::post("/v1/embeddings", "{not json"));
+    assert_openai_error(&malformed, 400);
+    let wrong_type = sidecar.post_json("/score", &json!({"model": 7}));
+    assert_openai_error(&wrong_type, 400);
+    for admin in ["/v1/load_lora_adapter", "/v1/unload_lora_adapter"] {
+        let refused = sidecar.post_json(admin, &json!({"lora_name": "x", "lora_path": "/etc"}));
+        assert_openai_error(&refused, 404);
+    }
+    let get = sidecar.get("/v1/embeddings");
+    assert_openai_error(&get, 405);
+}
