@@ -4,17 +4,57 @@
 
 use kvmesh_tests::cluster::{Cluster, NodeSpec};
 use kvmesh_tests::openai::assert_openai_error;
-use kvmesh_tests::{CONVERGENCE_TIMEOUT, Request};
+use kvmesh_tests::{CONVERGENCE_TIMEOUT, Request, wait_until};
 use serde_json::json;
 
 fn cluster() -> Cluster {
     let cluster = Cluster::start(&[
-        NodeSpec::new("a", &["model-a"]),
-        NodeSpec::new("b", &["model-b"]),
+        NodeSpec::new("a", &["model-a", "alias-a"]),
+        NodeSpec::new("b", &["model-b"]).engine_args(&["--lora", "sql"]),
     ]);
     cluster.wait_membership(&["a", "b"], CONVERGENCE_TIMEOUT);
-    cluster.wait_models(&["a", "b"], &["model-a", "model-b"], CONVERGENCE_TIMEOUT);
+    let all = ["alias-a", "model-a", "model-b", "sql"];
+    cluster.wait_models(&["a", "b"], &all, CONVERGENCE_TIMEOUT);
     cluster
+}
+
+#[test]
+fn every_node_lists_the_clusters_models_as_the_engines_describe_them() {
+    let cluster = cluster();
+    // The cards travel under their own gossip key: wait until both nodes have them.
+    wait_until(CONVERGENCE_TIMEOUT, "the model cards to spread", || {
+        ["a", "b"].iter().all(|entry| {
+            let listed = cluster.sidecar(entry).get("/v1/models").json();
+            listed["data"]
+                .as_array()
+                .is_some_and(|cards| cards.iter().all(|card| card["created"] != 0))
+        })
+    });
+    let at_a = cluster.sidecar("a").get("/v1/models").json();
+    let at_b = cluster.sidecar("b").get("/v1/models").json();
+    assert_eq!(at_a, at_b, "/v1/models is the same at every node");
+    let card = |id: &str| {
+        at_a["data"]
+            .as_array()
+            .and_then(|cards| cards.iter().find(|c| c["id"] == id))
+            .cloned()
+            .unwrap_or_else(|| panic!("no card for {id} in {at_a}"))
+    };
+    let (model, alias, adapter) = (card("model-a"), card("alias-a"), card("sql"));
+    assert_eq!(model["owned_by"], "vllm");
+    assert!(
+        model["max_model_len"].as_u64().is_some_and(|n| n > 0),
+        "{model}"
+    );
+    assert!(
+        model["root"].is_string() && model["parent"].is_null(),
+        "{model}"
+    );
+    assert_eq!(
+        alias["root"], model["root"],
+        "two names of one engine's weights"
+    );
+    assert_eq!(adapter["parent"], "model-b", "{adapter}");
 }
 
 #[test]

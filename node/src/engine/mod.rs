@@ -6,6 +6,7 @@
 pub mod client;
 pub mod local_tokenizer;
 pub mod metrics;
+pub mod models;
 pub mod poller;
 pub mod tokenize;
 
