@@ -100,3 +100,48 @@ fn unknown_models_bad_bodies_and_admin_endpoints_get_clear_errors() {
     let get = sidecar.get("/v1/embeddings");
     assert_openai_error(&get, 405);
 }
+
+#[test]
+fn a_second_name_of_a_model_meets_the_first_names_cache() {
+    let names = ["model-a", "alias-a"];
+    let cluster = Cluster::start(&[NodeSpec::new("a", &names), NodeSpec::new("b", &names)]);
+    cluster.wait_membership(&["a", "b"], CONVERGENCE_TIMEOUT);
+    // Both nodes know both engines' cards (the weights' identity seeds the chains).
+    wait_until(CONVERGENCE_TIMEOUT, "the model cards to spread", || {
+        ["a", "b"].iter().all(|entry| {
+            let listed = cluster.sidecar(entry).get("/v1/models").json();
+            listed["data"].as_array().is_some_and(|cards| {
+                cards.len() == 2 && cards.iter().all(|card| card["created"] != 0)
+            })
+        })
+    });
+    let prompt: String = (0..64)
+        .map(|i| format!("block {i:03} of a long shared prompt. "))
+        .collect();
+    let first = cluster.sidecar("a").post_json(
+        "/v1/completions",
+        &json!({"model": "model-a", "prompt": prompt, "max_tokens": 2}),
+    );
+    assert_eq!(first.status, 200, "{}", first.describe());
+    let holder = first.header("x-kvmesh-node").expect("served by").to_owned();
+    let alias = json!({"model": "alias-a", "prompt": prompt, "max_tokens": 2});
+    wait_until(
+        CONVERGENCE_TIMEOUT,
+        "b to learn who holds the prompt",
+        || {
+            let matched = cluster
+                .sidecar("b")
+                .post_json("/debug/match", &alias)
+                .json();
+            matched["nodes"].as_array().is_some_and(|nodes| {
+                nodes.iter().any(|node| {
+                    node["node"] == holder.as_str() && node["matched_blocks"].as_u64() > Some(10)
+                })
+            })
+        },
+    );
+    let second = cluster.sidecar("b").post_json("/v1/completions", &alias);
+    assert_eq!(second.status, 200, "{}", second.describe());
+    assert_eq!(second.header("x-kvmesh-reason"), Some("prefix-hit"));
+    assert_eq!(second.header("x-kvmesh-node"), Some(holder.as_str()));
+}

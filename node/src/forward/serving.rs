@@ -17,7 +17,7 @@ use futures::FutureExt;
 use http::Method;
 use http_body_util::BodyExt;
 use hyper::body::Body;
-use kvmesh_protocol::hashing::{Endpoint, hash_request};
+use kvmesh_protocol::hashing::{Endpoint, hash_request_seeded};
 use kvmesh_protocol::wire::{
     Frame, FrameDecoder, MAX_HOPS, RequestHead, ResponseHead, WireError, WireErrorCode,
 };
@@ -278,9 +278,15 @@ fn chain_of(state: &SharedState, path: &str, body: &[u8]) -> Vec<u64> {
         // The other endpoints are routed by model and load: nothing to index.
         _ => return Vec::new(),
     };
-    serde_json::from_slice(body)
-        .ok()
-        .and_then(|json| hash_request(endpoint, &json, &state.config.hashing).ok())
+    let Ok(json) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return Vec::new();
+    };
+    // Seeded as the entry seeded it (see `AppState::model_identity`).
+    let identity = json
+        .get("model")
+        .and_then(serde_json::Value::as_str)
+        .and_then(|model| state.model_identity(model));
+    hash_request_seeded(endpoint, &json, &state.config.hashing, identity.as_deref())
         .map(|hashes| hashes.chain)
         .unwrap_or_default()
 }

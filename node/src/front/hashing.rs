@@ -11,7 +11,9 @@ use crate::engine::local_tokenizer::LocalTokenizer;
 use crate::engine::tokenize::{completion_prompt, tokenize, tokenize_body};
 use crate::serve::state::SharedState;
 use kvmesh_protocol::RequestHashes;
-use kvmesh_protocol::hashing::{Endpoint, HashError, HashMode, hash_request, hash_tokenized};
+use kvmesh_protocol::hashing::{
+    Endpoint, HashError, HashMode, hash_request_seeded, hash_tokenized_seeded,
+};
 use serde_json::Value;
 use std::time::Duration;
 
@@ -24,7 +26,12 @@ pub async fn hash_for_routing(
     body: &Value,
 ) -> Result<RequestHashes, ApiError> {
     let bad_request = |e: HashError| ApiError::bad_request(e.to_string());
-    match hash_request(endpoint, body, &state.config.hashing) {
+    let identity = body
+        .get("model")
+        .and_then(Value::as_str)
+        .and_then(|model| state.model_identity(model));
+    let seed = identity.as_deref();
+    match hash_request_seeded(endpoint, body, &state.config.hashing, seed) {
         Err(HashError::NeedsTokens) => {}
         hashed => return hashed.map_err(bad_request),
     }
@@ -45,7 +52,7 @@ pub async fn hash_for_routing(
             Vec::new()
         }
     };
-    hash_tokenized(endpoint, body, &tokens, block_tokens).map_err(bad_request)
+    hash_tokenized_seeded(endpoint, body, &tokens, block_tokens, seed).map_err(bad_request)
 }
 
 /// A completions prompt's token ids from the loaded tokenizer, or `None` when the engine must
