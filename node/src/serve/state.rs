@@ -45,6 +45,8 @@ pub struct AppState {
     pub peer_seen: AtomicBool,
     /// The last requests that entered here (`/debug/recent`, the dashboard).
     pub recent: crate::front::recent::RecentRequests,
+    /// Which node's engine stored each Responses API answer this node relayed.
+    pub response_homes: Arc<crate::front::responses::ResponseHomes>,
 }
 
 impl AppState {

@@ -361,6 +361,12 @@ impl Plan {
         }
     }
 
+    /// Whether an attempt after the current one could still be made (an engine is left in
+    /// rank, and a failure would be retried).
+    pub fn has_next(&self) -> bool {
+        self.next < self.targets.len() && self.retries_left > 0
+    }
+
     /// The rank of the attempt in progress or served, for tests.
     pub fn current_rank(&self) -> Option<usize> {
         self.sent.or(self.served).map(|sent| sent.rank)
