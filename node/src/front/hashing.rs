@@ -94,6 +94,7 @@ async fn engine_tokens(
 mod tests {
     use super::*;
     use crate::engine::local_tokenizer::TEST_FIXTURE;
+    use kvmesh_protocol::hashing::hash_tokenized;
     use serde_json::json;
     use std::path::Path;
 
