@@ -11,6 +11,7 @@ pub mod openai;
 pub mod pooling;
 pub mod responses;
 pub mod responses_api;
+pub mod vectors;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
