@@ -145,3 +145,77 @@ fn a_second_name_of_a_model_meets_the_first_names_cache() {
     assert_eq!(second.header("x-kvmesh-reason"), Some("prefix-hit"));
     assert_eq!(second.header("x-kvmesh-node"), Some(holder.as_str()));
 }
+
+#[test]
+fn embeddings_and_rerank_reach_an_engine_of_their_model_from_any_node() {
+    let cluster = cluster();
+    for entry in ["a", "b"] {
+        let embedded = cluster.sidecar(entry).post_json(
+            "/v1/embeddings",
+            &json!({"model": "model-b", "input": ["the fox", "the dog"]}),
+        );
+        assert_eq!(embedded.status, 200, "{}", embedded.describe());
+        assert_eq!(embedded.header("x-kvmesh-node"), Some("b"));
+        let data = embedded.json()["data"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(data.len(), 2, "one vector per input");
+        let reranked = cluster.sidecar(entry).post_json(
+            "/v1/rerank",
+            &json!({"model": "model-a", "query": "fox", "documents": ["fox", "dog"]}),
+        );
+        assert_eq!(reranked.status, 200, "{}", reranked.describe());
+        assert_eq!(reranked.header("x-kvmesh-node"), Some("a"));
+        assert_eq!(
+            reranked.json()["results"][0]["index"],
+            0,
+            "the same text ranks first"
+        );
+    }
+}
+
+#[test]
+fn a_responses_continuation_reaches_the_engine_that_stored_it_from_any_node() {
+    let nodes = ["a", "b", "c"];
+    let specs: Vec<NodeSpec> = nodes.iter().map(|n| NodeSpec::new(n, &["m"])).collect();
+    let cluster = Cluster::start(&specs);
+    cluster.wait_membership(&nodes, CONVERGENCE_TIMEOUT);
+    for (i, entry) in nodes.iter().enumerate() {
+        let first = cluster.sidecar(entry).post_json(
+            "/v1/responses",
+            &json!({"model": "m", "input": format!("conversation {i} begins"), "max_output_tokens": 4}),
+        );
+        assert_eq!(first.status, 200, "{}", first.describe());
+        let stored_on = first.header("x-kvmesh-node").expect("served by").to_owned();
+        let id = first.json()["id"]
+            .as_str()
+            .expect("a response id")
+            .to_owned();
+        // From the entry that relayed it (which remembers where it went), then from every
+        // other (which looks for it).
+        for next in nodes {
+            let continued = cluster.sidecar(next).post_json(
+                "/v1/responses",
+                &json!({"model": "m", "input": "and goes on", "previous_response_id": id,
+                    "max_output_tokens": 4}),
+            );
+            assert_eq!(
+                continued.status,
+                200,
+                "from {next}: {}",
+                continued.describe()
+            );
+            assert_eq!(
+                continued.header("x-kvmesh-node"),
+                Some(stored_on.as_str()),
+                "from {next}"
+            );
+        }
+    }
+    let unknown = cluster.sidecar("a").post_json(
+        "/v1/responses",
+        &json!({"model": "m", "input": "x", "previous_response_id": "resp_nowhere"}),
+    );
+    assert_openai_error(&unknown, 404);
+}
