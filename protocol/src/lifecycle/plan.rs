@@ -391,8 +391,7 @@ impl Plan {
 
 /// The prompt tokens an engine holding `matched` of its blocks has to compute.
 pub(super) fn uncached_tokens(matched: u32, request: &RouteRequest<'_>) -> u32 {
-    let cached = f64::from(matched) * f64::from(request.tokens_per_block);
-    (f64::from(request.prompt_tokens) - cached).max(0.0) as u32
+    request.uncached_tokens(matched) as u32
 }
 
 /// How many prompt tokens an engine holding `matched_here` blocks of the request may have to

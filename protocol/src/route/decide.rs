@@ -89,6 +89,14 @@ pub struct RouteRequest<'a> {
     pub spread: Option<u64>,
 }
 
+impl RouteRequest<'_> {
+    /// The prompt tokens an engine holding `matched` of the chain's blocks has to compute.
+    pub fn uncached_tokens(&self, matched: u32) -> f64 {
+        let cached = f64::from(matched) * f64::from(self.tokens_per_block);
+        (f64::from(self.prompt_tokens) - cached).max(0.0)
+    }
+}
+
 /// The ranked outcome.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Decision {
@@ -518,9 +526,8 @@ fn estimated_ttft_ms(
     request: &RouteRequest<'_>,
     config: &RouteConfig,
 ) -> f64 {
-    let prompt = f64::from(request.prompt_tokens);
-    let cached = f64::from(matched) * f64::from(request.tokens_per_block);
-    let prefill_ms = (prompt - cached).max(0.0) / prefill_tokens_per_s(digest, config) * 1000.0;
+    let prefill_ms =
+        request.uncached_tokens(matched) / prefill_tokens_per_s(digest, config) * 1000.0;
     queued * service_ms(digest, waiting, request, config) + prefill_ms
 }
 

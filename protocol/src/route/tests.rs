@@ -43,7 +43,7 @@ fn chain(n: u64, salt: u64) -> Vec<u64> {
     (0..n).map(|i| rendezvous_weight(i, salt)).collect()
 }
 
-fn candidate<'a>(
+pub(crate) fn candidate<'a>(
     name: &str,
     digest: &'a LoadDigest,
     summary: Option<&'a PeerSummary>,
