@@ -26,6 +26,7 @@ fn digest(waiting: u32, running: u32) -> LoadDigest {
         hash_version: HASH_VERSION,
         models: vec!["m".into()],
         loras: vec![],
+        lora_use: Default::default(),
     }
 }
 

@@ -159,5 +159,10 @@ fn build_digest(state: &SharedState, version: u64) -> LoadDigest {
         hash_version: HASH_VERSION,
         models: engine.models.clone(),
         loras: engine.loras.clone(),
+        lora_use: metrics
+            .lora_use
+            .as_ref()
+            .map(|(_, lora_use)| lora_use.clone())
+            .unwrap_or_default(),
     }
 }
