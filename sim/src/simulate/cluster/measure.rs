@@ -2,8 +2,9 @@
 
 use super::{Sim, zone_size};
 use crate::simulate::gossip::MEMBERSHIP_ENTRY_BYTES;
+use crate::simulate::histogram::LogHistogram;
 use crate::simulate::policy::PolicyKind;
-use crate::simulate::results::{GossipTraffic, Latency, PolicyResult, cdf};
+use crate::simulate::results::{GossipTraffic, Latency, PolicyResult, TransferSummary, cdf};
 
 pub(super) fn summarize(sim: &Sim<'_>, wall_s: f64) -> PolicyResult {
     let (config, policy, nodes) = (sim.config, sim.policy, &sim.nodes);
@@ -17,8 +18,31 @@ pub(super) fn summarize(sim: &Sim<'_>, wall_s: f64) -> PolicyResult {
         .iter()
         .map(|r| r.done_ns.saturating_sub(r.arrival_ns) as f64 / 1e9)
         .collect();
+    let met = done
+        .iter()
+        .filter(|r| {
+            let ttft = r.first_ns.saturating_sub(r.arrival_ns) as f64 / 1e9;
+            let decode = r.done_ns.saturating_sub(r.first_ns) as f64 / 1e9;
+            config.slo.met(ttft, decode, r.output_tokens)
+        })
+        .count();
     let ttft_s = Latency::of(&mut ttft);
     let e2e_s = Latency::of(&mut e2e);
+    let mut itl = LogHistogram::default();
+    for node in nodes {
+        itl.merge(&node.itl);
+    }
+    let t = sim.transfers;
+    let transfers = TransferSummary {
+        pulls: t.pulls,
+        handshake_waits: t.handshake_waits,
+        blocks: t.blocks,
+        mean_s: if t.pulls == 0 {
+            0.0
+        } else {
+            t.seconds / t.pulls as f64
+        },
+    };
     let output_tokens: u64 = done.iter().map(|r| u64::from(r.output_tokens)).sum();
     let (queries, hits, preemptions) = nodes.iter().fold((0u64, 0u64, 0u64), |acc, node| {
         let s = node.engine.stats();
@@ -86,6 +110,15 @@ pub(super) fn summarize(sim: &Sim<'_>, wall_s: f64) -> PolicyResult {
         rejected: sim.rejected,
         ttft_s,
         e2e_s,
+        itl_s: Latency::of_histogram(&itl),
+        goodput_rps: met as f64 / span,
+        slo_attainment: if done.is_empty() {
+            0.0
+        } else {
+            met as f64 / done.len() as f64
+        },
+        pd_reasons: sim.pd_reasons.clone(),
+        transfers,
         throughput_rps: done.len() as f64 / span,
         output_tokens_per_s: output_tokens as f64 / span,
         hit_rate: if queries == 0 {
