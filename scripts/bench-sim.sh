@@ -11,6 +11,9 @@
 #                                   # blocks, 16 nodes (issue 14's table); FORM=cost for the
 #                                   # cost form
 #   scripts/bench-sim.sh large      # gsp at 512 and 1,024 nodes, kvmesh against the oracle
+#   scripts/bench-sim.sh pd         # prefill/decode disaggregation (issue 15): 16 nodes, both
+#                                   # shared traces, mixed engines against PD (fixed split and
+#                                   # skip rule), decode chosen at prefill end or at arrival
 #
 # Uses a release build; the simulator is single-threaded per policy except for the engines of
 # gossiping policies (--threads, default 2).
@@ -100,5 +103,51 @@ if [[ $what == all || $what == large ]]; then
       "$SIM" simulate --nodes "$n" --workload gsp --requests-per-node 20 --rate-per-node 1 \
       --kv-blocks 8192 --route-form "$FORM" --policy oracle,kvmesh --jobs 2 --lag-classes 4 \
       --json "$OUT/large$n-$FORM.json" | tee "$OUT/large$n-$FORM.md"
+  done
+fi
+
+if [[ $what == pd ]]; then
+  machine
+  # Per trace: its load (trace speed-up), KV blocks, prefill engines (of 16; the best of 4, 6,
+  # 8 and 10 in a sweep of the skip rule, BENCHMARKS.md) and its objectives: a chat trace of
+  # ~1.2k-token prompts (TTFT <= 1 s), a long-context one of ~15k-token prompts (TTFT <= 5 s);
+  # both ITL <= 50 ms (mean gap per request). Only kvmesh runs PD (the baselines place whole
+  # requests only), so the table is kvmesh in five clusters.
+  echo "| trace | engines | split | decode chosen | TTFT mean s | p50 | p99 | ITL p50 ms | ITL p99 ms | E2E mean s | goodput req/s | met | hit rate | pd / skip-short / skip-busy | pulls (handshake waits) | mean pull s |"
+  echo "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"
+  for trace in azure mooncake; do
+    case $trace in
+      azure) source=(--trace "$TRACES/azure_llm_2023_conv.csv" --trace-speedup 8)
+        prefill=${AZURE_PREFILL:-8}; slo=(--slo-ttft-ms 1000 --slo-itl-ms 50) ;;
+      mooncake) source=(--trace "$TRACES/mooncake_synthetic_trace.jsonl" --trace-speedup 2
+        --kv-blocks 32768)
+        prefill=${MOONCAKE_PREFILL:-10}; slo=(--slo-ttft-ms 5000 --slo-itl-ms 50) ;;
+    esac
+    for setup in mixed fixed:prefill-end skip:prefill-end fixed:arrival skip:arrival; do
+      if [[ $setup == mixed ]]; then
+        pd=(--prefill-nodes 0); split=-; decode=-
+      else
+        split=${setup%%:*}; decode=${setup##*:}
+        [[ $split == fixed ]] && rule=always || rule=skip
+        pd=(--prefill-nodes "$prefill" --pd-split "$rule" --pd-decode "$decode")
+      fi
+      json="$OUT/pd-$trace-${setup/:/-}.json"
+      "$SIM" simulate --nodes 16 "${source[@]}" "${slo[@]}" "${pd[@]}" --policy kvmesh \
+        --threads 1 --json "$json" > /dev/null
+      python3 - "$json" "$trace" "$setup" "$prefill" "$split" "$decode" <<'PY'
+import json, sys
+_, path, trace, setup, prefill, split, decode = sys.argv
+r = json.load(open(path))["runs"][0]["results"][0]
+engines = "16 mixed" if setup == "mixed" else f"{prefill} P + {16 - int(prefill)} D"
+reasons = r["pd_reasons"]
+pd = "-" if setup == "mixed" else "/".join(
+    str(reasons.get(k, 0)) for k in ("pd", "pd-skip-short", "pd-skip-busy"))
+t = r["transfers"]
+print(f"| {trace} | {engines} | {split} | {decode} | {r['ttft_s']['mean']:.3f} | {r['ttft_s']['p50']:.3f} "
+      f"| {r['ttft_s']['p99']:.3f} | {r['itl_s']['p50']*1e3:.1f} | {r['itl_s']['p99']*1e3:.1f} "
+      f"| {r['e2e_s']['mean']:.2f} | {r['goodput_rps']:.2f} | {r['slo_attainment']*100:.1f}% "
+      f"| {r['hit_rate']*100:.1f}% | {pd} | {t['pulls']} ({t['handshake_waits']}) | {t['mean_s']:.3f} |")
+PY
+    done
   done
 fi
