@@ -37,6 +37,9 @@ fn a_split_request_pays_prefill_handshake_and_pull_then_the_next_hits_the_pulled
     assert_eq!(r.transfers.pulls, 1);
     assert_eq!(r.transfers.handshake_waits, 1, "the pair's first contact");
     assert_eq!(r.transfers.blocks, 68);
+    // The prefill engine computed the first prompt, the decode engine its last token (to
+    // sample from) and the second one's question.
+    assert_eq!(r.computed_prompt_tokens, 1088 + 1 + 64);
     // 68 blocks of 16 tokens × 128 KiB per token at 10 GB/s.
     let pull = 68.0 * 16.0 * 131_072.0 / 10e9;
     let handshake = 5.0;
@@ -76,6 +79,8 @@ fn a_fixed_split_disaggregates_the_short_one_too_and_its_pull_skips_the_local_pr
     );
     // 68 blocks, then the 4 of the question (the decode engine hits the system prompt).
     assert_eq!(r.transfers.blocks, 72);
+    // The prefill engine kept the first prompt's blocks cached once they were read.
+    assert_eq!(r.computed_prompt_tokens, 1088 + 1 + 64 + 1);
     assert!(
         r.ttft_s.p50 < 0.2,
         "no handshake the second time: {}",
@@ -126,6 +131,15 @@ fn disaggregation_shortens_the_longest_gaps_between_tokens() {
         mixed.itl_s.p99
     );
     assert!(mixed.pd_reasons.is_empty() && mixed.transfers.pulls == 0);
+    // Goodput only grows as the ITL objective loosens.
+    for r in [&mixed, &pd] {
+        let rates: Vec<f64> = r.goodput_by_itl.iter().map(|&(_, rps)| rps).collect();
+        assert!(rates.windows(2).all(|w| w[0] <= w[1]), "{rates:?}");
+    }
+    println!(
+        "ITL p99: mixed {:.4} s, PD {:.4} s; goodput by ITL objective: mixed {:?}, PD {:?}",
+        mixed.itl_s.p99, pd.itl_s.p99, mixed.goodput_by_itl, pd.goodput_by_itl
+    );
 }
 
 #[test]

@@ -48,6 +48,9 @@ pub fn percentile(sorted: &[f64], q: f64) -> f64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
+/// ITL objectives, milliseconds, at which every run also reports goodput.
+pub const GOODPUT_ITL_MS: [f64; 7] = [15.0, 20.0, 25.0, 30.0, 50.0, 100.0, 200.0];
+
 /// KV pulls of a disaggregated run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
 pub struct TransferSummary {
@@ -91,6 +94,10 @@ pub struct PolicyResult {
     pub goodput_rps: f64,
     /// Share of completed requests that met both objectives.
     pub slo_attainment: f64,
+    /// Goodput under the TTFT objective and each of [`GOODPUT_ITL_MS`] as the ITL one:
+    /// `(ITL objective in seconds, requests/s)` (where disaggregation pays depends on how
+    /// tight the ITL objective is).
+    pub goodput_by_itl: Vec<(f64, f64)>,
     /// Requests per disaggregation outcome (`pd`, `pd-skip-short`, `pd-skip-busy`,
     /// `pd-fallback`); empty in a mixed cluster.
     pub pd_reasons: BTreeMap<String, u64>,
@@ -102,6 +109,10 @@ pub struct PolicyResult {
     /// Prompt tokens served from engines' prefix caches / prompt tokens looked up, from the
     /// engine models' own counters.
     pub hit_rate: f64,
+    /// Prompt tokens the engines computed, over every leg (`prompt_tokens_by_source`'s
+    /// `local_compute`): unlike the hit rate, which counts a split prompt's lookup on both
+    /// of its engines, comparable between mixed and disaggregated clusters.
+    pub computed_prompt_tokens: u64,
     /// Max / mean of requests per engine.
     pub load_imbalance: f64,
     pub preemptions: u64,

@@ -3,8 +3,11 @@
 use super::{Sim, zone_size};
 use crate::simulate::gossip::MEMBERSHIP_ENTRY_BYTES;
 use crate::simulate::histogram::LogHistogram;
+use crate::simulate::pd::Slo;
 use crate::simulate::policy::PolicyKind;
-use crate::simulate::results::{GossipTraffic, Latency, PolicyResult, TransferSummary, cdf};
+use crate::simulate::results::{
+    GOODPUT_ITL_MS, GossipTraffic, Latency, PolicyResult, TransferSummary, cdf,
+};
 
 pub(super) fn summarize(sim: &Sim<'_>, wall_s: f64) -> PolicyResult {
     let (config, policy, nodes) = (sim.config, sim.policy, &sim.nodes);
@@ -18,14 +21,16 @@ pub(super) fn summarize(sim: &Sim<'_>, wall_s: f64) -> PolicyResult {
         .iter()
         .map(|r| r.done_ns.saturating_sub(r.arrival_ns) as f64 / 1e9)
         .collect();
-    let met = done
-        .iter()
-        .filter(|r| {
-            let ttft = r.first_ns.saturating_sub(r.arrival_ns) as f64 / 1e9;
-            let decode = r.done_ns.saturating_sub(r.first_ns) as f64 / 1e9;
-            config.slo.met(ttft, decode, r.output_tokens)
-        })
-        .count();
+    let met_under = |slo: Slo| {
+        done.iter()
+            .filter(|r| {
+                let ttft = r.first_ns.saturating_sub(r.arrival_ns) as f64 / 1e9;
+                let decode = r.done_ns.saturating_sub(r.first_ns) as f64 / 1e9;
+                slo.met(ttft, decode, r.output_tokens)
+            })
+            .count()
+    };
+    let met = met_under(config.slo);
     let ttft_s = Latency::of(&mut ttft);
     let e2e_s = Latency::of(&mut e2e);
     let mut itl = LogHistogram::default();
@@ -52,6 +57,10 @@ pub(super) fn summarize(sim: &Sim<'_>, wall_s: f64) -> PolicyResult {
             acc.2 + s.num_preemptions,
         )
     });
+    let computed_prompt_tokens = nodes
+        .iter()
+        .map(|node| node.engine.stats().prompt_sources.local_compute)
+        .sum();
     let served: Vec<u64> = nodes.iter().map(|n| n.served).collect();
     let mean_served = served.iter().sum::<u64>() as f64 / served.len().max(1) as f64;
     let max_served = served.iter().copied().max().unwrap_or(0) as f64;
@@ -112,6 +121,16 @@ pub(super) fn summarize(sim: &Sim<'_>, wall_s: f64) -> PolicyResult {
         e2e_s,
         itl_s: Latency::of_histogram(&itl),
         goodput_rps: met as f64 / span,
+        goodput_by_itl: GOODPUT_ITL_MS
+            .iter()
+            .map(|&ms| {
+                let slo = Slo {
+                    itl_s: ms / 1e3,
+                    ..config.slo
+                };
+                (ms / 1e3, met_under(slo) as f64 / span)
+            })
+            .collect(),
         slo_attainment: if done.is_empty() {
             0.0
         } else {
@@ -126,6 +145,7 @@ pub(super) fn summarize(sim: &Sim<'_>, wall_s: f64) -> PolicyResult {
         } else {
             hits as f64 / queries as f64
         },
+        computed_prompt_tokens,
         load_imbalance: if mean_served > 0.0 {
             max_served / mean_served
         } else {
