@@ -143,7 +143,33 @@ fn disaggregation_shortens_the_longest_gaps_between_tokens() {
 }
 
 #[test]
-fn a_pd_cluster_needs_decode_engines_and_a_gossiping_policy() {
+fn a_central_policy_splits_everything_and_pays_no_hop() {
+    for decode in ["arrival", "prefill-end"] {
+        let report = run(&format!(
+            "{} --pd-decode {decode}",
+            TWO_NODES.replace("--policy kvmesh", "--policy least-loaded,round-robin")
+        ));
+        for r in &report.runs[0].results {
+            assert_eq!((r.completed, r.rejected), (2, 0), "{}", r.policy);
+            assert_eq!(reasons(r), vec![("pd", 2)], "{}", r.policy);
+            assert_eq!(r.transfers.pulls, 2);
+            assert_eq!(
+                r.transfers.blocks, 72,
+                "the second pull skips the pulled prefix"
+            );
+            let pull = 68.0 * 16.0 * 131_072.0 / 10e9;
+            let first = step(1088.0, 0.0) + 5.0 + pull + step(1.0, 1087.0);
+            assert!(
+                (r.ttft_s.p99 - first).abs() < 1e-6,
+                "{} vs {first}",
+                r.ttft_s.p99
+            );
+        }
+    }
+}
+
+#[test]
+fn a_pd_cluster_needs_decode_engines_and_a_policy_that_can_split() {
     use clap::Parser;
     #[derive(Parser)]
     struct Cli {
@@ -157,8 +183,8 @@ fn a_pd_cluster_needs_decode_engines_and_a_gossiping_policy() {
     };
     let no_decode = error("--nodes 2 --prefill-nodes 2 --requests 1 --policy kvmesh");
     assert!(no_decode.is_some_and(|e| e.contains("no decode engine")));
-    let central = error("--nodes 4 --prefill-nodes 1 --requests 1 --policy kvmesh,least-loaded");
-    assert!(central.is_some_and(|e| e.contains("least-loaded")));
+    let by_prefix = error("--nodes 4 --prefill-nodes 1 --requests 1 --policy kvmesh,chwbl");
+    assert!(by_prefix.is_some_and(|e| e.contains("chwbl")));
     let unknown = error("--nodes 4 --prefill-nodes 1 --requests 1 --policy kvmesh --pd x=1");
     assert!(unknown.is_some_and(|e| e.contains("--pd x")));
 }

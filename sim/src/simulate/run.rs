@@ -93,9 +93,9 @@ pub fn simulate(args: &SimulateArgs) -> Result<Report, SimulateError> {
     })
 }
 
-/// A disaggregated cluster needs decode engines besides its prefill ones, and a policy that
-/// runs the sidecar's lifecycle: the centralized baselines place whole requests only (they
-/// are compared on mixed clusters).
+/// A disaggregated cluster needs decode engines besides its prefill ones. The centralized
+/// policies split every request and pick each leg's engine by their own rule; chwbl and the
+/// oracle route by prefix, which has no counterpart among the central PD routers: refused.
 fn check_pd(pd: PdSetup, sizes: &[usize], policies: &[PolicyKind]) -> Result<(), SimulateError> {
     if let Some(&nodes) = sizes.iter().find(|&&n| n <= pd.prefill_nodes) {
         return Err(SimulateError::Invalid(format!(
@@ -103,16 +103,16 @@ fn check_pd(pd: PdSetup, sizes: &[usize], policies: &[PolicyKind]) -> Result<(),
             pd.prefill_nodes
         )));
     }
-    let centralized: Vec<&str> = policies
+    let refused: Vec<&str> = policies
         .iter()
-        .filter(|p| !p.gossips())
+        .filter(|p| matches!(p, PolicyKind::Chwbl | PolicyKind::Oracle))
         .map(|p| p.name())
         .collect();
-    if !centralized.is_empty() {
+    if !refused.is_empty() {
         return Err(SimulateError::Invalid(format!(
-            "--prefill-nodes: {} place whole requests only; run them with --prefill-nodes 0 \
-             (only kvmesh, kvmesh-local and kvmesh-zoned disaggregate)",
-            centralized.join(", ")
+            "--prefill-nodes: {} cannot run a disaggregated cluster; run them with \
+             --prefill-nodes 0",
+            refused.join(", ")
         )));
     }
     Ok(())

@@ -83,8 +83,6 @@ struct Loop {
     seq: u64,
     routing: HashMap<u64, Routing>,
     hop_ns: u64,
-    /// When each (prefill, decode) pair of nodes has shaken hands (or will have).
-    handshakes: HashMap<(u32, u32), u64>,
 }
 
 impl Loop {
@@ -101,7 +99,6 @@ pub(super) fn run(sim: &mut Sim<'_>, requests: impl Iterator<Item = SimRequest>)
         seq: 0,
         routing: HashMap::new(),
         hop_ns: sim.config.mesh_hop_ns,
-        handshakes: HashMap::new(),
     };
     state.push(0, Event::Tick);
     let mut requests = requests.peekable();

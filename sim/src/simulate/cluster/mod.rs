@@ -14,6 +14,7 @@
 mod lifecycle;
 mod measure;
 mod sequential;
+mod transfer;
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -24,7 +25,7 @@ use kvmesh_protocol::{Decision, Role, RouteConfig, RouteRequest, SummaryConfig};
 use super::gossip::epidemic::{DelayDistribution, GossipParams};
 use super::gossip::view::{LagClasses, Published};
 use super::node::{EngineEvent, MODEL, SimNode};
-use super::pd::{PdSetup, Slo};
+use super::pd::{DecodeChoice, PdSetup, Slo};
 use super::policy::chwbl::Ring;
 use super::policy::kvmesh::{Kvmesh, Visibility};
 use super::policy::oracle::Oracle;
@@ -138,6 +139,15 @@ struct Sim<'c> {
     prefill_legs: HashMap<u64, u32>,
     /// KV pulls of decode legs.
     transfers: Transfers,
+    /// Decode legs waiting for their KV, by request: the node of their prefill.
+    decode_legs: HashMap<u64, u32>,
+    /// When each (prefill, decode) pair of nodes has shaken hands (or will have).
+    handshakes: HashMap<(u32, u32), u64>,
+    /// The centralized policies' split requests whose prefill runs: the request, and its
+    /// decode engine if chosen at arrival.
+    awaiting_decode: HashMap<u64, (Prepared, Option<usize>)>,
+    /// Round-robin counters of the decode pool, per entry node.
+    rr_decode: Vec<u64>,
 }
 
 /// The decode legs' pulls, as the decode engines' `vllm:nixl_*` metrics would count them.
@@ -250,6 +260,10 @@ impl<'c> Sim<'c> {
             pd_reasons: BTreeMap::new(),
             prefill_legs: HashMap::new(),
             transfers: Transfers::default(),
+            decode_legs: HashMap::new(),
+            handshakes: HashMap::new(),
+            awaiting_decode: HashMap::new(),
+            rr_decode: (0..n as u64).collect(),
         }
     }
 
@@ -286,6 +300,9 @@ impl<'c> Sim<'c> {
     /// Routes one request at its arrival (the centralized policies).
     fn arrive(&mut self, request: SimRequest) -> Option<Submission> {
         let prepared = self.prepare(&request)?;
+        if let Some(pd) = self.config.pd {
+            return Some(self.arrive_split(prepared, pd));
+        }
         let n = self.nodes.len();
         let (id, entry, now) = (prepared.id, prepared.entry, prepared.now);
         let chain = &prepared.chain;
@@ -323,6 +340,68 @@ impl<'c> Sim<'c> {
             Router::Kvmesh(_) => unreachable!("kvmesh runs the lifecycle loop"),
         };
         Some(self.commit(target, prepared))
+    }
+
+    /// A centralized policy in a disaggregated cluster, as the central PD routers do it
+    /// (vllm-router, the SGLang gateway): every request is split (they know no prefix to
+    /// judge it by), its prefill engine is the policy's pick among the prefill engines, and
+    /// its decode engine the policy's pick among the decode engines, at arrival (counted
+    /// there from then on, as their per-worker counters do) or when the prefill ends.
+    fn arrive_split(&mut self, prepared: Prepared, pd: PdSetup) -> Submission {
+        *self.pd_reasons.entry("pd".into()).or_default() += 1;
+        let entry = prepared.entry as usize;
+        let prefill = self.pick(0..pd.prefill_nodes, entry, false);
+        let decode = (pd.decode_choice == DecodeChoice::Arrival).then(|| {
+            let decode = self.pick(pd.prefill_nodes..self.nodes.len(), entry, true);
+            self.loads[decode] += 1;
+            decode
+        });
+        self.awaiting_decode
+            .insert(prepared.id, (prepared.clone(), decode));
+        self.commit_leg(prefill, prepared, Leg::Prefill)
+    }
+
+    /// Request `id`'s prefill leg ended on node `prefill` at `now`: its decode leg, for the
+    /// engine chosen at arrival or now.
+    fn decode_leg(&mut self, id: u64, prefill: u32, now: u64) -> Option<Submission> {
+        let pd = self.config.pd?;
+        let (prepared, decode) = self.awaiting_decode.remove(&id)?;
+        let decode = match decode {
+            Some(decode) => {
+                // Counted since its arrival; the leg now counts as any request.
+                self.loads[decode] -= 1;
+                decode
+            }
+            None => self.pick(
+                pd.prefill_nodes..self.nodes.len(),
+                prepared.entry as usize,
+                true,
+            ),
+        };
+        let mut submission = self.commit_leg(decode, prepared, Leg::Decode);
+        // Handed to the engine now (the centralized loop has no hops).
+        submission.arrival_ns = now;
+        self.track_decode(id, prefill, decode as u32, now);
+        Some(submission)
+    }
+
+    /// The centralized policy's pick among engines `range` (`decode`: the decode pool's
+    /// round-robin counter).
+    fn pick(&mut self, range: std::ops::Range<usize>, entry: usize, decode: bool) -> usize {
+        let loads = &self.loads[range.clone()];
+        let offset = match self.policy {
+            PolicyKind::RoundRobin => {
+                let counter = match decode {
+                    true => &mut self.rr_decode[entry],
+                    false => &mut self.rr_counters[entry],
+                };
+                round_robin::pick(counter, loads.len())
+            }
+            PolicyKind::LeastLoaded => least_loaded::pick(loads, &mut self.rng),
+            PolicyKind::PowerOfTwo => power_of_two::pick(loads, &mut self.rng),
+            _ => random::pick(&mut self.rng, loads.len()),
+        };
+        range.start + offset
     }
 
     /// The target's side of a routed request: its index learns the chain.

@@ -8,14 +8,14 @@
 //! 3. The decode engine admits the leg when the whole prompt fits in its free KV, pulls the
 //!    blocks it does not hold from the prefill engine (a handshake on the pair's first
 //!    contact, started when the leg arrives as vLLM does, then blocks × the transfer time per
-//!    block), and the prefill engine frees them at once (the READ notification). The entry
-//!    records the pair (`record_pair`) when the decode leg starts, then it decodes.
+//!    block; [`super::super::transfer`]), and the prefill engine frees them at once (the READ
+//!    notification). The entry records the pair (`record_pair`) when the decode leg starts,
+//!    then it decodes.
 
 use kvmesh_protocol::lifecycle::{Attempt, PdReason, Plan};
 
 use super::{Event, Loop, kvmesh_of, next_attempt, route_request, schedule, send, view};
 use crate::simulate::cluster::{Leg, Sim};
-use crate::simulate::node::SimNode;
 use crate::simulate::pd::DecodeChoice;
 use crate::simulate::policy::kvmesh::{PdRouted, Routed};
 
@@ -175,71 +175,23 @@ pub(super) fn prefill_answered(sim: &mut Sim<'_>, state: &mut Loop, id: u64, now
     }
 }
 
-/// Request `id`'s decode leg reached node `node`'s engine: the engine shakes hands with the
-/// prefill engine now if the pair never did (vLLM does it on arrival, before admission).
-pub(super) fn track(sim: &Sim<'_>, state: &mut Loop, id: u64, node: u32, now: u64) {
-    let Some(prefill) = state.routing.get(&id).and_then(|r| r.prefill_node) else {
-        return;
-    };
-    let handshake = sim.config.engine.timing.handshake_duration().as_nanos() as u64;
-    state
-        .handshakes
-        .entry((prefill, node))
-        .or_insert(now + handshake);
-}
-
-/// The pulls node `node`'s engine asked for (decode legs it admitted): each ends when the
-/// pair's handshake is done plus the blocks' transfer time.
-pub(super) fn start_pulls(sim: &mut Sim<'_>, state: &mut Loop, node: u32, now: u64) {
-    let pulls = sim.nodes[node as usize].engine.take_pulls();
-    for pull in pulls {
-        let Some(prefill) = state
-            .routing
-            .get(&pull.request)
-            .and_then(|r| r.prefill_node)
-        else {
-            continue;
-        };
-        let ready = state
-            .handshakes
-            .get(&(prefill, node))
-            .copied()
-            .unwrap_or(now);
-        let timing = &sim.config.engine.timing;
-        let transfer = timing.transfer_duration(pull.num_blocks).as_nanos() as u64;
-        let at = now.max(ready) + transfer;
-        let transfers = &mut sim.transfers;
-        transfers.pulls += 1;
-        transfers.handshake_waits += u64::from(ready > now);
-        transfers.blocks += pull.num_blocks as u64;
-        transfers.seconds += (at - now) as f64 / 1e9;
-        state.push(
-            at,
-            Event::Pulled {
-                id: pull.request,
-                node,
-            },
-        );
-    }
-}
-
-/// Request `id`'s KV arrived at node `node`: its decode leg runs, and the prefill engine
-/// frees the blocks it held.
-pub(super) fn pulled(sim: &mut Sim<'_>, state: &mut Loop, id: u64, node: u32, now: u64) {
-    let at = SimNode::now(now);
-    let decode = &mut sim.nodes[node as usize];
-    if decode.engine.finish_pull(id, kvmesh_pull_loaded(), at) {
-        schedule(decode, node, now, state);
-    }
+/// Request `id`'s decode leg reached node `node`'s engine (see [`Sim::track_decode`]).
+pub(super) fn track(sim: &mut Sim<'_>, state: &Loop, id: u64, node: u32, now: u64) {
     if let Some(prefill) = state.routing.get(&id).and_then(|r| r.prefill_node) {
-        let engine = &mut sim.nodes[prefill as usize];
-        if engine.engine.release_lease(id, at) {
-            schedule(engine, prefill, now, state);
-        }
+        sim.track_decode(id, prefill, node, now);
     }
 }
 
-/// Nothing fails in the model: every pull loads.
-fn kvmesh_pull_loaded() -> crate::engine::model::PullOutcome {
-    crate::engine::model::PullOutcome::Loaded
+/// The pulls node `node`'s engine asked for: each ends at its arrival.
+pub(super) fn start_pulls(sim: &mut Sim<'_>, state: &mut Loop, node: u32, now: u64) {
+    for (at, id) in sim.start_pulls(node, now) {
+        state.push(at, Event::Pulled { id, node });
+    }
+}
+
+/// Request `id`'s KV arrived at node `node`.
+pub(super) fn pulled(sim: &mut Sim<'_>, state: &mut Loop, id: u64, node: u32, now: u64) {
+    for woken in sim.pulled(id, node, now) {
+        schedule(&mut sim.nodes[woken as usize], woken, now, state);
+    }
 }
