@@ -148,16 +148,18 @@ pub struct SimulateArgs {
     /// batch job that calls one sidecar, say.
     #[arg(long)]
     pub entry_nodes: Option<usize>,
-    /// Engines with the prefill role (nodes 0..N; the others decode): requests are
-    /// disaggregated as the sidecar does it. 0: every engine is mixed. Only the gossiping
-    /// policies (kvmesh*) run a disaggregated cluster.
+    /// Engines with the prefill role (nodes 0..N; the others decode). 0: every engine is
+    /// mixed. The kvmesh policies disaggregate as the sidecar does; random, round-robin,
+    /// least-loaded and power-of-two split every request as the central PD routers do (each
+    /// leg's engine by their rule); chwbl and the oracle are refused.
     #[arg(long, default_value_t = 0)]
     pub prefill_nodes: usize,
     /// A setting of disaggregation, as in the node's `[pd]` table: `NAME=VALUE` (repeatable;
     /// e.g. `min_uncached_tokens=1024`, `max_prefill_queue=8`, `warm_margin=2`).
     #[arg(long = "pd", value_name = "NAME=VALUE", value_parser = parse_route_setting)]
     pub pd_settings: Vec<(String, serde_json::Value)>,
-    /// Which requests are disaggregated: by the skip rule of `--pd`, or all of them.
+    /// Which requests the kvmesh policies disaggregate: by the skip rule of `--pd`, or all of
+    /// them (the central routers split all of them).
     #[arg(long, value_enum, default_value_t = SplitRule::Skip)]
     pub pd_split: SplitRule,
     /// When a disaggregated request's decode engine is chosen.

@@ -1,9 +1,11 @@
 //! Prefill/decode disaggregation in a simulated cluster: which engines prefill, when a
 //! request is split, and when its decode engine is chosen.
 //!
-//! The decision is the protocol's (`EntryState::route_pd`, `route_decode`, `record_pair`);
-//! the legs and the transfer run in [`super::cluster`] on the engine model's NixlConnector
-//! (a prefill leg holds its blocks until pulled, a decode leg waits for its pull).
+//! kvmesh's decision is the protocol's (`EntryState::route_pd`, `route_decode`,
+//! `record_pair`); the centralized baselines split every request and pick each leg's engine
+//! by their own rule. The legs and the transfer run in [`super::cluster`] on the engine
+//! model's NixlConnector (a prefill leg holds its blocks until pulled, a decode leg waits for
+//! its pull).
 
 use kvmesh_protocol::route::PdConfig;
 
