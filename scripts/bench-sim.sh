@@ -11,6 +11,9 @@
 #                                   # blocks, 16 nodes (issue 14's table); FORM=cost for the
 #                                   # cost form
 #   scripts/bench-sim.sh large      # gsp at 512 and 1,024 nodes, kvmesh against the oracle
+#   scripts/bench-sim.sh pd         # prefill/decode disaggregation (issue 15): 16 nodes, both
+#                                   # shared traces, mixed engines against PD (fixed split and
+#                                   # skip rule), decode chosen at prefill end or at arrival
 #
 # Uses a release build; the simulator is single-threaded per policy except for the engines of
 # gossiping policies (--threads, default 2).
@@ -100,5 +103,57 @@ if [[ $what == all || $what == large ]]; then
       "$SIM" simulate --nodes "$n" --workload gsp --requests-per-node 20 --rate-per-node 1 \
       --kv-blocks 8192 --route-form "$FORM" --policy oracle,kvmesh --jobs 2 --lag-classes 4 \
       --json "$OUT/large$n-$FORM.json" | tee "$OUT/large$n-$FORM.md"
+  done
+fi
+
+if [[ $what == pd ]]; then
+  machine
+  # Per trace: its load (trace speed-up), KV blocks, prefill engines (of 16; the best of 4, 6,
+  # 8 and 10 in a sweep of the skip rule, BENCHMARKS.md) and its objectives: a chat trace of
+  # ~1.2k-token prompts (TTFT <= 1 s), a long-context one of ~15k-token prompts (TTFT <= 5 s);
+  # both ITL <= 50 ms (mean gap per request). kvmesh runs mixed and four PD variants; the
+  # central routers split every request: power-of-two with both engines chosen at arrival
+  # (vllm-router's --decode-policy power_of_two), round-robin with the decode engine chosen at
+  # prefill end (vLLM's toy proxy), least-loaded both ways.
+  echo "| trace | policy | engines | split | decode chosen | TTFT mean s | p50 | p99 | ITL p50 ms | ITL p99 ms | E2E mean s | goodput req/s | met | goodput, ITL ≤ 20 ms | prompt tokens computed | pd / skip-short / skip-busy | pulls (handshake waits) | mean pull s |"
+  echo "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"
+  for trace in azure mooncake; do
+    case $trace in
+      azure) source=(--trace "$TRACES/azure_llm_2023_conv.csv" --trace-speedup 8)
+        prefill=${AZURE_PREFILL:-8}; slo=(--slo-ttft-ms 1000 --slo-itl-ms 50) ;;
+      mooncake) source=(--trace "$TRACES/mooncake_synthetic_trace.jsonl" --trace-speedup 2
+        --kv-blocks 32768)
+        prefill=${MOONCAKE_PREFILL:-10}; slo=(--slo-ttft-ms 5000 --slo-itl-ms 50) ;;
+    esac
+    for setup in kvmesh:mixed least-loaded:mixed kvmesh:fixed:prefill-end kvmesh:skip:prefill-end \
+        kvmesh:fixed:arrival kvmesh:skip:arrival power-of-two:fixed:arrival \
+        round-robin:fixed:prefill-end least-loaded:fixed:arrival least-loaded:fixed:prefill-end; do
+      IFS=: read -r policy split decode <<< "$setup"
+      if [[ $split == mixed ]]; then
+        pd=(--prefill-nodes 0); split=-; decode=-
+      else
+        [[ $split == fixed ]] && rule=always || rule=skip
+        pd=(--prefill-nodes "$prefill" --pd-split "$rule" --pd-decode "$decode")
+      fi
+      json="$OUT/pd-$trace-${setup//:/-}.json"
+      "$SIM" simulate --nodes 16 "${source[@]}" "${slo[@]}" "${pd[@]}" --policy "$policy" \
+        --threads 1 --json "$json" > /dev/null
+      python3 - "$json" "$trace" "$prefill" "$split" "$decode" <<'PY'
+import json, sys
+_, path, trace, prefill, split, decode = sys.argv
+r = json.load(open(path))["runs"][0]["results"][0]
+engines = "16 mixed" if split == "-" else f"{prefill} P + {16 - int(prefill)} D"
+reasons = r["pd_reasons"]
+pd = "-" if split == "-" else "/".join(
+    str(reasons.get(k, 0)) for k in ("pd", "pd-skip-short", "pd-skip-busy"))
+t = r["transfers"]
+tight = next(rps for itl, rps in r["goodput_by_itl"] if abs(itl - 0.020) < 1e-9)
+print(f"| {trace} | {r['policy']} | {engines} | {split} | {decode} | {r['ttft_s']['mean']:.3f} "
+      f"| {r['ttft_s']['p50']:.3f} | {r['ttft_s']['p99']:.3f} | {r['itl_s']['p50']*1e3:.1f} "
+      f"| {r['itl_s']['p99']*1e3:.1f} | {r['e2e_s']['mean']:.2f} | {r['goodput_rps']:.2f} "
+      f"| {r['slo_attainment']*100:.1f}% | {tight:.2f} "
+      f"| {r['computed_prompt_tokens']/1e6:.1f}M | {pd} | {t['pulls']} ({t['handshake_waits']}) | {t['mean_s']:.3f} |")
+PY
+    done
   done
 fi

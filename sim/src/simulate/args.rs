@@ -2,18 +2,23 @@
 
 use std::path::PathBuf;
 
-use kvmesh_protocol::route::Policy as ScoreForm;
+use kvmesh_protocol::route::{PdConfig, Policy as ScoreForm};
 use kvmesh_protocol::{RouteConfig, SummaryConfig};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 
 use super::cluster::ClusterConfig;
 use super::gossip::CALIBRATED_HOP_S;
 use super::gossip::epidemic::GossipParams;
+use super::pd::{DecodeChoice, PdSetup, Slo, SplitRule};
 use super::policy::PolicyKind;
 use crate::engine::model::{EngineConfig, TimingModel};
 use crate::workload::{WorkloadArgs, WorkloadKind};
 
 /// KV blocks per engine unless `--kv-blocks` or the workload says otherwise.
 const DEFAULT_KV_BLOCKS: u32 = 8192;
+/// Lease of a prefill leg's blocks in the simulated engines: longer than any run.
+const KV_LEASE_UNTIL_PULLED: std::time::Duration = std::time::Duration::from_secs(1 << 30);
 
 /// What a node's own candidate carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
@@ -143,6 +148,38 @@ pub struct SimulateArgs {
     /// batch job that calls one sidecar, say.
     #[arg(long)]
     pub entry_nodes: Option<usize>,
+    /// Engines with the prefill role (nodes 0..N; the others decode). 0: every engine is
+    /// mixed. The kvmesh policies disaggregate as the sidecar does; random, round-robin,
+    /// least-loaded and power-of-two split every request as the central PD routers do (each
+    /// leg's engine by their rule); chwbl and the oracle are refused.
+    #[arg(long, default_value_t = 0)]
+    pub prefill_nodes: usize,
+    /// A setting of disaggregation, as in the node's `[pd]` table: `NAME=VALUE` (repeatable;
+    /// e.g. `min_uncached_tokens=1024`, `max_prefill_queue=8`, `warm_margin=2`).
+    #[arg(long = "pd", value_name = "NAME=VALUE", value_parser = parse_route_setting)]
+    pub pd_settings: Vec<(String, serde_json::Value)>,
+    /// Which requests the kvmesh policies disaggregate: by the skip rule of `--pd`, or all of
+    /// them (the central routers split all of them).
+    #[arg(long, value_enum, default_value_t = SplitRule::Skip)]
+    pub pd_split: SplitRule,
+    /// When a disaggregated request's decode engine is chosen.
+    #[arg(long, value_enum, default_value_t = DecodeChoice::PrefillEnd)]
+    pub pd_decode: DecodeChoice,
+    /// Bytes of KV per token, which a pull moves (default: an 8B model, as the engine's).
+    #[arg(long, default_value_t = 131_072)]
+    pub kv_bytes_per_token: u64,
+    /// Bandwidth of a KV pull, GB/s.
+    #[arg(long, default_value_t = 10.0)]
+    pub nixl_bandwidth_gb_s: f64,
+    /// Handshake of a decode engine's first pull from a prefill engine, milliseconds.
+    #[arg(long, default_value_t = 5000.0)]
+    pub nixl_handshake_ms: f64,
+    /// TTFT objective of goodput, milliseconds.
+    #[arg(long, default_value_t = 2000.0)]
+    pub slo_ttft_ms: f64,
+    /// Objective of goodput for a request's mean gap between tokens, milliseconds.
+    #[arg(long, default_value_t = 100.0)]
+    pub slo_itl_ms: f64,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
 }
@@ -183,10 +220,37 @@ impl SimulateArgs {
             spread_margin: self.spread_margin.max(0.0),
             ..RouteConfig::default()
         };
-        with_settings(base, &self.route_settings)
+        with_settings(base, &self.route_settings, "--route")
     }
 
-    pub fn cluster_config(&self, nodes: usize, route: RouteConfig) -> ClusterConfig {
+    /// Disaggregation, if `--prefill-nodes` asks for it: `--pd` over the defaults, then
+    /// `--pd-split`.
+    pub fn pd_setup(&self) -> Result<Option<PdSetup>, String> {
+        if self.prefill_nodes == 0 {
+            return Ok(None);
+        }
+        let config = with_settings(PdConfig::default(), &self.pd_settings, "--pd")?;
+        Ok(Some(PdSetup::new(
+            self.prefill_nodes,
+            config,
+            self.pd_split,
+            self.pd_decode,
+        )))
+    }
+
+    /// Seconds a pull takes per KV block of `block_size` tokens.
+    fn transfer_s_per_block(&self, block_size: u32) -> f64 {
+        self.kv_bytes_per_token.max(1) as f64 * f64::from(block_size)
+            / (self.nixl_bandwidth_gb_s.max(1e-9) * 1e9)
+    }
+
+    pub fn cluster_config(
+        &self,
+        nodes: usize,
+        route: RouteConfig,
+        pd: Option<PdSetup>,
+    ) -> ClusterConfig {
+        let block_size = EngineConfig::default().block_size;
         ClusterConfig {
             nodes,
             engine: EngineConfig {
@@ -195,9 +259,20 @@ impl SimulateArgs {
                 timing: TimingModel {
                     prefill_tokens_per_s: self.prefill_tokens_per_s.max(1.0),
                     step_overhead_s: self.decode_step_ms / 1e3,
+                    kv_transfer_s_per_block: self.transfer_s_per_block(block_size),
+                    kv_handshake_s: self.nixl_handshake_ms.max(0.0) / 1e3,
                     ..TimingModel::default()
                 },
+                // The decode side heartbeats a lease for as long as its decode leg waits
+                // (every sixth of it, vLLM): in the model, where nothing fails, a held copy
+                // ends when it is pulled, never by expiry.
+                kv_lease: KV_LEASE_UNTIL_PULLED,
                 ..EngineConfig::default()
+            },
+            pd,
+            slo: Slo {
+                ttft_s: self.slo_ttft_ms.max(0.0) / 1e3,
+                itl_s: self.slo_itl_ms.max(0.0) / 1e3,
             },
             summary: SummaryConfig {
                 num_shards: self.summary_shards,
@@ -232,15 +307,17 @@ fn parse_route_setting(text: &str) -> Result<(String, serde_json::Value), String
     Ok((name.trim().to_owned(), value))
 }
 
-/// `config` with `settings` applied by name, as the node reads its `[route]` table: an unknown
-/// name or a value of the wrong type is an error, not ignored.
-fn with_settings(
-    config: RouteConfig,
+/// `config` with `settings` applied by name, as the node reads its `[route]` or `[pd]` table:
+/// an unknown name or a value of the wrong type is an error, not ignored. `flag` names the
+/// flag in errors.
+fn with_settings<T: Serialize + DeserializeOwned>(
+    config: T,
     settings: &[(String, serde_json::Value)],
-) -> Result<RouteConfig, String> {
+    flag: &str,
+) -> Result<T, String> {
     let mut fields = match serde_json::to_value(config) {
         Ok(serde_json::Value::Object(fields)) => fields,
-        other => return Err(format!("RouteConfig serialised as {other:?}")),
+        other => return Err(format!("{flag}: the settings serialised as {other:?}")),
     };
     for (name, value) in settings {
         match fields.get_mut(name) {
@@ -248,13 +325,13 @@ fn with_settings(
             None => {
                 let known: Vec<&str> = fields.keys().map(String::as_str).collect();
                 return Err(format!(
-                    "--route {name}: no such setting (known: {})",
+                    "{flag} {name}: no such setting (known: {})",
                     known.join(", ")
                 ));
             }
         }
     }
-    serde_json::from_value(serde_json::Value::Object(fields)).map_err(|e| format!("--route: {e}"))
+    serde_json::from_value(serde_json::Value::Object(fields)).map_err(|e| format!("{flag}: {e}"))
 }
 
 #[cfg(test)]
@@ -267,12 +344,25 @@ mod route_setting_tests {
         let config = with_settings(
             RouteConfig::default(),
             &[set("load_slack=1"), set("bound_on=in_flight")],
+            "--route",
         )
         .unwrap();
         assert_eq!(config.load_slack, 1.0);
         assert_eq!(config.bound_on, kvmesh_protocol::route::BoundOn::InFlight);
-        assert!(with_settings(RouteConfig::default(), &[set("load_slak=1")]).is_err());
-        assert!(with_settings(RouteConfig::default(), &[set("load_slack=many")]).is_err());
+        assert!(with_settings(RouteConfig::default(), &[set("load_slak=1")], "--route").is_err());
+        assert!(
+            with_settings(RouteConfig::default(), &[set("load_slack=many")], "--route").is_err()
+        );
         assert!(parse_route_setting("load_slack").is_err());
+        let pd = with_settings(
+            PdConfig::default(),
+            &[set("min_uncached_tokens=2048")],
+            "--pd",
+        )
+        .unwrap();
+        assert_eq!(pd.min_uncached_tokens, 2048);
+        assert_eq!(pd.max_prefill_queue, PdConfig::default().max_prefill_queue);
+        let unknown = with_settings(PdConfig::default(), &[set("min_tokens=1")], "--pd");
+        assert!(unknown.is_err_and(|e| e.starts_with("--pd min_tokens")));
     }
 }

@@ -18,7 +18,9 @@
 pub mod args;
 pub mod cluster;
 pub mod gossip;
+pub mod histogram;
 pub mod node;
+pub mod pd;
 pub mod policy;
 pub mod prompt;
 pub mod report;

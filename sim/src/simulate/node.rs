@@ -10,6 +10,7 @@ use kvmesh_protocol::lifecycle::ServingState;
 use kvmesh_protocol::route::Gauges;
 use kvmesh_protocol::{LoadDigest, Role, SummaryBuilder, SummaryConfig};
 
+use super::histogram::LogHistogram;
 use crate::engine::model::{Engine, EngineConfig, EngineRequest, Output};
 
 /// The model name every simulated engine serves.
@@ -53,6 +54,12 @@ pub struct SimNode {
     wake_ns: Option<u64>,
     /// Arrival times of submitted requests that have no first token yet.
     awaiting_first: HashMap<u64, u64>,
+    /// The engine's role, as its digest announces it.
+    pub role: Role,
+    /// Time of each running request's last token, for the gaps between tokens.
+    last_token_ns: HashMap<u64, u64>,
+    /// Gaps between consecutive tokens of one request (inter-token latency), seconds.
+    pub itl: LogHistogram,
 }
 
 impl SimNode {
@@ -74,6 +81,9 @@ impl SimNode {
             last_gossiped: None,
             wake_ns: None,
             awaiting_first: HashMap::new(),
+            role: Role::Mixed,
+            last_token_ns: HashMap::new(),
+            itl: LogHistogram::default(),
         }
     }
 
@@ -155,6 +165,10 @@ impl SimNode {
         // approximate index is fed by routing), so drop them or they pile up without bound.
         drop(self.engine.take_kv_events());
         for out in outputs {
+            if let Some(previous) = self.last_token_ns.insert(out.request, at_ns) {
+                self.itl
+                    .observe(at_ns.saturating_sub(previous) as f64 / 1e9);
+            }
             if let Some(arrival) = self.awaiting_first.remove(&out.request) {
                 self.observe_ttft(at_ns.saturating_sub(arrival) as f64 / 1e6);
                 events.push(EngineEvent::FirstToken {
@@ -163,6 +177,7 @@ impl SimNode {
                 });
             }
             if let Some(finished) = &out.finished {
+                self.last_token_ns.remove(&out.request);
                 self.inflight -= 1;
                 events.push(EngineEvent::Finished {
                     request: out.request,
@@ -221,7 +236,7 @@ impl SimNode {
             ttft_ewma_ms: self.ttft_ewma_ms as f32,
             prefill_tokens_per_s: config.timing.prefill_tokens_per_s as f32,
             inflight_forwarded: 0,
-            role: Role::Mixed,
+            role: self.role,
             healthy: true,
             hash_version: HASH_VERSION,
             models: vec![MODEL.to_owned()],

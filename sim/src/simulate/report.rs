@@ -2,6 +2,7 @@
 
 use std::fmt::Write;
 
+use super::results::PolicyResult;
 use super::run::Report;
 
 /// One table per cluster size, then (with several sizes) the scaling summary.
@@ -44,6 +45,7 @@ pub fn markdown(report: &Report) -> String {
             );
         }
         out.push('\n');
+        objectives(&mut out, report, &run.results);
     }
     if report.runs.len() > 1 {
         out.push_str("## Scaling\n\n| nodes | policy | hit rate | TTFT mean s | digest B/node/s | summary B/node/s | membership B/node/s | total B/node/s |\n|---:|---|---:|---:|---:|---:|---:|---:|\n");
@@ -66,6 +68,39 @@ pub fn markdown(report: &Report) -> String {
         out.push('\n');
     }
     out
+}
+
+/// Inter-token latency, goodput and, in a disaggregated cluster, what became of
+/// disaggregation and the transfers.
+fn objectives(out: &mut String, report: &Report, results: &[PolicyResult]) {
+    let args = &report.args;
+    let _ = writeln!(
+        out,
+        "| policy | ITL p50 ms | ITL p99 ms | goodput req/s (TTFT ≤ {} ms, ITL ≤ {} ms) | met | \
+         pd | pd-skip-short | pd-skip-busy | pd-fallback | pulls | handshake waits | mean pull s |",
+        args.slo_ttft_ms, args.slo_itl_ms
+    );
+    out.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    for r in results {
+        let reason = |name: &str| r.pd_reasons.get(name).copied().unwrap_or(0);
+        let _ = writeln!(
+            out,
+            "| {} | {:.1} | {:.1} | {:.2} | {:.1}% | {} | {} | {} | {} | {} | {} | {:.3} |",
+            r.policy,
+            r.itl_s.p50 * 1e3,
+            r.itl_s.p99 * 1e3,
+            r.goodput_rps,
+            r.slo_attainment * 100.0,
+            reason("pd"),
+            reason("pd-skip-short"),
+            reason("pd-skip-busy"),
+            reason("pd-fallback"),
+            r.transfers.pulls,
+            r.transfers.handshake_waits,
+            r.transfers.mean_s,
+        );
+    }
+    out.push('\n');
 }
 
 fn opt(v: Option<f64>) -> String {

@@ -2,6 +2,8 @@
 
 use std::collections::BTreeMap;
 
+use super::histogram::LogHistogram;
+
 /// Mean and percentiles of a latency, seconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
 pub struct Latency {
@@ -12,6 +14,16 @@ pub struct Latency {
 }
 
 impl Latency {
+    /// From a histogram's counts (percentiles within 1 %).
+    pub fn of_histogram(histogram: &LogHistogram) -> Self {
+        Self {
+            mean: histogram.mean(),
+            p50: histogram.percentile(0.50),
+            p90: histogram.percentile(0.90),
+            p99: histogram.percentile(0.99),
+        }
+    }
+
     /// From unsorted samples (sorted in place).
     pub fn of(samples: &mut [f64]) -> Self {
         if samples.is_empty() {
@@ -34,6 +46,21 @@ pub fn percentile(sorted: &[f64], q: f64) -> f64 {
     }
     let rank = (q * sorted.len() as f64).ceil() as usize;
     sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// ITL objectives, milliseconds, at which every run also reports goodput.
+pub const GOODPUT_ITL_MS: [f64; 7] = [15.0, 20.0, 25.0, 30.0, 50.0, 100.0, 200.0];
+
+/// KV pulls of a disaggregated run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct TransferSummary {
+    pub pulls: u64,
+    /// Pulls that waited for their pair's handshake.
+    pub handshake_waits: u64,
+    /// KV blocks pulled (16 tokens each).
+    pub blocks: u64,
+    /// Mean time from the decode engine's pull request to the blocks' arrival, seconds.
+    pub mean_s: f64,
 }
 
 /// Gossip traffic per node, bytes per second (received; equal to sent on average).
@@ -59,12 +86,33 @@ pub struct PolicyResult {
     pub rejected: u64,
     pub ttft_s: Latency,
     pub e2e_s: Latency,
+    /// Gaps between consecutive tokens of a request (inter-token latency), over every gap of
+    /// the run, as the client sees them.
+    pub itl_s: Latency,
+    /// Completed requests per second that met both objectives (TTFT, and the mean gap between
+    /// their tokens).
+    pub goodput_rps: f64,
+    /// Share of completed requests that met both objectives.
+    pub slo_attainment: f64,
+    /// Goodput under the TTFT objective and each of [`GOODPUT_ITL_MS`] as the ITL one:
+    /// `(ITL objective in seconds, requests/s)` (where disaggregation pays depends on how
+    /// tight the ITL objective is).
+    pub goodput_by_itl: Vec<(f64, f64)>,
+    /// Requests per disaggregation outcome (`pd`, `pd-skip-short`, `pd-skip-busy`,
+    /// `pd-fallback`); empty in a mixed cluster.
+    pub pd_reasons: BTreeMap<String, u64>,
+    /// The decode legs' KV pulls.
+    pub transfers: TransferSummary,
     /// Completed requests per second of simulated time.
     pub throughput_rps: f64,
     pub output_tokens_per_s: f64,
     /// Prompt tokens served from engines' prefix caches / prompt tokens looked up, from the
     /// engine models' own counters.
     pub hit_rate: f64,
+    /// Prompt tokens the engines computed, over every leg (`prompt_tokens_by_source`'s
+    /// `local_compute`): unlike the hit rate, which counts a split prompt's lookup on both
+    /// of its engines, comparable between mixed and disaggregated clusters.
+    pub computed_prompt_tokens: u64,
     /// Max / mean of requests per engine.
     pub load_imbalance: f64,
     pub preemptions: u64,
@@ -105,6 +153,7 @@ mod tests {
     #[test]
     fn nearest_rank_percentiles() {
         let mut v: Vec<f64> = (1..=100).rev().map(f64::from).collect();
+        assert_eq!(Latency::of(&mut []), Latency::default());
         let l = Latency::of(&mut v);
         assert_eq!((l.p50, l.p90, l.p99), (50.0, 90.0, 99.0));
         assert!((l.mean - 50.5).abs() < 1e-9);

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use super::args::SimulateArgs;
 use super::cluster;
+use super::pd::PdSetup;
 use super::policy::PolicyKind;
 use super::results::PolicyResult;
 use super::workload::{Arrivals, RequestStream};
@@ -70,10 +71,14 @@ pub fn simulate(args: &SimulateArgs) -> Result<Report, SimulateError> {
         ));
     }
     let route = args.route_config().map_err(SimulateError::Invalid)?;
+    let pd = args.pd_setup().map_err(SimulateError::Invalid)?;
+    if let Some(pd) = pd {
+        check_pd(pd, &sizes, &args.policy_list())?;
+    }
     let inputs = Inputs::new(args)?;
     let mut runs = Vec::new();
     for nodes in sizes {
-        let results = run_size(args, &inputs, nodes, route);
+        let results = run_size(args, &inputs, nodes, route, pd);
         runs.push(SizeRun { nodes, results });
     }
     Ok(Report {
@@ -88,13 +93,39 @@ pub fn simulate(args: &SimulateArgs) -> Result<Report, SimulateError> {
     })
 }
 
+/// A disaggregated cluster needs decode engines besides its prefill ones. The centralized
+/// policies split every request and pick each leg's engine by their own rule; chwbl and the
+/// oracle route by prefix, which has no counterpart among the central PD routers: refused.
+fn check_pd(pd: PdSetup, sizes: &[usize], policies: &[PolicyKind]) -> Result<(), SimulateError> {
+    if let Some(&nodes) = sizes.iter().find(|&&n| n <= pd.prefill_nodes) {
+        return Err(SimulateError::Invalid(format!(
+            "--prefill-nodes {} leaves no decode engine in a cluster of {nodes}",
+            pd.prefill_nodes
+        )));
+    }
+    let refused: Vec<&str> = policies
+        .iter()
+        .filter(|p| matches!(p, PolicyKind::Chwbl | PolicyKind::Oracle))
+        .map(|p| p.name())
+        .collect();
+    if !refused.is_empty() {
+        return Err(SimulateError::Invalid(format!(
+            "--prefill-nodes: {} cannot run a disaggregated cluster; run them with \
+             --prefill-nodes 0",
+            refused.join(", ")
+        )));
+    }
+    Ok(())
+}
+
 fn run_size(
     args: &SimulateArgs,
     inputs: &Inputs,
     nodes: usize,
     route: RouteConfig,
+    pd: Option<PdSetup>,
 ) -> Vec<PolicyResult> {
-    let config = args.cluster_config(nodes, route);
+    let config = args.cluster_config(nodes, route, pd);
     let policies = args.policy_list();
     let jobs = args.jobs.max(1);
     let mut results: Vec<Option<PolicyResult>> = vec![None; policies.len()];

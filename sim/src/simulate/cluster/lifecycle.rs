@@ -13,6 +13,12 @@
 //!
 //! Events at equal times run engines first, then the tick, then attempts and replies (in the
 //! order they were sent), then arrivals; the outcome is the same for any thread count.
+//!
+//! In a disaggregated cluster a request may run as two legs ([`legs`]): its prefill leg on a
+//! prefill engine, whose answer reaches the entry one hop after the engine finished it, then
+//! its decode leg on a decode engine, which pulls the prompt's KV before it decodes.
+
+mod legs;
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -21,12 +27,12 @@ use kvmesh_protocol::lifecycle::{Attempt, Outcome, Plan, Progress, Ticket};
 use kvmesh_protocol::summary::ShardWire;
 use kvmesh_protocol::{Role, RouteRequest};
 
-use super::{Prepared, Router, Sim};
+use super::{Gossip, Leg, Prepared, Router, Sim};
 use crate::rng::mix64;
 use crate::simulate::gossip::view::{LagClasses, Published};
 use crate::simulate::node::{EngineEvent, MODEL, SimNode};
 use crate::simulate::policy::PolicyKind;
-use crate::simulate::policy::kvmesh::Kvmesh;
+use crate::simulate::policy::kvmesh::{Kvmesh, View};
 use crate::simulate::prompt::BLOCK_TOKENS;
 use crate::simulate::workload::SimRequest;
 
@@ -41,6 +47,10 @@ enum Event {
     Attempt { id: u64, node: u32 },
     /// The answer to an attempt of request `id` reaches its entry.
     Reply { id: u64 },
+    /// The answer of request `id`'s prefill leg reaches its entry.
+    PrefillAnswer { id: u64 },
+    /// The KV of request `id`'s decode leg arrived at node `node`'s engine.
+    Pulled { id: u64, node: u32 },
 }
 
 /// A request between its arrival and its end.
@@ -60,6 +70,12 @@ struct Routing {
     started: bool,
     /// The engine finished it (possibly before its entry heard it started).
     finished: bool,
+    /// Which leg the plan places.
+    leg: Leg,
+    /// The node that ran its prefill leg, once admitted there.
+    prefill_node: Option<u32>,
+    /// Its decode leg's plan and first attempt, when chosen at arrival.
+    early_decode: Option<Box<legs::EarlyDecode>>,
 }
 
 struct Loop {
@@ -108,6 +124,7 @@ pub(super) fn run(sim: &mut Sim<'_>, requests: impl Iterator<Item = SimRequest>)
                     continue;
                 }
                 schedule(node, i, now, &mut state);
+                legs::start_pulls(sim, &mut state, i, now);
                 engine_events(sim, &mut state, i, &events);
             }
             Event::Tick => {
@@ -128,6 +145,8 @@ pub(super) fn run(sim: &mut Sim<'_>, requests: impl Iterator<Item = SimRequest>)
                     .expect("a reply is sent with its outcome");
                 reply(sim, &mut state, id, outcome, now);
             }
+            Event::PrefillAnswer { id } => legs::prefill_answered(sim, &mut state, id, now),
+            Event::Pulled { id, node } => legs::pulled(sim, &mut state, id, node, now),
         }
     }
 }
@@ -138,28 +157,21 @@ fn arrive(sim: &mut Sim<'_>, state: &mut Loop, request: &SimRequest) {
         return;
     };
     let (id, entry, now) = (prepared.id, prepared.entry, prepared.now);
-    let route_request = RouteRequest {
-        model: MODEL,
-        chain: &prepared.chain,
-        prompt_tokens: prepared.tokens.len() as u32,
-        tokens_per_block: BLOCK_TOKENS as f32,
-        session: prepared.session,
-        role: Role::Mixed,
-        spread: Some(mix64(id)),
-    };
-    let live = sim.nodes[entry as usize].serving.gauges();
-    let g = sim.gossip.as_ref().expect("gossiping policies");
+    let route_request = route_request(&prepared);
+    let view = view(&sim.gossip, &sim.nodes, entry);
     let kvmesh = kvmesh_of(&mut sim.router);
-    let routed = kvmesh.route(
-        entry,
-        &route_request,
-        &g.published,
-        &g.lags,
-        live,
-        &sim.config.route,
-        now,
-    );
-    let Ok(routed) = routed else {
+    let config = sim.config;
+    let routed = match config.pd {
+        None => kvmesh
+            .route(entry, &route_request, view, &config.route, now)
+            .map(|routed| (routed, Leg::Whole)),
+        Some(pd) => {
+            let routed =
+                kvmesh.route_pd(entry, &route_request, view, &config.route, &pd.config, now);
+            routed.map(|routed| legs::first_leg(sim, routed))
+        }
+    };
+    let Ok((routed, leg)) = routed else {
         // Not expected: every node has its own digest from the first tick, which runs before
         // any arrival, and every modelled engine serves the model.
         *sim.reasons.entry("no-view".into()).or_default() += 1;
@@ -182,9 +194,39 @@ fn arrive(sim: &mut Sim<'_>, state: &mut Loop, request: &SimRequest) {
             ticket: None,
             started: false,
             finished: false,
+            leg,
+            prefill_node: None,
+            early_decode: None,
         },
     );
+    if leg == Leg::Prefill {
+        legs::plan_decode_at_arrival(sim, state, id, now);
+    }
     next_attempt(sim, state, id, now);
+}
+
+/// What the routing decisions get of a request.
+fn route_request(prepared: &Prepared) -> RouteRequest<'_> {
+    RouteRequest {
+        model: MODEL,
+        chain: &prepared.chain,
+        prompt_tokens: prepared.tokens.len() as u32,
+        tokens_per_block: BLOCK_TOKENS as f32,
+        session: prepared.session,
+        role: Role::Mixed,
+        spread: Some(mix64(prepared.id)),
+    }
+}
+
+/// Node `entry`'s view of the cluster now (from the gossip model and the nodes: borrowing
+/// those alone leaves the router free to use it).
+fn view<'s>(gossip: &'s Option<Gossip>, nodes: &[SimNode], entry: u32) -> View<'s> {
+    let g = gossip.as_ref().expect("gossiping policies");
+    View {
+        published: &g.published,
+        lags: &g.lags,
+        live: nodes[entry as usize].serving.gauges(),
+    }
 }
 
 /// Makes the plan's next attempt: locally at once, to a peer one hop later.
@@ -199,6 +241,12 @@ fn next_attempt(sim: &mut Sim<'_>, state: &mut Loop, id: u64, now: u64) {
         give_up(sim, state, id);
         return;
     };
+    send(sim, state, id, attempt, now);
+}
+
+/// Sends `attempt` of request `id`: locally at once, to a peer one hop later.
+fn send(sim: &mut Sim<'_>, state: &mut Loop, id: u64, attempt: Attempt, now: u64) {
+    let routing = state.routing.get_mut(&id).expect("routing");
     routing.attempt = Some(attempt);
     let (target, entry) = (routing.nodes[attempt.candidate], routing.entry);
     if target == entry {
@@ -223,8 +271,19 @@ fn admit(sim: &mut Sim<'_>, state: &mut Loop, id: u64, node: u32, now: u64) {
             let report = remote.then(|| serving.report());
             let routing = state.routing.get_mut(&id).expect("routing");
             routing.ticket = Some(ticket);
-            let prepared = routing.prepared.take().expect("admitted once");
-            let submission = sim.commit(node as usize, prepared);
+            let leg = routing.leg;
+            let prepared = match leg {
+                // The decode leg will need the prompt again.
+                Leg::Prefill => {
+                    routing.prefill_node = Some(node);
+                    routing.prepared.clone().expect("admitted once")
+                }
+                Leg::Whole | Leg::Decode => routing.prepared.take().expect("admitted once"),
+            };
+            if leg == Leg::Decode {
+                legs::track(sim, state, id, node, now);
+            }
+            let submission = sim.commit_leg(node as usize, prepared, leg);
             submit(sim, state, node, submission, now);
             Outcome::Started(report)
         }
@@ -254,8 +313,18 @@ fn reply(sim: &mut Sim<'_>, state: &mut Loop, id: u64, outcome: Outcome, now: u6
     match progress {
         Progress::Served => {
             routing.started = true;
-            if routing.finished {
-                routing.plan.ended(entry);
+            match (routing.leg, routing.prefill_node, routing.attempt) {
+                // The prefill leg ends when its answer reaches the entry.
+                (Leg::Prefill, ..) => {}
+                (Leg::Decode, Some(prefill), Some(attempt)) => {
+                    let decode = routing.nodes[attempt.candidate];
+                    kvmesh.record_pair(routing.entry, prefill, decode, now);
+                }
+                _ => {}
+            }
+            let routing = state.routing.get_mut(&id).expect("routing");
+            if routing.finished && routing.leg != Leg::Prefill {
+                routing.plan.ended(kvmesh.entry(routing.entry));
                 state.routing.remove(&id);
             }
         }
@@ -287,13 +356,18 @@ fn submit(sim: &mut Sim<'_>, state: &mut Loop, node: u32, submission: super::Sub
 fn engine_events(sim: &mut Sim<'_>, state: &mut Loop, node: u32, events: &[EngineEvent]) {
     sim.apply(node as usize, events);
     for event in events {
-        let (request, finished, at_ms) = match *event {
-            EngineEvent::FirstToken { request, at_ns } => (request, false, at_ns / 1_000_000),
-            EngineEvent::Finished { request, at_ns, .. } => (request, true, at_ns / 1_000_000),
+        let (request, finished, at_ns) = match *event {
+            EngineEvent::FirstToken { request, at_ns } => (request, false, at_ns),
+            EngineEvent::Finished { request, at_ns, .. } => (request, true, at_ns),
         };
+        let at_ms = at_ns / 1_000_000;
         let Some(routing) = state.routing.get_mut(&request) else {
             continue;
         };
+        if routing.leg == Leg::Prefill && routing.prefill_node == Some(node) {
+            legs::prefill_event(sim, state, request, node, finished, at_ns);
+            continue;
+        }
         let serving = &mut sim.nodes[node as usize].serving;
         if routing.entry != node {
             let record = &mut sim.records[request as usize];

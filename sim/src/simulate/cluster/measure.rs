@@ -2,8 +2,12 @@
 
 use super::{Sim, zone_size};
 use crate::simulate::gossip::MEMBERSHIP_ENTRY_BYTES;
+use crate::simulate::histogram::LogHistogram;
+use crate::simulate::pd::Slo;
 use crate::simulate::policy::PolicyKind;
-use crate::simulate::results::{GossipTraffic, Latency, PolicyResult, cdf};
+use crate::simulate::results::{
+    GOODPUT_ITL_MS, GossipTraffic, Latency, PolicyResult, TransferSummary, cdf,
+};
 
 pub(super) fn summarize(sim: &Sim<'_>, wall_s: f64) -> PolicyResult {
     let (config, policy, nodes) = (sim.config, sim.policy, &sim.nodes);
@@ -17,8 +21,33 @@ pub(super) fn summarize(sim: &Sim<'_>, wall_s: f64) -> PolicyResult {
         .iter()
         .map(|r| r.done_ns.saturating_sub(r.arrival_ns) as f64 / 1e9)
         .collect();
+    let met_under = |slo: Slo| {
+        done.iter()
+            .filter(|r| {
+                let ttft = r.first_ns.saturating_sub(r.arrival_ns) as f64 / 1e9;
+                let decode = r.done_ns.saturating_sub(r.first_ns) as f64 / 1e9;
+                slo.met(ttft, decode, r.output_tokens)
+            })
+            .count()
+    };
+    let met = met_under(config.slo);
     let ttft_s = Latency::of(&mut ttft);
     let e2e_s = Latency::of(&mut e2e);
+    let mut itl = LogHistogram::default();
+    for node in nodes {
+        itl.merge(&node.itl);
+    }
+    let t = sim.transfers;
+    let transfers = TransferSummary {
+        pulls: t.pulls,
+        handshake_waits: t.handshake_waits,
+        blocks: t.blocks,
+        mean_s: if t.pulls == 0 {
+            0.0
+        } else {
+            t.seconds / t.pulls as f64
+        },
+    };
     let output_tokens: u64 = done.iter().map(|r| u64::from(r.output_tokens)).sum();
     let (queries, hits, preemptions) = nodes.iter().fold((0u64, 0u64, 0u64), |acc, node| {
         let s = node.engine.stats();
@@ -28,6 +57,10 @@ pub(super) fn summarize(sim: &Sim<'_>, wall_s: f64) -> PolicyResult {
             acc.2 + s.num_preemptions,
         )
     });
+    let computed_prompt_tokens = nodes
+        .iter()
+        .map(|node| node.engine.stats().prompt_sources.local_compute)
+        .sum();
     let served: Vec<u64> = nodes.iter().map(|n| n.served).collect();
     let mean_served = served.iter().sum::<u64>() as f64 / served.len().max(1) as f64;
     let max_served = served.iter().copied().max().unwrap_or(0) as f64;
@@ -86,6 +119,25 @@ pub(super) fn summarize(sim: &Sim<'_>, wall_s: f64) -> PolicyResult {
         rejected: sim.rejected,
         ttft_s,
         e2e_s,
+        itl_s: Latency::of_histogram(&itl),
+        goodput_rps: met as f64 / span,
+        goodput_by_itl: GOODPUT_ITL_MS
+            .iter()
+            .map(|&ms| {
+                let slo = Slo {
+                    itl_s: ms / 1e3,
+                    ..config.slo
+                };
+                (ms / 1e3, met_under(slo) as f64 / span)
+            })
+            .collect(),
+        slo_attainment: if done.is_empty() {
+            0.0
+        } else {
+            met as f64 / done.len() as f64
+        },
+        pd_reasons: sim.pd_reasons.clone(),
+        transfers,
         throughput_rps: done.len() as f64 / span,
         output_tokens_per_s: output_tokens as f64 / span,
         hit_rate: if queries == 0 {
@@ -93,6 +145,7 @@ pub(super) fn summarize(sim: &Sim<'_>, wall_s: f64) -> PolicyResult {
         } else {
             hits as f64 / queries as f64
         },
+        computed_prompt_tokens,
         load_imbalance: if mean_served > 0.0 {
             max_served / mean_served
         } else {

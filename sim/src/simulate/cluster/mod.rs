@@ -11,11 +11,13 @@
 //!   declined by the serving node's exact queue one mesh hop away, answered with a load report
 //!   one hop later; digests and summaries published at every tick.
 
+mod central_pd;
 mod lifecycle;
 mod measure;
 mod sequential;
+mod transfer;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use crate::rng::mix64;
 
@@ -24,6 +26,7 @@ use kvmesh_protocol::{Decision, Role, RouteConfig, RouteRequest, SummaryConfig};
 use super::gossip::epidemic::{DelayDistribution, GossipParams};
 use super::gossip::view::{LagClasses, Published};
 use super::node::{EngineEvent, MODEL, SimNode};
+use super::pd::{PdSetup, Slo};
 use super::policy::chwbl::Ring;
 use super::policy::kvmesh::{Kvmesh, Visibility};
 use super::policy::oracle::Oracle;
@@ -31,7 +34,7 @@ use super::policy::{PolicyKind, least_loaded, power_of_two, random, round_robin}
 use super::prompt::{self, BLOCK_TOKENS};
 use super::results::PolicyResult;
 use super::workload::SimRequest;
-use crate::engine::model::{EngineConfig, EngineRequest, validate};
+use crate::engine::model::{EngineConfig, EngineRequest, KvTransfer, validate};
 use crate::rng::SplitMix64;
 
 /// Everything a run needs besides the requests.
@@ -56,6 +59,10 @@ pub struct ClusterConfig {
     pub mesh_hop_ns: u64,
     /// Requests enter at nodes `0..entry_nodes`, uniformly at random.
     pub entry_nodes: usize,
+    /// Disaggregation, if any engine prefills for others.
+    pub pd: Option<PdSetup>,
+    /// The objectives goodput counts requests against.
+    pub slo: Slo,
     pub seed: u64,
 }
 
@@ -90,7 +97,9 @@ struct Gossip {
     publish_waits_s: Vec<f64>,
 }
 
-/// An arrival, registered and hashed, before routing.
+/// An arrival, registered and hashed, before routing (kept for the decode leg of a
+/// disaggregated request).
+#[derive(Clone)]
 struct Prepared {
     id: u64,
     entry: u32,
@@ -125,6 +134,44 @@ struct Sim<'c> {
     declines: u64,
     first_arrival: Option<u64>,
     last_done: u64,
+    /// Requests per disaggregation outcome (`pd`, `pd-skip-short`, …).
+    pd_reasons: BTreeMap<String, u64>,
+    /// Prefill legs running, by request: their node (its events are not the client's).
+    prefill_legs: HashMap<u64, u32>,
+    /// KV pulls of decode legs.
+    transfers: Transfers,
+    /// Decode legs waiting for their KV, by request: the node of their prefill.
+    decode_legs: HashMap<u64, u32>,
+    /// When each (prefill, decode) pair of nodes has shaken hands (or will have).
+    handshakes: HashMap<(u32, u32), u64>,
+    /// The centralized policies' split requests whose prefill runs: the request, and its
+    /// decode engine if chosen at arrival.
+    awaiting_decode: HashMap<u64, (Prepared, Option<usize>)>,
+    /// Round-robin counters of the decode pool, per entry node.
+    rr_decode: Vec<u64>,
+}
+
+/// The decode legs' pulls, as the decode engines' `vllm:nixl_*` metrics would count them.
+#[derive(Debug, Clone, Copy, Default)]
+struct Transfers {
+    pulls: u64,
+    /// Pulls that waited for a handshake (the first between a pair, and any started while it
+    /// was under way).
+    handshake_waits: u64,
+    blocks: u64,
+    /// From the decode engine's pull request to the blocks' arrival (handshake included).
+    seconds: f64,
+}
+
+/// What an engine is asked to run of a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Leg {
+    /// All of it.
+    Whole,
+    /// Its prompt, to lend the KV to a decode engine (one token, `max_tokens=1`).
+    Prefill,
+    /// Its output, from KV pulled from the prefill engine.
+    Decode,
 }
 
 /// Runs `policy` over `requests` and measures it.
@@ -152,7 +199,13 @@ impl<'c> Sim<'c> {
                     seed: config.seed ^ (i as u64).wrapping_mul(0x9e37_79b9),
                     ..config.engine.clone()
                 };
-                SimNode::new(i as u32, engine, config.summary)
+                let mut node = SimNode::new(i as u32, engine, config.summary);
+                node.role = match config.pd {
+                    None => Role::Mixed,
+                    Some(pd) if i < pd.prefill_nodes => Role::Prefill,
+                    Some(_) => Role::Decode,
+                };
+                node
             })
             .collect();
         let keys: Vec<u64> = nodes.iter().map(|n| n.key).collect();
@@ -205,6 +258,13 @@ impl<'c> Sim<'c> {
             declines: 0,
             first_arrival: None,
             last_done: 0,
+            pd_reasons: BTreeMap::new(),
+            prefill_legs: HashMap::new(),
+            transfers: Transfers::default(),
+            decode_legs: HashMap::new(),
+            handshakes: HashMap::new(),
+            awaiting_decode: HashMap::new(),
+            rr_decode: (0..n as u64).collect(),
         }
     }
 
@@ -241,6 +301,9 @@ impl<'c> Sim<'c> {
     /// Routes one request at its arrival (the centralized policies).
     fn arrive(&mut self, request: SimRequest) -> Option<Submission> {
         let prepared = self.prepare(&request)?;
+        if let Some(pd) = self.config.pd {
+            return Some(self.arrive_split(prepared, pd));
+        }
         let n = self.nodes.len();
         let (id, entry, now) = (prepared.id, prepared.entry, prepared.now);
         let chain = &prepared.chain;
@@ -282,6 +345,12 @@ impl<'c> Sim<'c> {
 
     /// The target's side of a routed request: its index learns the chain.
     fn commit(&mut self, target: usize, prepared: Prepared) -> Submission {
+        self.commit_leg(target, prepared, Leg::Whole)
+    }
+
+    /// The target's side of one leg of a request: its index learns the chain (a prefill
+    /// engine computed it, a decode engine pulled it into its prefix cache).
+    fn commit_leg(&mut self, target: usize, prepared: Prepared, leg: Leg) -> Submission {
         let Prepared {
             id,
             tokens,
@@ -300,7 +369,23 @@ impl<'c> Sim<'c> {
         {
             g.unpublished_prefixes[target].push(now);
         }
-        let mut request = EngineRequest::new(id, tokens, output_tokens);
+        let mut request = match leg {
+            Leg::Whole => EngineRequest::new(id, tokens, output_tokens),
+            Leg::Prefill => {
+                self.prefill_legs.insert(id, target as u32);
+                let mut request = EngineRequest::new(id, tokens, 1);
+                request.kv_transfer = KvTransfer::RemoteDecode;
+                request
+            }
+            Leg::Decode => {
+                let remote_blocks = tokens
+                    .len()
+                    .div_ceil(self.config.engine.block_size as usize);
+                let mut request = EngineRequest::new(id, tokens, output_tokens);
+                request.kv_transfer = KvTransfer::RemotePrefill { remote_blocks };
+                request
+            }
+        };
         request.ignore_eos = true;
         Submission {
             target,
@@ -309,12 +394,23 @@ impl<'c> Sim<'c> {
         }
     }
 
-    /// Applies what engine `node` did to the records.
+    /// Whether `request`'s events on `node` are its prefill leg's.
+    fn is_prefill_leg(&self, node: usize, request: u64) -> bool {
+        self.prefill_legs.get(&request) == Some(&(node as u32))
+    }
+
+    /// Applies what engine `node` did to the records (a prefill leg's token is not the
+    /// client's: the decode engine's first token is).
     fn apply(&mut self, node: usize, events: &[EngineEvent]) {
         for event in events {
             match *event {
                 EngineEvent::FirstToken { request, at_ns } => {
-                    self.records[request as usize].first_ns = at_ns.max(1);
+                    if !self.is_prefill_leg(node, request) {
+                        self.records[request as usize].first_ns = at_ns.max(1);
+                    }
+                }
+                EngineEvent::Finished { request, .. } if self.is_prefill_leg(node, request) => {
+                    self.loads[node] -= 1;
                 }
                 EngineEvent::Finished {
                     request,

@@ -14,8 +14,8 @@
 //! cross-zone failover), and an entry node routes among its zone's nodes, so each zone
 //! caches (and replicates) its own hot prefixes.
 
-use kvmesh_protocol::lifecycle::{EntryState, PeerInput, Plan};
-use kvmesh_protocol::route::{Gauges, RouteError};
+use kvmesh_protocol::lifecycle::{EntryState, PdReason, PdRoute, PeerInput, Plan};
+use kvmesh_protocol::route::{Gauges, PdConfig, RouteError};
 use kvmesh_protocol::{RouteConfig, RouteRequest};
 
 use crate::simulate::gossip::view::{LagClasses, Published};
@@ -56,6 +56,24 @@ pub struct Routed {
     pub nodes: Vec<u32>,
 }
 
+/// How a request in a disaggregated cluster is served.
+pub enum PdRouted {
+    /// On one engine; why it was not disaggregated, if prefill engines serve its model.
+    Whole(Routed, Option<PdReason>),
+    /// Its prefill leg first (this plan); the decode leg is planned by
+    /// [`Kvmesh::route_decode`].
+    Split(Routed),
+}
+
+/// What an entry node's view is built from: the gossip model's state and its own engine's
+/// serving state (read live).
+#[derive(Copy, Clone)]
+pub struct View<'a> {
+    pub published: &'a [Published],
+    pub lags: &'a LagClasses,
+    pub live: Gauges,
+}
+
 pub struct Kvmesh {
     entries: Vec<EntryState>,
     pruned_ms: Vec<u64>,
@@ -87,17 +105,89 @@ impl Kvmesh {
 
     /// Ranks `request` at node `entry` from its view at `now_ns`; `live` is its own engine's
     /// serving state.
-    #[allow(clippy::too_many_arguments)]
     pub fn route(
         &mut self,
         entry: u32,
         request: &RouteRequest<'_>,
-        published: &[Published],
-        lags: &LagClasses,
-        live: Gauges,
+        view: View<'_>,
         config: &RouteConfig,
         now_ns: u64,
     ) -> Result<Routed, RouteError> {
+        let now_ms = now_ns / 1_000_000;
+        let (peers, nodes) = self.peers(entry, view, now_ns);
+        let plan = self.entries[entry as usize].route(&peers, request, config, now_ms)?;
+        Ok(Routed { plan, nodes })
+    }
+
+    /// Decides at node `entry` whether `request` is disaggregated, and plans its first leg.
+    pub fn route_pd(
+        &mut self,
+        entry: u32,
+        request: &RouteRequest<'_>,
+        view: View<'_>,
+        config: &RouteConfig,
+        pd: &PdConfig,
+        now_ns: u64,
+    ) -> Result<PdRouted, RouteError> {
+        let now_ms = now_ns / 1_000_000;
+        let (peers, nodes) = self.peers(entry, view, now_ns);
+        let route = self.entries[entry as usize].route_pd(&peers, request, config, pd, now_ms)?;
+        Ok(match route {
+            PdRoute::Whole { plan, pd } => PdRouted::Whole(Routed { plan, nodes }, pd),
+            PdRoute::Split { prefill, .. } => PdRouted::Split(Routed {
+                plan: prefill,
+                nodes,
+            }),
+        })
+    }
+
+    /// Plans at node `entry` the decode leg of `request`, whose prefill ran on node
+    /// `prefill`, on the view at `now_ns`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn route_decode(
+        &mut self,
+        entry: u32,
+        request: &RouteRequest<'_>,
+        prefill: u32,
+        view: View<'_>,
+        config: &RouteConfig,
+        pd: &PdConfig,
+        now_ns: u64,
+    ) -> Result<Routed, RouteError> {
+        let now_ms = now_ns / 1_000_000;
+        let (peers, nodes) = self.peers(entry, view, now_ns);
+        let prefill_key = self.keys[prefill as usize];
+        let plan = self.entries[entry as usize].route_decode(
+            &peers,
+            request,
+            prefill_key,
+            config,
+            pd,
+            now_ms,
+        )?;
+        Ok(Routed { plan, nodes })
+    }
+
+    /// Node `entry` learns that node `decode` started a decode leg pulled from node
+    /// `prefill`.
+    pub fn record_pair(&mut self, entry: u32, prefill: u32, decode: u32, now_ns: u64) {
+        let (prefill, decode) = (self.keys[prefill as usize], self.keys[decode as usize]);
+        self.entries[entry as usize].record_pair(prefill, decode, now_ns / 1_000_000);
+    }
+
+    /// Node `entry`'s view at `now_ns`, as the sidecar builds its candidates, and the node of
+    /// each peer; prunes the entry's state now and then.
+    fn peers<'v>(
+        &mut self,
+        entry: u32,
+        view: View<'v>,
+        now_ns: u64,
+    ) -> (Vec<PeerInput<'v>>, Vec<u32>) {
+        let View {
+            published,
+            lags,
+            live,
+        } = view;
         let now_ms = now_ns / 1_000_000;
         // A zoned entry node routes within its zone: it sees only its zone's summaries, and
         // with other zones' nodes as candidates every prefix cached elsewhere would look cold
@@ -140,7 +230,6 @@ impl Kvmesh {
             self.entries[me].prune(now_ms, |_| 0);
             self.pruned_ms[me] = now_ms;
         }
-        let plan = self.entries[me].route(&peers, request, config, now_ms)?;
-        Ok(Routed { plan, nodes })
+        (peers, nodes)
     }
 }
