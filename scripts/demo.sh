@@ -31,6 +31,8 @@ Usage: scripts/demo.sh [options]
                         --role), against the same engines as mixed ones and, when available,
                         vllm-router --vllm-pd-disaggregation (cache_aware prefill policy,
                         power_of_two decode policy); needs python3 for its summary
+  --pd-config FILE      a kvmesh TOML file (e.g. a [pd] table) for the sidecars of the kvmesh
+                        pd run (default: none, the built-in [pd] defaults)
   --duration S          seconds of load per run (default 40)
   --keep                after the runs, leave a kvmesh cluster running and print curl and
                         openai client commands to try it by hand (Ctrl-C stops it)
@@ -61,6 +63,7 @@ BIN_DIR=
 QUICK=0
 PROMETHEUS=0
 PD=0
+PD_CONFIG=
 while [[ $# -gt 0 ]]; do
     case $1 in
         --nodes) NODES=$2; shift 2 ;;
@@ -74,6 +77,7 @@ while [[ $# -gt 0 ]]; do
         --quick) QUICK=1; shift ;;
         --prometheus) PROMETHEUS=1; shift ;;
         --pd) PD=1; shift ;;
+        --pd-config) PD_CONFIG=$2; shift 2 ;;
         -h | --help) usage; exit 0 ;;
         *) printf 'demo.sh: unknown option %s\n\n' "$1" >&2; usage >&2; exit 2 ;;
     esac
@@ -87,6 +91,11 @@ if [[ $PD == 1 ]]; then
     [[ $NODES =~ ^[0-9]+$ && $((NODES % 2)) -eq 0 ]] ||
         { echo "demo.sh: --pd needs an even --nodes (half prefill, half decode)" >&2; exit 2; }
     command -v python3 >/dev/null 2>&1 || { echo "demo.sh: --pd needs python3" >&2; exit 2; }
+fi
+if [[ -n $PD_CONFIG ]]; then
+    [[ $PD == 1 ]] || { echo "demo.sh: --pd-config needs --pd" >&2; exit 2; }
+    [[ -f $PD_CONFIG ]] || { echo "demo.sh: --pd-config: no file $PD_CONFIG" >&2; exit 2; }
+    PD_CONFIG=$(cd "$(dirname "$PD_CONFIG")" && pwd)/$(basename "$PD_CONFIG")
 fi
 [[ $NODES =~ ^[0-9]+$ && $NODES -ge 2 ]] || { echo "demo.sh: --nodes must be >= 2" >&2; exit 2; }
 [[ $DURATION =~ ^[0-9]+$ && $DURATION -ge 5 ]] || { echo "demo.sh: --duration must be an integer >= 5" >&2; exit 2; }
@@ -300,6 +309,7 @@ start_sidecars() {
             --node-id "node-$i" --tls-dir "$TLS_DIR")
         [[ -n $seed ]] && args+=(--seeds "$seed")
         [[ $mode == pd ]] && args+=(--role "$(pd_role "$i")")
+        [[ $mode == pd && -n $PD_CONFIG ]] && args+=(--config "$PD_CONFIG")
         spawn "$tag-node-$i" "$KVMESH" "${args[@]}"
         SIDECAR_PIDS+=("$SPAWNED_PID")
         line=$(wait_line "$WORK/logs/$tag-node-$i.log" 'kvmesh listening on http://' 30 "$SPAWNED_PID") ||
@@ -605,6 +615,10 @@ BASELINE=round-robin
 if [[ $PD == 1 ]]; then
     BASELINE="kvmesh mixed"
     META+=(--meta "pd=engines 1-$((NODES / 2)) prefill, $((NODES / 2 + 1))-$NODES decode (kvmesh serve --role, vllm-router --prefill/--decode); kvmesh mixed: the same engines, every sidecar mixed")
+    if [[ -n $PD_CONFIG ]]; then
+        META+=(--meta "pd config=$(tr '\n' ' ' <"$PD_CONFIG")")
+        log "kvmesh pd sidecars run with --config $PD_CONFIG: $(tr '\n' ' ' <"$PD_CONFIG")"
+    fi
 fi
 
 for w in "${WORKLOAD_LIST[@]}"; do
