@@ -13,13 +13,15 @@
 # --workload says otherwise. Prints mean/p99 TTFT and ITL p50/p99 per run and the ratios
 # kvmesh pd / vllm-router pd per run, with their medians. vllm-router is installed once into a
 # throwaway virtualenv unless it is on PATH. --pd-config FILE: a kvmesh TOML file (a [pd]
-# table) for the kvmesh pd sidecars (demo.sh --pd-config).
+# table) for the kvmesh pd sidecars (demo.sh --pd-config); --kv-blocks N: every engine's KV
+# capacity (demo.sh --kv-blocks).
 #
 # Usage: scripts/compare-vllm-router.sh [--bin-dir DIR] [--runs 2] [--out DIR]
 #            [--workload gsp,trace] [--duration 40] [--pd [--pd-config FILE]]
+#            [--kv-blocks N]
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-BIN_DIR=; RUNS=2; OUT=compare-report; WORKLOADS=; DURATION=40; PD=0; PD_CONFIG=
+BIN_DIR=; RUNS=2; OUT=compare-report; WORKLOADS=; DURATION=40; PD=0; PD_CONFIG=; mode_args=()
 while [[ $# -gt 0 ]]; do
     case $1 in
         --bin-dir) BIN_DIR=$2; shift 2 ;;
@@ -29,7 +31,8 @@ while [[ $# -gt 0 ]]; do
         --duration) DURATION=$2; shift 2 ;;
         --pd) PD=1; shift ;;
         --pd-config) PD_CONFIG=$2; shift 2 ;;
-        -h | --help) sed -n '2,20p' "$0"; exit 0 ;;
+        --kv-blocks) mode_args+=(--kv-blocks "$2"); shift 2 ;;
+        -h | --help) sed -n '2,22p' "$0"; exit 0 ;;
         *) echo "compare-vllm-router.sh: unknown option $1" >&2; exit 2 ;;
     esac
 done
@@ -40,8 +43,7 @@ if [[ -z $WORKLOADS ]]; then
 fi
 bin_args=()
 [[ -n $BIN_DIR ]] && bin_args=(--bin-dir "$BIN_DIR")
-mode_args=()
-[[ $PD == 1 ]] && mode_args=(--pd)
+[[ $PD == 1 ]] && mode_args+=(--pd)
 [[ -n $PD_CONFIG ]] && mode_args+=(--pd-config "$PD_CONFIG")
 
 # --pd: one vllm-router for every run (demo.sh takes it from PATH), in a virtualenv removed on

@@ -31,6 +31,8 @@ Usage: scripts/demo.sh [options]
                         --role), against the same engines as mixed ones and, when available,
                         vllm-router --vllm-pd-disaggregation (cache_aware prefill policy,
                         power_of_two decode policy); needs python3 for its summary
+  --kv-blocks N         KV cache blocks of every engine instead of the workload's own (to put
+                        the engines under KV pressure)
   --pd-config FILE      a kvmesh TOML file (e.g. a [pd] table) for the sidecars of the kvmesh
                         pd run (default: none, the built-in [pd] defaults)
   --duration S          seconds of load per run (default 40)
@@ -64,6 +66,7 @@ QUICK=0
 PROMETHEUS=0
 PD=0
 PD_CONFIG=
+KV_BLOCKS=
 while [[ $# -gt 0 ]]; do
     case $1 in
         --nodes) NODES=$2; shift 2 ;;
@@ -78,6 +81,7 @@ while [[ $# -gt 0 ]]; do
         --prometheus) PROMETHEUS=1; shift ;;
         --pd) PD=1; shift ;;
         --pd-config) PD_CONFIG=$2; shift 2 ;;
+        --kv-blocks) KV_BLOCKS=$2; shift 2 ;;
         -h | --help) usage; exit 0 ;;
         *) printf 'demo.sh: unknown option %s\n\n' "$1" >&2; usage >&2; exit 2 ;;
     esac
@@ -92,6 +96,7 @@ if [[ $PD == 1 ]]; then
         { echo "demo.sh: --pd needs an even --nodes (half prefill, half decode)" >&2; exit 2; }
     command -v python3 >/dev/null 2>&1 || { echo "demo.sh: --pd needs python3" >&2; exit 2; }
 fi
+[[ -z $KV_BLOCKS || $KV_BLOCKS =~ ^[1-9][0-9]*$ ]] || { echo "demo.sh: --kv-blocks must be a positive integer" >&2; exit 2; }
 if [[ -n $PD_CONFIG ]]; then
     [[ $PD == 1 ]] || { echo "demo.sh: --pd-config needs --pd" >&2; exit 2; }
     [[ -f $PD_CONFIG ]] || { echo "demo.sh: --pd-config: no file $PD_CONFIG" >&2; exit 2; }
@@ -255,6 +260,13 @@ configure() {
             ENGINE_NOTE="pd-burst: for $secs s, long prompts (4096-8192 tokens, the first 2048 from one of 6 shared documents, 16-64 output tokens) at 1 req/s (Poisson), and every 8 s a burst of 12 requests within 0.4 s (1024-token new prompts, 256-384 output tokens); engines: 16384 KV blocks x 16 tokens, real-time model"
             ;;
     esac
+    if [[ -n $KV_BLOCKS ]]; then
+        local k
+        for ((k = 0; k + 1 < ${#ENGINE_ARGS[@]}; k++)); do
+            if [[ ${ENGINE_ARGS[k]} == --kv-blocks ]]; then ENGINE_ARGS[k + 1]=$KV_BLOCKS; fi
+        done
+        ENGINE_NOTE+="; --kv-blocks $KV_BLOCKS for every engine (instead of the workload's)"
+    fi
     if [[ $PD == 1 ]]; then
         # Every engine speaks the NixlConnector (it ignores kv_role: the router decides who
         # prefills). A first contact between a decode and a prefill engine costs a tenth of
