@@ -87,9 +87,10 @@ def main():
     waiting = collections.defaultdict(list)
     try:
         for line in open(a.samples):
-            if not line.strip():
-                continue
-            s = json.loads(line)
+            try:
+                s = json.loads(line)
+            except ValueError:
+                continue  # an empty line, or the last one cut when the sampler was stopped
             for e in s.get("engines", []):
                 m = e.get("metrics")
                 if m:
