@@ -14,11 +14,11 @@
 # kvmesh pd / vllm-router pd per run, with their medians. vllm-router is installed once into a
 # throwaway virtualenv unless it is on PATH. --pd-config FILE: a kvmesh TOML file (a [pd]
 # table) for the kvmesh pd sidecars (demo.sh --pd-config); --kv-blocks N: every engine's KV
-# capacity (demo.sh --kv-blocks).
+# capacity (demo.sh --kv-blocks); --engine-arg ARG: one more argument for every engine.
 #
 # Usage: scripts/compare-vllm-router.sh [--bin-dir DIR] [--runs 2] [--out DIR]
 #            [--workload gsp,trace] [--duration 40] [--pd [--pd-config FILE]]
-#            [--kv-blocks N]
+#            [--kv-blocks N] [--engine-arg ARG]...
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BIN_DIR=; RUNS=2; OUT=compare-report; WORKLOADS=; DURATION=40; PD=0; PD_CONFIG=; mode_args=()
@@ -32,6 +32,8 @@ while [[ $# -gt 0 ]]; do
         --pd) PD=1; shift ;;
         --pd-config) PD_CONFIG=$2; shift 2 ;;
         --kv-blocks) mode_args+=(--kv-blocks "$2"); shift 2 ;;
+        --engine-arg) mode_args+=("--engine-arg=$2"); shift 2 ;;
+        --engine-arg=*) mode_args+=("$1"); shift ;;
         -h | --help) sed -n '2,22p' "$0"; exit 0 ;;
         *) echo "compare-vllm-router.sh: unknown option $1" >&2; exit 2 ;;
     esac

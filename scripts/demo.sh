@@ -33,6 +33,8 @@ Usage: scripts/demo.sh [options]
                         power_of_two decode policy); needs python3 for its summary
   --kv-blocks N         KV cache blocks of every engine instead of the workload's own (to put
                         the engines under KV pressure)
+  --engine-arg ARG      one more argument for every engine, e.g. --engine-arg=--max-num-seqs=8
+                        (repeatable)
   --pd-config FILE      a kvmesh TOML file (e.g. a [pd] table) for the sidecars of the kvmesh
                         pd run (default: none, the built-in [pd] defaults)
   --duration S          seconds of load per run (default 40)
@@ -67,6 +69,7 @@ PROMETHEUS=0
 PD=0
 PD_CONFIG=
 KV_BLOCKS=
+EXTRA_ENGINE_ARGS=()
 while [[ $# -gt 0 ]]; do
     case $1 in
         --nodes) NODES=$2; shift 2 ;;
@@ -82,6 +85,8 @@ while [[ $# -gt 0 ]]; do
         --pd) PD=1; shift ;;
         --pd-config) PD_CONFIG=$2; shift 2 ;;
         --kv-blocks) KV_BLOCKS=$2; shift 2 ;;
+        --engine-arg) EXTRA_ENGINE_ARGS+=("$2"); shift 2 ;;
+        --engine-arg=*) EXTRA_ENGINE_ARGS+=("${1#--engine-arg=}"); shift ;;
         -h | --help) usage; exit 0 ;;
         *) printf 'demo.sh: unknown option %s\n\n' "$1" >&2; usage >&2; exit 2 ;;
     esac
@@ -266,6 +271,10 @@ configure() {
             if [[ ${ENGINE_ARGS[k]} == --kv-blocks ]]; then ENGINE_ARGS[k + 1]=$KV_BLOCKS; fi
         done
         ENGINE_NOTE+="; --kv-blocks $KV_BLOCKS for every engine (instead of the workload's)"
+    fi
+    if [[ ${#EXTRA_ENGINE_ARGS[@]} -gt 0 ]]; then
+        ENGINE_ARGS+=("${EXTRA_ENGINE_ARGS[@]}")
+        ENGINE_NOTE+="; every engine with ${EXTRA_ENGINE_ARGS[*]}"
     fi
     if [[ $PD == 1 ]]; then
         # Every engine speaks the NixlConnector (it ignores kv_role: the router decides who
