@@ -630,6 +630,17 @@ run_pd_workload() {
         fi
         stop_cluster
     fi
+
+    local specs=() policy line
+    for policy in "kvmesh pd" "kvmesh mixed" "vllm-router pd"; do
+        local txt="$RUNS_DIR/$w-${policy// /-}.pd.txt"
+        [[ -s $txt ]] && specs+=("$policy=$txt")
+    done
+    [[ ${#specs[@]} -gt 0 ]] || return 0
+    while IFS= read -r line; do
+        log "$line"
+        NOTES+=(--note "$w: $line")
+    done < <(python3 "$ROOT/scripts/lib/pd-summary.py" --conclude "${specs[@]}" || true)
 }
 
 BASELINE=round-robin

@@ -8,6 +8,8 @@ decode engines were loaded over time).
 
 Usage: pd-summary.py --load-json FILE --records FILE --samples FILE
            --engine NAME=ROLE=URL=METRICS_FILE ...
+       pd-summary.py --conclude POLICY=SUMMARY_FILE ...   (what the runs of one workload show,
+           from the summaries the first form wrote)
 (ROLE: prefill, decode or mixed; URL as in the samples.)
 """
 
@@ -52,13 +54,48 @@ def ms(x):
     return "-" if x is None else f"{x * 1000:.0f} ms"
 
 
+def conclude(specs):
+    """Two or three sentences on PD against mixed (and vllm-router), from the summaries."""
+    figs = {}
+    for spec in specs:
+        policy, path = spec.split("=", 1)
+        text = open(path).read()
+        ttft = re.search(r"client: TTFT mean (\d+) ms", text)
+        gap = re.search(r"long answers[^;]*; largest token gap per request p50 \d+ ms, p90 (\d+) ms",
+                        text)
+        if ttft and gap:
+            figs[policy] = (int(ttft.group(1)), int(gap.group(1)))
+    pd, mixed = figs.get("kvmesh pd"), figs.get("kvmesh mixed")
+    if not (pd and mixed):
+        return
+    print(f"what this shows: on mixed engines a long prompt's prefill stalls every decode beside "
+          f"it: the long-output requests' largest gap between two tokens was {mixed[1]} ms (p90) "
+          f"with mixed engines, {pd[1]} ms with prefill/decode disaggregation.")
+    if pd[0] > mixed[0]:
+        print(f"the price is time to first token: mean {pd[0]} ms disaggregated against "
+              f"{mixed[0]} ms mixed (half the engines prefill, and the KV is pulled before the "
+              f"first token).")
+    else:
+        print(f"time to first token: mean {pd[0]} ms disaggregated against {mixed[0]} ms mixed.")
+    vr = figs.get("vllm-router pd")
+    if vr:
+        print(f"vllm-router's PD mode on the same engines: mean TTFT {vr[0]} ms, largest gap "
+              f"p90 {vr[1]} ms (scripts/compare-vllm-router.sh --pd repeats the comparison).")
+
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--load-json", required=True)
-    p.add_argument("--records", required=True)
-    p.add_argument("--samples", required=True)
+    p.add_argument("--conclude", nargs="+")
+    p.add_argument("--load-json")
+    p.add_argument("--records")
+    p.add_argument("--samples")
     p.add_argument("--engine", action="append", default=[])
     a = p.parse_args()
+    if a.conclude:
+        conclude(a.conclude)
+        return
+    if not (a.load_json and a.records and a.samples):
+        p.error("--load-json, --records and --samples are required")
 
     # The demo's table has ITL p50 only; the tail is what disaggregation is about.
     doc = json.load(open(a.load_json))
