@@ -48,6 +48,8 @@ bin_args=()
 [[ $PD == 1 ]] && mode_args+=(--pd)
 [[ -n $PD_CONFIG ]] && mode_args+=(--pd-config "$PD_CONFIG")
 
+mkdir -p "$(dirname "$OUT")"
+
 # --pd: one vllm-router for every run (demo.sh takes it from PATH), in a virtualenv removed on
 # exit; demo.sh's own processes are stopped by its trap.
 VENV=
@@ -68,7 +70,6 @@ if [[ $PD == 1 ]] && ! command -v vllm-router >/dev/null 2>&1; then
     export PATH="$VENV/bin:$PATH"
 fi
 
-mkdir -p "$(dirname "$OUT")"
 for ((run = 1; run <= RUNS; run++)); do
     echo "== run $run of $RUNS: $(date -u '+%Y-%m-%d %H:%M:%S UTC'), load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
     bash "$ROOT/scripts/demo.sh" "${bin_args[@]}" "${mode_args[@]+"${mode_args[@]}"}" --with-vllm-router \
