@@ -34,7 +34,7 @@ while [[ $# -gt 0 ]]; do
         --kv-blocks) mode_args+=(--kv-blocks "$2"); shift 2 ;;
         --engine-arg) mode_args+=("--engine-arg=$2"); shift 2 ;;
         --engine-arg=*) mode_args+=("$1"); shift ;;
-        -h | --help) sed -n '2,22p' "$0"; exit 0 ;;
+        -h | --help) sed -n '2,21p' "$0"; exit 0 ;;
         *) echo "compare-vllm-router.sh: unknown option $1" >&2; exit 2 ;;
     esac
 done
