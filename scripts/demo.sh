@@ -7,8 +7,12 @@
 # Every run starts with cold caches: each run gets FRESH engine processes (and, for kvmesh,
 # fresh sidecars, so no routing knowledge carries over from an earlier run).
 #
-# Needs only the Rust toolchain (plus python3 for --with-vllm-router). Every process started
-# here runs in its own process group and is killed on exit, error or Ctrl-C.
+# --pd: prefill/decode disaggregation instead. The engines speak vLLM's NixlConnector; kvmesh
+# runs them as half prefill and half decode engines (`kvmesh serve --role`), against the same
+# engines as mixed ones (fresh per policy) and, when available, vllm-router's PD mode.
+#
+# Needs only the Rust toolchain (plus python3 for --with-vllm-router and --pd). Every process
+# started here runs in its own process group and is killed on exit, error or Ctrl-C.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -18,9 +22,21 @@ usage() {
 Usage: scripts/demo.sh [options]
 
   --nodes N             engines and sidecars (default 4)
-  --workload W          gsp | trace | chat | rag | rag-pressure, or a comma-separated list
-                        (default gsp,trace; rag-pressure: RAG on engines whose KV cache holds
-                        only two or three of its document pairs)
+  --workload W          gsp | trace | chat | rag | rag-pressure | pd-burst, or a comma-separated
+                        list (default gsp,trace; with --pd, pd-burst; rag-pressure: RAG on
+                        engines whose KV cache holds only two or three of its document pairs;
+                        pd-burst: long prompts with decode bursts, see --pd)
+  --pd                  prefill/decode disaggregation: the first half of the engines prefill,
+                        the second half decode (NixlConnector mock engines, sidecars with
+                        --role), against the same engines as mixed ones and, when available,
+                        vllm-router --vllm-pd-disaggregation (cache_aware prefill policy,
+                        power_of_two decode policy); needs python3 for its summary
+  --kv-blocks N         KV cache blocks of every engine instead of the workload's own (to put
+                        the engines under KV pressure)
+  --engine-arg ARG      one more argument for every engine, e.g. --engine-arg=--max-num-seqs=8
+                        (repeatable)
+  --pd-config FILE      a kvmesh TOML file (e.g. a [pd] table) for the sidecars of the kvmesh
+                        pd run (default: none, the built-in [pd] defaults)
   --duration S          seconds of load per run (default 40)
   --keep                after the runs, leave a kvmesh cluster running and print curl and
                         openai client commands to try it by hand (Ctrl-C stops it)
@@ -50,6 +66,10 @@ OUT=demo-report
 BIN_DIR=
 QUICK=0
 PROMETHEUS=0
+PD=0
+PD_CONFIG=
+KV_BLOCKS=
+EXTRA_ENGINE_ARGS=()
 while [[ $# -gt 0 ]]; do
     case $1 in
         --nodes) NODES=$2; shift 2 ;;
@@ -62,18 +82,36 @@ while [[ $# -gt 0 ]]; do
         --bin-dir) BIN_DIR=$2; shift 2 ;;
         --quick) QUICK=1; shift ;;
         --prometheus) PROMETHEUS=1; shift ;;
+        --pd) PD=1; shift ;;
+        --pd-config) PD_CONFIG=$2; shift 2 ;;
+        --kv-blocks) KV_BLOCKS=$2; shift 2 ;;
+        --engine-arg) EXTRA_ENGINE_ARGS+=("$2"); shift 2 ;;
+        --engine-arg=*) EXTRA_ENGINE_ARGS+=("${1#--engine-arg=}"); shift ;;
         -h | --help) usage; exit 0 ;;
         *) printf 'demo.sh: unknown option %s\n\n' "$1" >&2; usage >&2; exit 2 ;;
     esac
 done
 if [[ -z $WORKLOADS ]]; then
-    if [[ $QUICK == 1 ]]; then WORKLOADS=gsp; else WORKLOADS=gsp,trace; fi
+    if [[ $PD == 1 ]]; then
+        WORKLOADS=pd-burst
+    elif [[ $QUICK == 1 ]]; then WORKLOADS=gsp; else WORKLOADS=gsp,trace; fi
+fi
+if [[ $PD == 1 ]]; then
+    [[ $NODES =~ ^[0-9]+$ && $((NODES % 2)) -eq 0 ]] ||
+        { echo "demo.sh: --pd needs an even --nodes (half prefill, half decode)" >&2; exit 2; }
+    command -v python3 >/dev/null 2>&1 || { echo "demo.sh: --pd needs python3" >&2; exit 2; }
+fi
+[[ -z $KV_BLOCKS || $KV_BLOCKS =~ ^[1-9][0-9]*$ ]] || { echo "demo.sh: --kv-blocks must be a positive integer" >&2; exit 2; }
+if [[ -n $PD_CONFIG ]]; then
+    [[ $PD == 1 ]] || { echo "demo.sh: --pd-config needs --pd" >&2; exit 2; }
+    [[ -f $PD_CONFIG ]] || { echo "demo.sh: --pd-config: no file $PD_CONFIG" >&2; exit 2; }
+    PD_CONFIG=$(cd "$(dirname "$PD_CONFIG")" && pwd)/$(basename "$PD_CONFIG")
 fi
 [[ $NODES =~ ^[0-9]+$ && $NODES -ge 2 ]] || { echo "demo.sh: --nodes must be >= 2" >&2; exit 2; }
 [[ $DURATION =~ ^[0-9]+$ && $DURATION -ge 5 ]] || { echo "demo.sh: --duration must be an integer >= 5" >&2; exit 2; }
 IFS=, read -r -a WORKLOAD_LIST <<<"$WORKLOADS"
 for w in "${WORKLOAD_LIST[@]}"; do
-    case $w in gsp | trace | chat | rag | rag-pressure) ;; *) echo "demo.sh: unknown workload $w" >&2; exit 2 ;; esac
+    case $w in gsp | trace | chat | rag | rag-pressure | pd-burst) ;; *) echo "demo.sh: unknown workload $w" >&2; exit 2 ;; esac
 done
 
 T0=$(date +%s)
@@ -211,7 +249,40 @@ configure() {
             LOAD_ARGS+=(--rate "$rate" --duration "$secs")
             ENGINE_NOTE="rag-pressure: 6 documents of 2048 tokens, 2 per request (Zipf), 64-token questions, 32 output tokens, at $rate req/s (Poisson) for $secs s; engines: 640 KV blocks x 16 tokens, two or three document pairs each"
             ;;
+        pd-burst)
+            # Long prefills overlapping decode bursts (scripts/lib/pd-burst-trace.py), replayed
+            # at the trace's timestamps: what prefill/decode disaggregation is for. On mixed
+            # engines a long prompt's prefill stalls every decode in the batch for as long as
+            # it takes (chunked prefill, 8192 tokens a step).
+            local secs=$DURATION
+            [[ $QUICK == 1 ]] && secs=15
+            EXPECTED_S=$secs
+            python3 "$ROOT/scripts/lib/pd-burst-trace.py" --duration "$secs" --seed 7 \
+                --out "$WORK/pd-burst.jsonl" || die "cannot write the pd-burst trace"
+            ENGINE_ARGS=(--kv-blocks 16384 --block-size 16)
+            LOAD_ARGS=(--workload trace --trace "$WORK/pd-burst.jsonl" --stream --seed 7 --timeout 120
+                --threads 1)
+            ENGINE_NOTE="pd-burst: for $secs s, long prompts (4096-8192 tokens, the first 2048 from one of 6 shared documents, 16-64 output tokens) at 1 req/s (Poisson), and every 8 s a burst of 12 requests within 0.4 s (1024-token new prompts, 256-384 output tokens); engines: 16384 KV blocks x 16 tokens, real-time model"
+            ;;
     esac
+    if [[ -n $KV_BLOCKS ]]; then
+        local k
+        for ((k = 0; k + 1 < ${#ENGINE_ARGS[@]}; k++)); do
+            if [[ ${ENGINE_ARGS[k]} == --kv-blocks ]]; then ENGINE_ARGS[k + 1]=$KV_BLOCKS; fi
+        done
+        ENGINE_NOTE+="; --kv-blocks $KV_BLOCKS for every engine (instead of the workload's)"
+    fi
+    if [[ ${#EXTRA_ENGINE_ARGS[@]} -gt 0 ]]; then
+        ENGINE_ARGS+=("${EXTRA_ENGINE_ARGS[@]}")
+        ENGINE_NOTE+="; every engine with ${EXTRA_ENGINE_ARGS[*]}"
+    fi
+    if [[ $PD == 1 ]]; then
+        # Every engine speaks the NixlConnector (it ignores kv_role: the router decides who
+        # prefills). A first contact between a decode and a prefill engine costs a tenth of
+        # vLLM's ~5 s handshake, so that a short run shows the steady state.
+        ENGINE_ARGS+=(--kv-connector nixl --nixl-handshake-ms 500)
+        ENGINE_NOTE+="; NixlConnector engines (10 GB/s pulls, 500 ms first-contact handshake)"
+    fi
 }
 
 # --- cluster ------------------------------------------------------------------------------
@@ -248,8 +319,9 @@ make_certs() {
     done
 }
 
+# start_sidecars TAG [pd]: with pd, the first half of the nodes prefill and the rest decode.
 start_sidecars() {
-    local tag=$1 i line seed=
+    local tag=$1 mode=${2:-mixed} i line seed=
     SIDECAR_URLS=()
     SIDECAR_PIDS=()
     SIDECAR_ADDRS=()
@@ -257,6 +329,8 @@ start_sidecars() {
         local args=(serve --backend "${ENGINE_URLS[i - 1]}" --listen 127.0.0.1:0 --mesh 127.0.0.1:0
             --node-id "node-$i" --tls-dir "$TLS_DIR")
         [[ -n $seed ]] && args+=(--seeds "$seed")
+        [[ $mode == pd ]] && args+=(--role "$(pd_role "$i")")
+        [[ $mode == pd && -n $PD_CONFIG ]] && args+=(--config "$PD_CONFIG")
         spawn "$tag-node-$i" "$KVMESH" "${args[@]}"
         SIDECAR_PIDS+=("$SPAWNED_PID")
         line=$(wait_line "$WORK/logs/$tag-node-$i.log" 'kvmesh listening on http://' 30 "$SPAWNED_PID") ||
@@ -271,6 +345,9 @@ start_sidecars() {
     done
     prometheus_targets
 }
+
+# The role of engine/node $1 (1-based) under --pd.
+pd_role() { if (($1 <= NODES / 2)); then echo prefill; else echo decode; fi; }
 
 # Waits until every sidecar sees every other one (with a load digest) in /debug/cluster.
 wait_converged() {
@@ -413,6 +490,28 @@ start_router() {
     done
 }
 
+# Starts vllm-router in PD mode in front of ENGINE_URLS (the first half prefill, the rest
+# decode); sets ROUTER_URL or returns 1.
+start_router_pd() {
+    local tag=$1 port mport deadline i args=()
+    port=$(free_port)
+    mport=$(free_port)
+    for ((i = 1; i <= NODES; i++)); do
+        args+=("--$(pd_role "$i")" "${ENGINE_URLS[i - 1]}")
+    done
+    spawn "$tag-vllm-router" "$VLLM_ROUTER" --host 127.0.0.1 --port "$port" \
+        --prometheus-port "$mport" --vllm-pd-disaggregation "${args[@]}" \
+        --prefill-policy cache_aware --decode-policy power_of_two
+    ROUTER_PIDS+=("$SPAWNED_PID")
+    ROUTER_URL="http://127.0.0.1:$port"
+    deadline=$(($(date +%s) + 60))
+    until http_get "127.0.0.1:$port" /health >/dev/null 2>&1; do
+        kill -0 "$SPAWNED_PID" 2>/dev/null || return 1
+        [[ $(date +%s) -ge $deadline ]] && return 1
+        sleep 0.5
+    done
+}
+
 # --- one run ------------------------------------------------------------------------------
 RUN_FLAGS=()
 if [[ $OUT == /* ]]; then OUT_DIR=$OUT; else OUT_DIR="$ROOT/$OUT"; fi
@@ -452,7 +551,36 @@ run_load() {
         die "the load generator failed on $w / $policy (exit $rc)"
     fi
     grep -E '^requests:|hit rate:' "$WORK/logs/$w-$slug-load.log" | sed 's/^/    /' || true
+    if [[ $w == pd-burst ]]; then
+        # A trace to the load generator; the report names it after the demo's workload.
+        python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); d["config"]["workload"] = "pd-burst"; json.dump(d, open(sys.argv[1], "w"))' "$json" ||
+            die "cannot rename the workload in $json"
+    fi
     RUN_FLAGS+=(--run "$policy=$json")
+    [[ $PD == 1 ]] && pd_summary "$w" "$policy" "$slug"
+    return 0
+}
+
+# pd_summary WORKLOAD POLICY SLUG: under --pd, what went where (reasons, prompt tokens
+# computed and pulled per engine, decode load over time), printed and kept as a report note.
+# The engines' /metrics are read before the cluster stops.
+pd_summary() {
+    local w=$1 policy=$2 slug=$3 i role args=() line
+    for ((i = 1; i <= NODES; i++)); do
+        local prom="$RUNS_DIR/$w-$slug.engine-$i.prom"
+        http_get "${ENGINE_URLS[i - 1]#http://}" /metrics >"$prom" 2>/dev/null || true
+        role=$(pd_role "$i")
+        [[ $policy == *mixed* ]] && role=mixed
+        args+=(--engine "engine-$i=$role=${ENGINE_URLS[i - 1]}=$prom")
+    done
+    python3 "$ROOT/scripts/lib/pd-summary.py" --load-json "$RUNS_DIR/$w-$slug.json" \
+        --records "$RUNS_DIR/$w-$slug.records.jsonl" \
+        --samples "$RUNS_DIR/$w-$slug.samples.jsonl" "${args[@]}" >"$RUNS_DIR/$w-$slug.pd.txt" ||
+        { log "  (no PD summary: pd-summary.py failed)"; return 0; }
+    while IFS= read -r line; do
+        log "    $line"
+        NOTES+=(--note "$w / $policy: $line")
+    done <"$RUNS_DIR/$w-$slug.pd.txt"
 }
 
 # --- main -----------------------------------------------------------------------------------
@@ -468,10 +596,71 @@ META=(--meta "date=$(date -u '+%Y-%m-%d %H:%M UTC')"
     --meta "cold caches=fresh engine processes (and fresh sidecars) for every run")
 if commit=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null); then META+=(--meta "commit=$commit"); fi
 
+# --pd: kvmesh with half prefill and half decode engines, the same engines as mixed ones, and
+# vllm-router's PD mode; fresh engines and sidecars for each.
+run_pd_workload() {
+    local w=$1 half=$((NODES / 2))
+    log "[$w / kvmesh pd] starting $NODES NixlConnector engines and $NODES sidecars: nodes 1-$half prefill, $((half + 1))-$NODES decode"
+    start_engines "$w-pd"
+    start_sidecars "$w-pd" pd
+    wait_converged
+    log "[$w / kvmesh pd] mesh converged: every node sees $((NODES - 1)) peers"
+    show_mesh
+    log "[$w / kvmesh pd] load through random entry nodes"
+    run_load "$w" "kvmesh pd" random "${SIDECAR_URLS[@]}"
+    stop_cluster
+
+    log "[$w / kvmesh mixed] the same: $NODES fresh engines, every sidecar mixed"
+    start_engines "$w-mixed"
+    start_sidecars "$w-mixed"
+    wait_converged
+    log "[$w / kvmesh mixed] load through random entry nodes"
+    run_load "$w" "kvmesh mixed" random "${SIDECAR_URLS[@]}"
+    stop_cluster
+
+    if [[ -n $VLLM_ROUTER ]]; then
+        log "[$w / vllm-router pd] $NODES fresh engines and vllm-router --vllm-pd-disaggregation (prefill cache_aware, decode power_of_two)"
+        start_engines "$w-vrpd"
+        if start_router_pd "$w-vrpd"; then
+            run_load "$w" "vllm-router pd" random "$ROUTER_URL"
+        else
+            note="vllm-router: did not become ready on $w in PD mode, not compared (log: $(tail -n 2 "$WORK/logs/$w-vrpd-vllm-router.log" | tr '\n' ' '))"
+            log "$note"
+            NOTES+=(--note "$note")
+        fi
+        stop_cluster
+    fi
+
+    local specs=() policy line
+    for policy in "kvmesh pd" "kvmesh mixed" "vllm-router pd"; do
+        local txt="$RUNS_DIR/$w-${policy// /-}.pd.txt"
+        [[ -s $txt ]] && specs+=("$policy=$txt")
+    done
+    [[ ${#specs[@]} -gt 0 ]] || return 0
+    while IFS= read -r line; do
+        log "$line"
+        NOTES+=(--note "$w: $line")
+    done < <(python3 "$ROOT/scripts/lib/pd-summary.py" --conclude "${specs[@]}" || true)
+}
+
+BASELINE=round-robin
+if [[ $PD == 1 ]]; then
+    BASELINE="kvmesh mixed"
+    META+=(--meta "pd=engines 1-$((NODES / 2)) prefill, $((NODES / 2 + 1))-$NODES decode (kvmesh serve --role, vllm-router --prefill/--decode); kvmesh mixed: the same engines, every sidecar mixed")
+    if [[ -n $PD_CONFIG ]]; then
+        META+=(--meta "pd config=$(tr '\n' ' ' <"$PD_CONFIG")")
+        log "kvmesh pd sidecars run with --config $PD_CONFIG: $(tr '\n' ' ' <"$PD_CONFIG")"
+    fi
+fi
+
 for w in "${WORKLOAD_LIST[@]}"; do
     configure "$w"
     META+=(--meta "workload $w=$ENGINE_NOTE")
     log "== workload $w: $ENGINE_NOTE"
+    if [[ $PD == 1 ]]; then
+        run_pd_workload "$w"
+        continue
+    fi
 
     log "[$w / kvmesh] starting $NODES engines and $NODES sidecars"
     start_engines "$w-kvmesh"
@@ -504,7 +693,8 @@ for w in "${WORKLOAD_LIST[@]}"; do
 done
 
 log "== results"
-"$SIM" report render --out-dir "$OUT_DIR" "${RUN_FLAGS[@]}" "${META[@]}" "${NOTES[@]+"${NOTES[@]}"}" 2>&1 ||
+"$SIM" report render --out-dir "$OUT_DIR" --baseline "$BASELINE" "${RUN_FLAGS[@]}" "${META[@]}" \
+    "${NOTES[@]+"${NOTES[@]}"}" 2>&1 ||
     die "rendering the report failed"
 log "done in $(($(date +%s) - T0)) s after the build"
 [[ -z $PROM_URL || $KEEP == 1 ]] || log "Prometheus was at $PROM_URL for the run (stopped with the demo)"
@@ -512,7 +702,7 @@ log "done in $(($(date +%s) - T0)) s after the build"
 if [[ $KEEP == 1 ]]; then
     configure "${WORKLOAD_LIST[0]}"
     start_engines keep
-    start_sidecars keep
+    if [[ $PD == 1 ]]; then start_sidecars keep pd; else start_sidecars keep; fi
     wait_converged
     log "a kvmesh cluster is running (Ctrl-C stops it):"
     show_mesh

@@ -308,7 +308,15 @@ fn records_file_has_one_line_per_request_with_cached_tokens() {
         assert!(line["ttft_s"].as_f64().unwrap() <= line["e2e_s"].as_f64().unwrap());
         assert_eq!(line["target"], engine.url.trim_end_matches('/'));
         assert!(line["node"].is_null(), "no sidecar in between");
+        assert!(line["prefill_node"].is_null(), "no disaggregation: {line}");
         assert_eq!(line["output_tokens"], 4);
+        let gap = line["itl_max_s"]
+            .as_f64()
+            .expect("streamed: a largest token gap");
+        assert!(
+            gap >= 0.0 && gap <= line["e2e_s"].as_f64().unwrap(),
+            "{line}"
+        );
     }
     // One engine, one request at a time: each group's first prompt computes its 512-token
     // system prompt, the other three find it cached.

@@ -17,6 +17,8 @@ use super::sse::{ResponseUsage, SseEvent, SseParser};
 pub const NODE_HEADER: &str = "x-kvmesh-node";
 /// Why kvmesh chose that node.
 pub const REASON_HEADER: &str = "x-kvmesh-reason";
+/// The node whose engine ran a disaggregated request's prefill leg.
+pub const PREFILL_NODE_HEADER: &str = "x-kvmesh-prefill-node";
 
 /// Why a request failed.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -69,6 +71,8 @@ pub struct Outcome {
     pub node: Option<String>,
     /// Value of the `x-kvmesh-reason` response header.
     pub reason: Option<String>,
+    /// Value of the `x-kvmesh-prefill-node` response header (disaggregated requests).
+    pub prefill_node: Option<String>,
     /// Set when the request failed.
     pub error: Option<ErrorKind>,
 }
@@ -192,6 +196,11 @@ impl LoadClient {
         out.reason = resp
             .headers()
             .get(REASON_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        out.prefill_node = resp
+            .headers()
+            .get(PREFILL_NODE_HEADER)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
         let ok = resp.status().is_success();

@@ -19,6 +19,8 @@ struct Line<'a> {
     node: Option<&'a str>,
     /// `x-kvmesh-reason`.
     reason: Option<&'a str>,
+    /// `x-kvmesh-prefill-node`: the node whose engine ran the prefill leg (disaggregated).
+    prefill_node: Option<&'a str>,
     status: Option<u16>,
     error: Option<String>,
     ttft_s: Option<f64>,
@@ -27,6 +29,8 @@ struct Line<'a> {
     /// `usage.prompt_tokens_details.cached_tokens`, when the engine reports it.
     cached_tokens: Option<u64>,
     output_tokens: u64,
+    /// The longest gap between two text chunks, seconds (streaming, two chunks or more).
+    itl_max_s: Option<f64>,
 }
 
 /// Writes `records` (sorted into send order) to `path`.
@@ -43,6 +47,7 @@ pub fn write(path: &Path, targets: &[String], records: &mut [Record]) -> anyhow:
             target: targets.get(r.target).map_or("", String::as_str),
             node: o.node.as_deref(),
             reason: o.reason.as_deref(),
+            prefill_node: o.prefill_node.as_deref(),
             status: o.status,
             error: o.error.as_ref().map(|e| e.name()),
             ttft_s: o.ttft.map(|t| t.as_secs_f64()),
@@ -50,6 +55,7 @@ pub fn write(path: &Path, targets: &[String], records: &mut [Record]) -> anyhow:
             prompt_tokens: r.input_tokens,
             cached_tokens: o.cached_tokens,
             output_tokens: o.output_tokens,
+            itl_max_s: o.itl.iter().copied().reduce(f32::max).map(f64::from),
         };
         serde_json::to_writer(&mut out, &line)?;
         out.write_all(b"\n")?;
