@@ -401,8 +401,8 @@ mod tests {
         assert_eq!(config.role, Role::Prefill);
         assert_eq!(config.pd.min_uncached_tokens, 2048);
         assert_eq!(
-            config.pd.max_prefill_queue,
-            PdConfig::default().max_prefill_queue
+            config.pd.max_prefill_wait_ms,
+            PdConfig::default().max_prefill_wait_ms
         );
         let mut cli = args();
         cli.config = Some(path.clone());

@@ -6,7 +6,7 @@
 //! The entry judges each request on the engine it would otherwise run on: it is disaggregated
 //! when the part of its prompt the best whole-request engine does not hold is long enough
 //! ([`PdConfig::min_uncached_tokens`]) and the best prefill engine is not busy
-//! ([`PdConfig::max_prefill_queue`]). The prefill engine is chosen cache-aware, as any request
+//! ([`PdConfig::max_prefill_wait_ms`]). The prefill engine is chosen cache-aware, as any request
 //! is ([`EntryState::route`] over the prefill engines); the decode engine by
 //! [`decide_decode`]. Clusters without prefill engines never disaggregate.
 
@@ -14,6 +14,23 @@ use super::entry::{EntryState, PeerInput};
 use super::plan::{Plan, uncached_tokens};
 use crate::digest::Role;
 use crate::route::{PdConfig, RouteConfig, RouteError, RouteRequest, decide_decode};
+
+/// How long a request would wait behind the prefills queued at `prefill`'s first choice:
+/// each as long as this request's there (the entry does not know their sizes), at that
+/// engine's prefill speed.
+fn prefill_wait_ms(prefill: &Plan, peers: &[PeerInput<'_>], config: &RouteConfig) -> f64 {
+    let Some(first) = prefill.ranked_keys().next() else {
+        return 0.0;
+    };
+    let speed = peers
+        .iter()
+        .find(|peer| peer.key == first)
+        .map(|peer| f64::from(peer.digest.prefill_tokens_per_s))
+        .filter(|speed| *speed > 0.0)
+        .unwrap_or(config.default_prefill_tokens_per_s.max(1.0));
+    let each = f64::from(prefill.prefill_tokens_at_first().max(1));
+    f64::from(prefill.queued_at_first()) * each / speed * 1000.0
+}
 
 /// A decode engine counts as connected to a prefill engine this long after its last pull
 /// from it (a NIXL agent keeps its peers' metadata until one restarts).
@@ -118,7 +135,7 @@ impl EntryState {
                 });
             }
         };
-        if prefill.queued_at_first() >= pd.max_prefill_queue {
+        if prefill_wait_ms(&prefill, peers, config) > pd.max_prefill_wait_ms as f64 {
             return Ok(PdRoute::Whole {
                 plan: whole,
                 pd: Some(PdReason::SkipBusy),
@@ -231,13 +248,32 @@ mod tests {
     }
 
     #[test]
-    fn a_busy_prefill_pool_runs_the_request_whole() {
-        let (p, d) = (engine(Role::Prefill, 4), engine(Role::Decode, 0));
-        let peers = [peer("p", &p), peer("d", &d)];
-        let mut entry = EntryState::default();
+    fn a_prefill_pool_busy_for_longer_than_the_bound_runs_the_request_whole() {
+        // 1,024 tokens at the default 5,000 tokens/s: about 205 ms per queued prefill.
+        let (d, mut entry) = (engine(Role::Decode, 0), EntryState::default());
+        let pd = PdConfig::default();
+        let busy = engine(Role::Prefill, 10);
+        let peers = [peer("p", &busy), peer("d", &d)];
         assert_eq!(
-            first_key(&route(&mut entry, &peers, 64, &PdConfig::default())),
+            first_key(&route(&mut entry, &peers, 64, &pd)),
             (Some(PdReason::SkipBusy), node_key("d"))
+        );
+        // Nine queued wait 1.8 s: under the 2 s bound.
+        let queued = engine(Role::Prefill, 9);
+        let peers = [peer("p", &queued), peer("d", &d)];
+        assert_eq!(
+            first_key(&route(&mut entry, &peers, 64, &pd)).0,
+            Some(PdReason::Pd)
+        );
+        // A faster engine takes longer queues.
+        let fast = LoadDigest {
+            prefill_tokens_per_s: 20_000.0,
+            ..engine(Role::Prefill, 30)
+        };
+        let peers = [peer("p", &fast), peer("d", &d)];
+        assert_eq!(
+            first_key(&route(&mut entry, &peers, 64, &pd)).0,
+            Some(PdReason::Pd)
         );
     }
 

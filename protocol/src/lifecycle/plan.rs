@@ -210,6 +210,13 @@ impl Plan {
         self.targets.first().map_or(0, |target| target.queued)
     }
 
+    /// Prompt tokens the first choice is believed to have to compute.
+    pub fn prefill_tokens_at_first(&self) -> u32 {
+        self.targets
+            .first()
+            .map_or(0, |target| target.prefill_tokens)
+    }
+
     /// Whether no engine held the prompt's first block.
     pub fn new_prefix(&self) -> bool {
         self.new_prefix

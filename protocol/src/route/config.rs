@@ -176,10 +176,15 @@ pub struct PdConfig {
     /// `nonCachedTokens` rule, on the same engine the request would otherwise run on).
     /// Default 512.
     pub min_uncached_tokens: u32,
-    /// A prefill engine with this many requests queued ahead (waiting, plus this node's
-    /// sends its gauges do not show) is busy: the request then runs whole on a decode engine
-    /// rather than wait for a prefill (Dynamo's prefill-queue rule). Default 4.
-    pub max_prefill_queue: u32,
+    /// The best prefill engine is busy when the request would wait longer than this behind
+    /// the prefills queued there (waiting, plus this node's sends its gauges do not show,
+    /// each counted as this prompt's part it does not hold, at its prefill speed): the
+    /// request then runs whole on a decode engine (Dynamo's prefill-queue rule, in time).
+    /// Running whole stalls every decode on that engine for the prompt's prefill, while
+    /// waiting costs this request alone, so the bound is long: a burst of short prefills
+    /// queued on the prefill engines does not spill onto the decode engines
+    /// (BENCHMARKS.md, "Prefill/decode disaggregation over real processes"). Default 2000.
+    pub max_prefill_wait_ms: u64,
     /// Requests by which a decode engine's load may exceed another's and still be preferred
     /// because it already pulled from the prefill engine: its first pull from a new one costs
     /// a handshake (~5 s with NIXL). Default 2.
@@ -190,7 +195,7 @@ impl Default for PdConfig {
     fn default() -> Self {
         Self {
             min_uncached_tokens: 512,
-            max_prefill_queue: 4,
+            max_prefill_wait_ms: 2_000,
             warm_margin: 2,
         }
     }

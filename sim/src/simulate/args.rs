@@ -155,7 +155,7 @@ pub struct SimulateArgs {
     #[arg(long, default_value_t = 0)]
     pub prefill_nodes: usize,
     /// A setting of disaggregation, as in the node's `[pd]` table: `NAME=VALUE` (repeatable;
-    /// e.g. `min_uncached_tokens=1024`, `max_prefill_queue=8`, `warm_margin=2`).
+    /// e.g. `min_uncached_tokens=1024`, `max_prefill_wait_ms=1000`, `warm_margin=2`).
     #[arg(long = "pd", value_name = "NAME=VALUE", value_parser = parse_route_setting)]
     pub pd_settings: Vec<(String, serde_json::Value)>,
     /// Which requests the kvmesh policies disaggregate: by the skip rule of `--pd`, or all of
@@ -361,7 +361,10 @@ mod route_setting_tests {
         )
         .unwrap();
         assert_eq!(pd.min_uncached_tokens, 2048);
-        assert_eq!(pd.max_prefill_queue, PdConfig::default().max_prefill_queue);
+        assert_eq!(
+            pd.max_prefill_wait_ms,
+            PdConfig::default().max_prefill_wait_ms
+        );
         let unknown = with_settings(PdConfig::default(), &[set("min_tokens=1")], "--pd");
         assert!(unknown.is_err_and(|e| e.starts_with("--pd min_tokens")));
     }

@@ -53,7 +53,7 @@ impl PdSetup {
             SplitRule::Skip => config,
             SplitRule::Always => PdConfig {
                 min_uncached_tokens: 0,
-                max_prefill_queue: u32::MAX,
+                max_prefill_wait_ms: u64::MAX,
                 ..config
             },
         };
@@ -100,10 +100,10 @@ mod tests {
         assert_eq!(
             (
                 fixed.min_uncached_tokens,
-                fixed.max_prefill_queue,
+                fixed.max_prefill_wait_ms,
                 fixed.warm_margin
             ),
-            (0, u32::MAX, 7)
+            (0, u64::MAX, 7)
         );
         let skip = PdSetup::new(4, base, SplitRule::Skip, DecodeChoice::PrefillEnd).config;
         assert_eq!(skip, base);
