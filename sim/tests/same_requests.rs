@@ -59,10 +59,7 @@ fn both(flags: &str) -> (Plan, Vec<SimRequest>) {
 /// an earlier one (in the simulator).
 fn assert_same_requests(flags: &str) -> usize {
     let (plan, sim) = both(flags);
-    let models = Models {
-        served: vec!["mock-model".into()],
-        loras: Vec::new(),
-    };
+    let models = Models::new(vec!["mock-model".into()], &[]);
     let release: Vec<Duration> = plan
         .release_times()
         .expect("open-loop flags")

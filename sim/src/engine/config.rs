@@ -57,6 +57,18 @@ pub struct EngineArgs {
     /// LoRA adapter name served on top of the base model (repeatable).
     #[arg(long = "lora")]
     pub loras: Vec<String>,
+    /// LoRA adapter slots on the GPU (vLLM's `--max-loras`, default 1): at most this many
+    /// distinct adapters in a batch and loaded at a time (LRU among adapters with no running
+    /// request). LoRA is on when this, a `--lora` or `--allow-runtime-lora-updating` is given.
+    #[arg(long)]
+    pub max_loras: Option<u32>,
+    /// Modelled time to load an adapter into a GPU slot, milliseconds (times --time-scale).
+    #[arg(long, default_value_t = 100.0)]
+    pub lora_load_ms: f64,
+    /// Serve `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter` (vLLM with
+    /// VLLM_ALLOW_RUNTIME_LORA_UPDATING=True; without it they are unknown paths, 404).
+    #[arg(long)]
+    pub allow_runtime_lora_updating: bool,
     /// KV cache capacity in blocks (vLLM's num_gpu_blocks).
     #[arg(long, default_value_t = 8192)]
     pub kv_blocks: u32,
@@ -187,6 +199,15 @@ impl EngineArgs {
                 self.nixl_handshake_ms
             ));
         }
+        if self.max_loras == Some(0) {
+            return Err("--max-loras must be at least 1".into());
+        }
+        if !(self.lora_load_ms.is_finite() && self.lora_load_ms >= 0.0) {
+            return Err(format!(
+                "--lora-load-ms must be zero or more, got {}",
+                self.lora_load_ms
+            ));
+        }
         if self.kv_bytes_per_token == 0 {
             return Err("--kv-bytes-per-token must be at least 1".into());
         }
@@ -197,6 +218,17 @@ impl EngineArgs {
     pub fn kv_bytes_per_block(&self) -> u64 {
         self.kv_bytes_per_token
             .saturating_mul(u64::from(self.block_size.max(1)))
+    }
+
+    /// GPU adapter slots: 0 when LoRA is off, else `--max-loras` (vLLM's default 1).
+    pub fn max_loras(&self) -> u32 {
+        let enabled =
+            !self.loras.is_empty() || self.max_loras.is_some() || self.allow_runtime_lora_updating;
+        if enabled {
+            self.max_loras.unwrap_or(1).max(1)
+        } else {
+            0
+        }
     }
 
     /// The engine model configuration these flags describe.
@@ -218,6 +250,7 @@ impl EngineArgs {
                 kv_transfer_s_per_block: self.kv_bytes_per_block() as f64
                     / (self.nixl_bandwidth_gb_s.max(1e-9) * 1e9),
                 kv_handshake_s: self.nixl_handshake_ms.max(0.0) / 1e3,
+                lora_load_s: self.lora_load_ms.max(0.0) / 1e3,
                 time_scale: self.time_scale.max(0.0),
                 instant: self.instant,
             },
@@ -227,6 +260,7 @@ impl EngineArgs {
                 LoadFailurePolicy::Fail => KvLoadFailurePolicy::Fail,
                 LoadFailurePolicy::Recompute => KvLoadFailurePolicy::Recompute,
             },
+            max_loras: self.max_loras(),
         }
     }
 }

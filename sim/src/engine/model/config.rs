@@ -41,6 +41,10 @@ pub struct EngineConfig {
     pub kv_lease: Duration,
     /// What a decode leg does when its pull fails.
     pub kv_load_failure_policy: KvLoadFailurePolicy,
+    /// LoRA adapter slots on the GPU (vLLM's `max_loras`): at most this many distinct adapters
+    /// in a batch, loaded in LRU slots ([`LoraSlots`](super::lora_slots::LoraSlots)). 0 turns
+    /// LoRA bookkeeping off: adapters need no slot and `vllm:lora_requests_info` is not kept.
+    pub max_loras: u32,
 }
 
 impl Default for EngineConfig {
@@ -56,6 +60,7 @@ impl Default for EngineConfig {
             seed: 0,
             kv_lease: Duration::from_secs(30),
             kv_load_failure_policy: KvLoadFailurePolicy::Fail,
+            max_loras: 0,
         }
     }
 }

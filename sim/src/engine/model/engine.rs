@@ -29,6 +29,7 @@ use super::block_hash::{BlockHash, BlockHasher, CacheKey};
 use super::block_pool::{BlockId, BlockPool, KvCacheEvent};
 use super::config::{EngineConfig, EngineGauges};
 use super::lease::Leases;
+use super::lora_slots::LoraSlots;
 use super::offload_tier::OffloadTier;
 use super::request::{
     EngineRequest, Finished, KvTransfer, Output, PullRequest, RequestId, SubmitError, validate,
@@ -40,6 +41,7 @@ use crate::rng::mix64;
 use crate::text;
 
 mod disagg;
+mod lora;
 
 #[derive(Debug)]
 struct Seq {
@@ -102,6 +104,12 @@ pub struct Engine {
     clock: Duration,
     stalled: bool,
     stats: EngineStats,
+    /// The GPU's LoRA adapter slots (used when `max_loras` > 0).
+    slots: LoraSlots,
+    /// When an adapter a waiting request needs finishes loading: a stalled engine wakes then.
+    lora_wake: Option<Duration>,
+    /// Requests held that run with an adapter (0 skips the per-step adapter lists).
+    lora_seqs: usize,
 }
 
 impl Engine {
@@ -127,6 +135,9 @@ impl Engine {
             clock: Duration::ZERO,
             stalled: false,
             stats: EngineStats::default(),
+            slots: LoraSlots::new(cfg.max_loras, cfg.timing.lora_load_duration()),
+            lora_wake: None,
+            lora_seqs: 0,
             cfg,
         }
     }
@@ -216,6 +227,7 @@ impl Engine {
         self.hasher.extend_chain(&mut hashes, &req.prompt, &key);
         let id = req.id;
         let tokens = req.prompt.clone();
+        self.lora_seqs += usize::from(req.lora.is_some());
         self.seqs.insert(
             id,
             Seq {
@@ -256,6 +268,7 @@ impl Engine {
         self.pulling.retain(|&r| r != id);
         self.pull_requests.retain(|p| p.request != id);
         self.pool.free(seq.blocks.iter().rev().copied());
+        self.lora_done(&seq);
         self.stats.count_finished(FinishReason::Abort);
         self.wake(now);
         true
@@ -273,7 +286,8 @@ impl Engine {
         {
             Some(self.clock)
         } else {
-            None
+            // Stalled: only an adapter load finishing can unblock the waiting queue.
+            self.lora_wake.map(|t| t.max(self.clock))
         };
         match (work, self.leases.next_expiry()) {
             (Some(w), Some(l)) => Some(w.min(l.max(self.clock))),
@@ -292,6 +306,13 @@ impl Engine {
     pub fn advance_into(&mut self, now: Duration, out: &mut Vec<Output>) {
         self.expire_leases(now);
         out.append(&mut self.pending_outputs);
+        if let Some(t) = self.lora_wake.filter(|&t| t <= now) {
+            self.lora_wake = None;
+            if self.stalled {
+                self.stalled = false;
+                self.clock = self.clock.max(t);
+            }
+        }
         loop {
             if let Some(step) = &self.in_flight {
                 if step.end > now {
@@ -359,20 +380,28 @@ impl Engine {
                 }
             }
         }
+        // Adapters in this step's batch, listed on the first waiting request with an adapter.
+        let mut batch_loras = None;
+        let mut i = 0;
         while !preempted
             && budget > 0
             && self.running.len() < self.cfg.max_num_seqs as usize
-            && let Some(&id) = self.waiting.front()
+            && let Some(&id) = self.waiting.get(i)
         {
+            if !self.lora_admissible(id, &plan, &mut batch_loras) {
+                // vLLM's scheduler skips such a request; it keeps its place in the queue.
+                i += 1;
+                continue;
+            }
             match self.admit(id, budget) {
                 Admission::Scheduled(n) => {
-                    self.waiting.pop_front();
+                    self.waiting.remove(i);
                     self.running.push(id);
                     plan.push((id, n));
                     budget -= n;
                 }
                 Admission::Transferring => {
-                    self.waiting.pop_front();
+                    self.waiting.remove(i);
                 }
                 Admission::NoRoom => break,
             }
@@ -538,6 +567,7 @@ impl Engine {
             let finished = reason.map(|reason| {
                 let seq = self.seqs.remove(&id).expect("present");
                 self.running.retain(|&r| r != id);
+                self.lora_done(&seq);
                 self.stats.prompt_tokens += seq.prompt_len as u64;
                 self.stats.count_finished(reason);
                 self.stats
@@ -573,6 +603,9 @@ impl Engine {
                 text: piece,
                 finished,
             });
+        }
+        if self.cfg.max_loras > 0 {
+            self.record_lora_info(now);
         }
     }
 }

@@ -10,6 +10,7 @@ pub mod block_pool;
 pub mod config;
 pub mod engine;
 pub mod lease;
+pub mod lora_slots;
 pub mod offload_tier;
 pub mod request;
 pub mod stats;
@@ -21,14 +22,19 @@ pub use block_pool::{BlockId, BlockPool, KvCacheEvent};
 pub use config::{EngineConfig, EngineGauges, KvLoadFailurePolicy};
 pub use engine::Engine;
 pub use lease::ReadRefused;
+pub use lora_slots::{LoraSlots, SlotState};
 pub use offload_tier::OffloadTier;
 pub use request::{
     EngineRequest, Finished, KvTransfer, LoraRef, Output, PullOutcome, PullRequest, RequestId,
     SubmitError, validate,
 };
-pub use stats::{EngineStats, FinishReason, Histogram, PromptTokenSources};
+pub use stats::{
+    EngineStats, FinishReason, Histogram, LORA_INFO_SERIES, LoraInfoSample, PromptTokenSources,
+};
 pub use timing::{StepShape, TimingModel};
 
+#[cfg(test)]
+mod engine_lora_tests;
 #[cfg(test)]
 mod engine_pd_tests;
 #[cfg(test)]

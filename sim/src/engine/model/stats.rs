@@ -1,5 +1,7 @@
 //! Counters and histograms the engine keeps, with vLLM's semantics.
 
+use std::time::Duration;
+
 /// Bucket upper bounds of `vllm:time_to_first_token_seconds` (vLLM V1's).
 pub const TTFT_BUCKETS: [f64; 22] = [
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -154,7 +156,27 @@ pub struct EngineStats {
     pub ttft: Histogram,
     /// End-to-end latency of finished requests, seconds.
     pub e2e: Histogram,
+    /// `vllm:lora_requests_info`: the label sets recorded at step ends, each with the time
+    /// it was last recorded, oldest first (empty when LoRA is off).
+    pub lora_info: Vec<LoraInfoSample>,
 }
+
+/// One label set of `vllm:lora_requests_info` and when an engine step last reported it. vLLM
+/// sets the gauge to the current time under the step's labels, and `prometheus_client` keeps
+/// every label set it was ever given, so the newest value marks the current state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoraInfoSample {
+    /// Adapters with running requests, comma-separated.
+    pub running: String,
+    /// Adapters with waiting requests, comma-separated.
+    pub waiting: String,
+    /// When a step last ended with these labels.
+    pub at: Duration,
+}
+
+/// Label sets of `vllm:lora_requests_info` kept: vLLM keeps all of them for the life of the
+/// process; the mock keeps the most recent ones so that a long run stays bounded.
+pub const LORA_INFO_SERIES: usize = 64;
 
 impl Default for EngineStats {
     fn default() -> Self {
@@ -171,6 +193,7 @@ impl Default for EngineStats {
             kv_expired_reqs: 0,
             ttft: Histogram::new(&TTFT_BUCKETS),
             e2e: Histogram::new(&E2E_BUCKETS),
+            lora_info: Vec::new(),
         }
     }
 }
@@ -185,6 +208,28 @@ impl EngineStats {
             FinishReason::Error => 3,
         };
         self.finished[i] += 1;
+    }
+
+    /// Records a step's `vllm:lora_requests_info` labels at `at`, keeping the label sets in
+    /// order of their last recording and at most [`LORA_INFO_SERIES`] of them.
+    pub fn record_lora_info(&mut self, running: String, waiting: String, at: Duration) {
+        let series = &mut self.lora_info;
+        if let Some(last) = series.last_mut()
+            && last.running == running
+            && last.waiting == waiting
+        {
+            last.at = at;
+            return;
+        }
+        series.retain(|s| s.running != running || s.waiting != waiting);
+        if series.len() >= LORA_INFO_SERIES {
+            series.remove(0);
+        }
+        series.push(LoraInfoSample {
+            running,
+            waiting,
+            at,
+        });
     }
 }
 

@@ -16,7 +16,8 @@
 //! prompts cost more than linearly. `instant` makes every step take
 //! zero time (the bookkeeping still runs). A KV transfer for a disaggregated decode costs
 //! `kv_transfer_s_per_block` per block pulled, and the first contact between a decode engine
-//! and a prefill engine a handshake of `kv_handshake_s`.
+//! and a prefill engine a handshake of `kv_handshake_s`; loading a LoRA adapter into a GPU
+//! slot costs `lora_load_s`.
 
 use std::time::Duration;
 
@@ -37,6 +38,8 @@ pub struct TimingModel {
     pub kv_transfer_s_per_block: f64,
     /// Modelled handshake of a decode engine with a prefill engine it has not met, seconds.
     pub kv_handshake_s: f64,
+    /// Modelled time to load one LoRA adapter into a GPU slot, seconds.
+    pub lora_load_s: f64,
     /// Multiplier applied to every modelled duration.
     pub time_scale: f64,
     /// Zero modelled time for everything.
@@ -56,6 +59,8 @@ impl Default for TimingModel {
             kv_transfer_s_per_block: 0.000_21,
             // The NIXL handshake llm-d reports (~5 s per pair: agent metadata exchange).
             kv_handshake_s: 5.0,
+            // A rank-16 adapter of an 8B model (tens of MB) read and copied to the GPU.
+            lora_load_s: 0.1,
             time_scale: 1.0,
             instant: false,
         }
@@ -103,6 +108,14 @@ impl TimingModel {
             return Duration::ZERO;
         }
         scaled(self.kv_handshake_s * self.time_scale)
+    }
+
+    /// Duration of loading one LoRA adapter into a GPU slot.
+    pub fn lora_load_duration(&self) -> Duration {
+        if self.instant {
+            return Duration::ZERO;
+        }
+        scaled(self.lora_load_s * self.time_scale)
     }
 }
 

@@ -52,6 +52,8 @@ pub struct Snapshot {
     pub stats: EngineStats,
     /// The decode side's transfer statistics, with the NIXL connector.
     pub transfers: Option<TransferStats>,
+    /// Unix time of the model's time zero, to date the model's step times.
+    pub epoch_unix_s: f64,
 }
 
 enum Command {
@@ -59,6 +61,10 @@ enum Command {
     Snapshot(oneshot::Sender<Snapshot>),
     Lease(LeaseOp, oneshot::Sender<LeaseReply>),
     Pulled(PullReport),
+    /// A LoRA adapter was added at run time: load it into a GPU slot ahead of its requests.
+    AddLora(String),
+    /// A LoRA adapter was removed at run time: free its slot.
+    RemoveLora(String),
 }
 
 /// A cloneable handle to the driver task.
@@ -78,6 +84,17 @@ impl DriverHandle {
         let (tx, rx) = oneshot::channel();
         self.tx.send(Command::Snapshot(tx)).ok()?;
         rx.await.ok()
+    }
+
+    /// Loads a LoRA adapter into a GPU slot if one is free or idle; false if the driver is
+    /// gone.
+    pub fn add_lora(&self, name: &str) -> bool {
+        self.tx.send(Command::AddLora(name.to_owned())).is_ok()
+    }
+
+    /// Frees a LoRA adapter's GPU slot; false if the driver is gone.
+    pub fn remove_lora(&self, name: &str) -> bool {
+        self.tx.send(Command::RemoveLora(name.to_owned())).is_ok()
     }
 
     /// Acts on a lease this engine granted as a prefill engine.
@@ -137,6 +154,10 @@ async fn run(
     puller: Option<Puller>,
 ) {
     let epoch = Instant::now();
+    let epoch_unix_s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0);
     let mut routes = Routes {
         sinks: HashMap::new(),
         prefill_names: HashMap::new(),
@@ -163,10 +184,10 @@ async fn run(
         // Finish the steps that ended before these commands arrived, then take the commands.
         engine.advance_into(now, &mut outputs);
         if let Some(cmd) = cmd {
-            handle(&mut engine, &mut routes, cmd, now);
+            handle(&mut engine, &mut routes, cmd, now, epoch_unix_s);
             // Take everything already queued so one step batches it all.
             while let Ok(cmd) = rx.try_recv() {
-                handle(&mut engine, &mut routes, cmd, now);
+                handle(&mut engine, &mut routes, cmd, now, epoch_unix_s);
             }
         }
         engine.advance_into(epoch.elapsed(), &mut outputs);
@@ -230,7 +251,13 @@ async fn run(
     }
 }
 
-fn handle(engine: &mut Engine, routes: &mut Routes, cmd: Command, now: Duration) {
+fn handle(
+    engine: &mut Engine,
+    routes: &mut Routes,
+    cmd: Command,
+    now: Duration,
+    epoch_unix_s: f64,
+) {
     match cmd {
         Command::Submit(s) => {
             let names = s
@@ -265,7 +292,14 @@ fn handle(engine: &mut Engine, routes: &mut Routes, cmd: Command, now: Duration)
                 gauges: engine.gauges(),
                 stats: engine.stats().clone(),
                 transfers: routes.puller.as_ref().map(Puller::stats),
+                epoch_unix_s,
             });
+        }
+        Command::AddLora(name) => {
+            engine.add_lora(&name, now);
+        }
+        Command::RemoveLora(name) => {
+            engine.remove_lora(&name);
         }
         Command::Pulled(report) => {
             engine.finish_pull(report.request, report.outcome, now);

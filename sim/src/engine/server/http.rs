@@ -3,6 +3,8 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::Duration;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::{Bytes, BytesMut};
@@ -21,7 +23,7 @@ use super::openai::{self, Endpoint, Generation, Models};
 use super::pooling::PoolingEndpoint;
 use super::responses::{self, ChoiceResult, PromptTokensDetails, ResponseMeta, Usage};
 use super::responses_api::ResponseStore;
-use super::{http_pooling, http_responses};
+use super::{http_lora, http_pooling, http_responses};
 use crate::engine::config::KvConnector;
 use crate::engine::model::{
     EngineConfig, EngineRequest, FinishReason, Finished, KvTransfer, validate,
@@ -31,8 +33,12 @@ use crate::rng::mix64;
 
 /// Everything handlers share.
 pub struct AppState {
-    /// Served models and adapters.
-    pub models: Models,
+    /// Served models and adapters; adapters change at run time (`/v1/load_lora_adapter`).
+    pub models: RwLock<Models>,
+    /// Serve `/v1/load_lora_adapter` and `/v1/unload_lora_adapter`.
+    pub runtime_lora: bool,
+    /// The modelled time a load takes (`/v1/load_lora_adapter` answers after it).
+    pub lora_load: Duration,
     /// The engine model's configuration (for validation and `/tokenize`).
     pub engine: EngineConfig,
     /// The driver task.
@@ -55,6 +61,19 @@ pub struct AppState {
     pub id_salt: u64,
     /// Stored Responses API answers, for `previous_response_id`.
     pub responses: Arc<ResponseStore>,
+}
+
+impl AppState {
+    /// The models, for reading. No handler panics while holding the lock, but a poisoned
+    /// lock still holds a consistent list (every write is one push or retain), so it is used.
+    pub fn models(&self) -> RwLockReadGuard<'_, Models> {
+        self.models.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The models, for changing.
+    pub fn models_mut(&self) -> RwLockWriteGuard<'_, Models> {
+        self.models.write().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 /// Routes one request.
@@ -85,6 +104,15 @@ pub async fn handle(
             http_pooling::score(&state, req, true).await
         }
         (&Method::POST, "/v1/responses") => http_responses::create(&state, req).await,
+        (&Method::POST, "/v1/load_lora_adapter") if state.runtime_lora => {
+            http_lora::load(&state, req).await
+        }
+        (&Method::POST, "/v1/unload_lora_adapter") if state.runtime_lora => {
+            http_lora::unload(&state, req).await
+        }
+        (_, "/v1/load_lora_adapter" | "/v1/unload_lora_adapter") if state.runtime_lora => {
+            Err(ApiError::method_not_allowed())
+        }
         (method, p) if stored_response_id(p).is_some() => match *method {
             Method::GET => http_responses::retrieve(&state, stored_response_id(p).unwrap_or("")),
             _ => Err(ApiError::method_not_allowed()),
@@ -155,7 +183,8 @@ pub(super) async fn read_body(
 
 fn models(state: &AppState) -> Response<Body> {
     let created = unix_now();
-    let base = &state.models.served[0];
+    let models = state.models();
+    let base = &models.served[0];
     let card = |id: &str, root: &str, parent: Option<&str>| {
         json!({
             "id": id, "object": "model", "created": created, "owned_by": "vllm",
@@ -163,13 +192,13 @@ fn models(state: &AppState) -> Response<Body> {
             "permission": [],
         })
     };
-    let mut data: Vec<Value> = state
-        .models
-        .served
-        .iter()
-        .map(|m| card(m, base, None))
-        .collect();
-    data.extend(state.models.loras.iter().map(|l| card(l, l, Some(base))));
+    let mut data: Vec<Value> = models.served.iter().map(|m| card(m, base, None)).collect();
+    data.extend(
+        models
+            .loras
+            .iter()
+            .map(|l| card(&l.name, &l.path, Some(base))),
+    );
     let body = json!({"object": "list", "data": data});
     json_response(StatusCode::OK, Bytes::from(body.to_string()))
 }
@@ -185,6 +214,7 @@ async fn metrics(state: &AppState) -> Result<Response<Body>, ApiError> {
         &snap.gauges,
         &snap.stats,
         snap.transfers.as_ref(),
+        snap.epoch_unix_s,
     );
     let mut resp = Response::new(full(text));
     resp.headers_mut().insert(
@@ -196,7 +226,7 @@ async fn metrics(state: &AppState) -> Result<Response<Body>, ApiError> {
 
 async fn tokenize(state: &AppState, req: Request<Incoming>) -> Result<Response<Body>, ApiError> {
     let (_, body) = read_body(state, req).await?;
-    let tokens = openai::parse_tokenize(&body, &state.models)?;
+    let tokens = openai::parse_tokenize(&body, &state.models())?;
     let body = json!({
         "count": tokens.len(),
         "max_model_len": state.engine.max_model_len,
@@ -213,8 +243,8 @@ async fn generate(
 ) -> Result<Response<Body>, ApiError> {
     let (parts, body) = read_body(state, req).await?;
     let generation = match endpoint {
-        Endpoint::Completions => openai::parse_completion(&body, &state.models)?,
-        Endpoint::Chat => openai::parse_chat(&body, &state.models)?,
+        Endpoint::Completions => openai::parse_completion(&body, &state.models())?,
+        Endpoint::Chat => openai::parse_chat(&body, &state.models())?,
     };
     let leg = match state.connector {
         // vLLM keeps the params on the request, but only a KV connector reads them: without

@@ -30,7 +30,7 @@ pub async fn pooling(
     endpoint: PoolingEndpoint,
 ) -> Result<Response<Body>, ApiError> {
     let (parts, body) = read_body(state, req).await?;
-    let p = pooling::parse_pooling(&body, &state.models, endpoint)?;
+    let p = pooling::parse_pooling(&body, &state.models(), endpoint)?;
     let first_id = state
         .next_id
         .fetch_add(p.prompts.len() as u64, Ordering::Relaxed);
@@ -66,9 +66,9 @@ pub async fn score(
 ) -> Result<Response<Body>, ApiError> {
     let (parts, body) = read_body(state, req).await?;
     let s = if rerank {
-        pooling::parse_rerank(&body, &state.models)?
+        pooling::parse_rerank(&body, &state.models())?
     } else {
-        pooling::parse_score(&body, &state.models)?
+        pooling::parse_score(&body, &state.models())?
     };
     let first_id = state
         .next_id
@@ -101,7 +101,7 @@ pub async fn detokenize(
     req: Request<Incoming>,
 ) -> Result<Response<Body>, ApiError> {
     let (_, body) = read_body(state, req).await?;
-    let tokens = openai::parse_detokenize(&body, &state.models)?;
+    let tokens = openai::parse_detokenize(&body, &state.models())?;
     let body = json!({ "prompt": detokenize_ids(&tokens) });
     Ok(json_response(StatusCode::OK, Bytes::from(body.to_string())))
 }

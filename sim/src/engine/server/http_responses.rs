@@ -30,7 +30,7 @@ use crate::engine::model::{EngineRequest, FinishReason, KvTransfer, validate};
 /// `POST /v1/responses`.
 pub async fn create(state: &AppState, req: Request<Incoming>) -> Result<Response<Body>, ApiError> {
     let (_, body) = read_body(state, req).await?;
-    let r = responses_api::parse(&body, &state.models)?;
+    let r = responses_api::parse(&body, &state.models())?;
     let prev = responses_api::previous(&state.responses, &r)?;
     let messages = responses_api::conversation(&r, prev.as_ref());
     let prompt = tokenize(&render_chat(&messages, true));

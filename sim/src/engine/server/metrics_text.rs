@@ -3,7 +3,7 @@
 //! Written by hand rather than through a client library so that the output matches what
 //! vLLM's Python `prometheus_client` emits: colons in names, `_total` on counter samples and on
 //! their `# TYPE` line, labels in vLLM's order (`model_name`, `engine`, then any extra), and
-//! float values (`1.0`).
+//! float values formatted by its `floatToGoString` (`1.0`, `1.789828498802105e+09`).
 
 use std::fmt::Write;
 
@@ -24,15 +24,18 @@ pub struct MetricsLabels {
     pub block_size: u32,
     /// KV capacity in blocks.
     pub num_gpu_blocks: u32,
+    /// LoRA slots (`max_lora`); 0 = LoRA off, no `vllm:lora_requests_info`.
+    pub max_loras: u32,
 }
 
 /// Renders the exposition; `transfers` (the NIXL connector's, when configured) adds vLLM's
-/// `vllm:nixl_*` series.
+/// `vllm:nixl_*` series. `epoch_unix_s` is the Unix time of the model's time zero.
 pub fn render(
     labels: &MetricsLabels,
     gauges: &EngineGauges,
     stats: &EngineStats,
     transfers: Option<&TransferStats>,
+    epoch_unix_s: f64,
 ) -> String {
     let mut out = String::with_capacity(8 * 1024);
     let base = format!(
@@ -178,10 +181,31 @@ pub fn render(
         labels.num_gpu_blocks
     );
     sample(&mut out, "vllm:cache_config_info", &info, 1.0);
+    if labels.max_loras > 0 {
+        lora_info(&mut out, labels.max_loras, stats, epoch_unix_s);
+    }
     if let Some(t) = transfers {
         nixl(&mut out, &base, t, stats.kv_expired_reqs);
     }
     out
+}
+
+/// `vllm:lora_requests_info` as vLLM's `PrometheusStatLogger` writes it: no `model_name` or
+/// `engine` label, its labels in their declared order (`max_lora`, `waiting_lora_adapters`,
+/// `running_lora_adapters`), and one sample per label set ever recorded, valued at the Unix
+/// time a step last recorded it (`set_to_current_time`): the newest value is the current state.
+/// Before the first step there is no sample, as in vLLM.
+fn lora_info(out: &mut String, max_loras: u32, stats: &EngineStats, epoch_unix_s: f64) {
+    let name = "vllm:lora_requests_info";
+    header(out, name, "Running stats on lora requests.", "gauge");
+    for s in &stats.lora_info {
+        let labels = format!(
+            "max_lora=\"{max_loras}\",waiting_lora_adapters=\"{}\",running_lora_adapters=\"{}\"",
+            escape(&s.waiting),
+            escape(&s.running)
+        );
+        sample(out, name, &labels, epoch_unix_s + s.at.as_secs_f64());
+    }
 }
 
 /// vLLM's `NixlPromMetrics` families.
@@ -263,7 +287,9 @@ fn histogram(out: &mut String, name: &str, help: &str, base: &str, h: &Histogram
     let _ = writeln!(out, "{name}_sum{{{base}}} {}", float(h.sum()));
 }
 
-/// Python's `repr(float)` for the values we emit (`0.0`, `1.0`, `0.001`, `+Inf`).
+/// `prometheus_client`'s `floatToGoString`: Python's `repr(float)` (`0.0`, `0.001`, `+Inf`),
+/// except that a positive value with more than six digits before the point is written with
+/// an exponent, as Go does (`1789828498.802105` → `1.789828498802105e+09`).
 fn float(v: f64) -> String {
     if v.is_infinite() {
         return if v > 0.0 {
@@ -275,7 +301,18 @@ fn float(v: f64) -> String {
     if v.is_nan() {
         return "NaN".into();
     }
-    format!("{v:?}")
+    let s = format!("{v:?}");
+    match s.find('.') {
+        Some(dot) if v > 0.0 && dot > 6 => {
+            let digits = format!("{}{}", &s[1..dot], &s[dot + 1..]);
+            let mantissa = format!("{}.{digits}", &s[..1]);
+            // Python strips every trailing '0' and '.', and pads the exponent with one '0'
+            // whatever its length ("e+09", "e+010").
+            let mantissa = mantissa.trim_end_matches(['0', '.']);
+            format!("{mantissa}e+0{}", dot - 1)
+        }
+        _ => s,
+    }
 }
 
 fn escape(s: &str) -> String {
@@ -295,6 +332,7 @@ mod tests {
             engine: "0".into(),
             block_size: 16,
             num_gpu_blocks: 100,
+            max_loras: 0,
         };
         let g = EngineGauges {
             running: 2,
@@ -305,7 +343,8 @@ mod tests {
             prefix_cache_hits: 32,
             ..Default::default()
         };
-        let text = render(&labels, &g, &stats, None);
+        let text = render(&labels, &g, &stats, None, 0.0);
+        assert!(!text.contains("lora"));
         assert!(text.contains("# TYPE vllm:prefix_cache_hits_total counter\n"));
         assert!(
             text.contains("vllm:prefix_cache_hits_total{model_name=\"m\",engine=\"0\"} 32.0\n")
@@ -313,5 +352,48 @@ mod tests {
         assert!(text.contains("vllm:num_requests_running{model_name=\"m\",engine=\"0\"} 2.0\n"));
         assert!(text.contains("le=\"+Inf\"} 0.0\n"));
         assert!(text.contains("num_gpu_blocks=\"100\""));
+    }
+
+    #[test]
+    fn floats_follow_prometheus_clients_go_style() {
+        assert_eq!(float(0.0), "0.0");
+        assert_eq!(float(0.001), "0.001");
+        assert_eq!(float(123456.0), "123456.0");
+        assert_eq!(float(1789828498.802105), "1.789828498802105e+09");
+        assert_eq!(float(2097152.0), "2.097152e+06");
+        assert_eq!(float(1e6), "1e+06");
+        assert_eq!(float(f64::INFINITY), "+Inf");
+    }
+
+    #[test]
+    fn lora_requests_info_has_vllms_labels_and_a_timestamp_per_label_set() {
+        let labels = MetricsLabels {
+            model_name: "m".into(),
+            engine: "0".into(),
+            block_size: 16,
+            num_gpu_blocks: 100,
+            max_loras: 2,
+        };
+        let g = EngineGauges {
+            running: 0,
+            waiting: 0,
+            kv_usage: 0.0,
+        };
+        let mut stats = EngineStats::default();
+        let empty = render(&labels, &g, &stats, None, 1.7e9);
+        assert!(empty.contains("# TYPE vllm:lora_requests_info gauge\n"));
+        assert!(!empty.contains("vllm:lora_requests_info{"));
+        let ms = std::time::Duration::from_millis;
+        stats.record_lora_info("a,b".into(), "c".into(), ms(500));
+        stats.record_lora_info(String::new(), String::new(), ms(1000));
+        let text = render(&labels, &g, &stats, None, 1_700_000_000.0);
+        assert!(text.contains(
+            "vllm:lora_requests_info{max_lora=\"2\",waiting_lora_adapters=\"c\",\
+             running_lora_adapters=\"a,b\"} 1.7000000005e+09\n"
+        ));
+        assert!(text.contains(
+            "vllm:lora_requests_info{max_lora=\"2\",waiting_lora_adapters=\"\",\
+             running_lora_adapters=\"\"} 1.700000001e+09\n"
+        ));
     }
 }

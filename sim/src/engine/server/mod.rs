@@ -4,6 +4,7 @@ pub mod body;
 pub mod driver;
 pub mod errors;
 pub mod http;
+pub mod http_lora;
 pub mod http_pooling;
 pub mod http_responses;
 pub mod metrics_text;
@@ -14,8 +15,8 @@ pub mod responses_api;
 pub mod vectors;
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, RwLock};
 
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -51,15 +52,15 @@ pub fn app_state(
     let driver = driver::spawn(engine, events, pulls);
     let id_salt = mix64(args.seed ^ (u64::from(local.port()) << 32) ^ std::process::id() as u64);
     Arc::new(AppState {
-        models: Models {
-            served: args.models.clone(),
-            loras: args.loras.clone(),
-        },
+        models: RwLock::new(Models::new(args.models.clone(), &args.loras)),
+        runtime_lora: args.allow_runtime_lora_updating,
+        lora_load: engine_cfg.timing.lora_load_duration(),
         labels: MetricsLabels {
             model_name: args.models[0].clone(),
             engine: args.engine_index.to_string(),
             block_size: engine_cfg.block_size,
             num_gpu_blocks: engine_cfg.num_gpu_blocks,
+            max_loras: engine_cfg.max_loras,
         },
         engine: engine_cfg,
         driver,

@@ -10,15 +10,6 @@ use super::errors::ApiError;
 use crate::engine::model::LoraRef;
 use crate::engine::model::tokenizer::{ChatMessage, VOCAB_SIZE, render_chat, tokenize};
 
-/// The models the server answers to.
-#[derive(Debug, Clone)]
-pub struct Models {
-    /// Served names of the base model (the first one names metrics).
-    pub served: Vec<String>,
-    /// LoRA adapters (ids are 1-based positions).
-    pub loras: Vec<String>,
-}
-
 /// A resolved model: its name and the adapter to run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResolvedModel {
@@ -28,7 +19,72 @@ pub struct ResolvedModel {
     pub lora: Option<LoraRef>,
 }
 
+/// A LoRA adapter the server knows (vLLM's `LoRARequest`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoraAdapter {
+    /// The name requests use as `model`.
+    pub name: String,
+    /// Where its weights are (`root` in `/v1/models`).
+    pub path: String,
+    /// vLLM's integer adapter id: 1-based, in the order adapters were added.
+    pub id: u32,
+}
+
+/// The models the server answers to.
+#[derive(Debug, Clone)]
+pub struct Models {
+    /// Served names of the base model (the first one names metrics).
+    pub served: Vec<String>,
+    /// LoRA adapters, in the order they were added.
+    pub loras: Vec<LoraAdapter>,
+    /// The last adapter id handed out (vLLM's `lora_id_counter`: ids are never reused).
+    last_lora_id: u32,
+}
+
 impl Models {
+    /// The base model's names and the `--lora` adapters, whose path is their name.
+    pub fn new(served: Vec<String>, loras: &[String]) -> Self {
+        let mut m = Self {
+            served,
+            loras: Vec::new(),
+            last_lora_id: 0,
+        };
+        for name in loras {
+            if m.lora(name).is_none() {
+                m.add_lora(name, name);
+            }
+        }
+        m
+    }
+
+    /// The known adapter named `name`.
+    pub fn lora(&self, name: &str) -> Option<&LoraAdapter> {
+        self.loras.iter().find(|l| l.name == name)
+    }
+
+    /// Adds an adapter, or points a known one at `path` keeping its id (vLLM's
+    /// `load_inplace`). Returns its id.
+    pub fn add_lora(&mut self, name: &str, path: &str) -> u32 {
+        if let Some(l) = self.loras.iter_mut().find(|l| l.name == name) {
+            l.path = path.to_owned();
+            return l.id;
+        }
+        self.last_lora_id += 1;
+        self.loras.push(LoraAdapter {
+            name: name.to_owned(),
+            path: path.to_owned(),
+            id: self.last_lora_id,
+        });
+        self.last_lora_id
+    }
+
+    /// Forgets an adapter. Returns whether it was known.
+    pub fn remove_lora(&mut self, name: &str) -> bool {
+        let before = self.loras.len();
+        self.loras.retain(|l| l.name != name);
+        self.loras.len() != before
+    }
+
     /// Resolves the request's `model` field (absent = the first served name).
     pub fn resolve(&self, model: Option<&str>) -> Result<ResolvedModel, ApiError> {
         let Some(name) = model else {
@@ -43,11 +99,11 @@ impl Models {
                 lora: None,
             });
         }
-        if let Some(i) = self.loras.iter().position(|m| m == name) {
+        if let Some(l) = self.lora(name) {
             return Ok(ResolvedModel {
                 name: name.to_owned(),
                 lora: Some(LoraRef {
-                    id: i as u32 + 1,
+                    id: l.id,
                     name: name.to_owned(),
                 }),
             });
@@ -55,8 +111,8 @@ impl Models {
         let available: Vec<&str> = self
             .served
             .iter()
-            .chain(&self.loras)
             .map(String::as_str)
+            .chain(self.loras.iter().map(|l| l.name.as_str()))
             .collect();
         Err(ApiError {
             param: Some("model".into()),
@@ -386,10 +442,7 @@ mod tests {
     use super::*;
 
     fn models() -> Models {
-        Models {
-            served: vec!["m".into(), "alias".into()],
-            loras: vec!["ad".into()],
-        }
+        Models::new(vec!["m".into(), "alias".into()], &["ad".into()])
     }
 
     #[test]

@@ -470,10 +470,7 @@ mod tests {
     }
 
     fn models() -> Models {
-        Models {
-            served: vec!["m".into()],
-            loras: vec!["ad".into()],
-        }
+        Models::new(vec!["m".into()], &["ad".into()])
     }
 
     #[test]

@@ -500,10 +500,7 @@ mod tests {
     use super::*;
 
     fn models() -> Models {
-        Models {
-            served: vec!["m".into()],
-            loras: vec![],
-        }
+        Models::new(vec!["m".into()], &[])
     }
 
     fn meta() -> Meta {

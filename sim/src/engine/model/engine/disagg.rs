@@ -42,6 +42,7 @@ impl Engine {
             (PullOutcome::Failed, KvLoadFailurePolicy::Fail) => {
                 let seq = self.seqs.remove(&id).expect("present");
                 self.pool.free(seq.blocks.iter().rev().copied());
+                self.lora_done(&seq);
                 self.stats.count_finished(FinishReason::Error);
                 self.pending_outputs.push(Output {
                     request: id,
