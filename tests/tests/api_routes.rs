@@ -219,3 +219,56 @@ fn a_responses_continuation_reaches_the_engine_that_stored_it_from_any_node() {
     );
     assert_openai_error(&unknown, 404);
 }
+
+#[test]
+fn an_adapters_requests_go_to_an_engine_with_a_free_slot_not_one_busy_with_another() {
+    // Two engines of one base model, both able to serve two adapters, one slot each.
+    let lora = ["--lora", "sql", "--lora", "chat", "--max-loras", "1"];
+    let specs = ["a", "b"].map(|n| {
+        NodeSpec::new(n, &["base"])
+            .timing(kvmesh_tests::Timing::Scaled(1.0))
+            .engine_args(&lora)
+    });
+    let cluster = Cluster::start(&specs);
+    cluster.wait_membership(&["a", "b"], CONVERGENCE_TIMEOUT);
+    cluster.wait_models(&["a", "b"], &["base", "chat", "sql"], CONVERGENCE_TIMEOUT);
+    // Another client keeps b's only slot busy with `chat` (straight to its engine).
+    let b_engine = cluster.node("b").engine.addr();
+    let busy = std::thread::spawn(move || {
+        Request::post_json(
+            "/v1/completions",
+            &json!({"model": "chat", "prompt": "a long chat", "max_tokens": 400, "ignore_eos": true}),
+        )
+        .timeout(std::time::Duration::from_secs(60))
+        .send(b_engine)
+        .expect("the busy request")
+    });
+    wait_until(
+        CONVERGENCE_TIMEOUT,
+        "a to see b's slot taken by chat",
+        || {
+            cluster.sidecar("a").debug_cluster().is_ok_and(|view| {
+                view["peers"].as_array().is_some_and(|peers| {
+                    peers.iter().any(|p| {
+                        p["node"] == "b" && p["digest"]["lora_use"]["running"] == json!(["chat"])
+                    })
+                })
+            })
+        },
+    );
+    for (i, entry) in ["a", "b", "a", "b"].iter().enumerate() {
+        let answer = cluster.sidecar(entry).post_json(
+            "/v1/completions",
+            &json!({"model": "sql", "prompt": format!("question {i}: {}", "select ".repeat(40)),
+                "max_tokens": 2}),
+        );
+        assert_eq!(answer.status, 200, "{}", answer.describe());
+        assert_eq!(
+            answer.header("x-kvmesh-node"),
+            Some("a"),
+            "from {entry}: b would wait for its slot ({:?})",
+            answer.header("x-kvmesh-reason")
+        );
+    }
+    assert_eq!(busy.join().expect("busy thread").status, 200);
+}

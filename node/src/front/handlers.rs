@@ -334,5 +334,10 @@ fn digest_json(digest: &kvmesh_protocol::LoadDigest) -> serde_json::Value {
         "healthy": digest.healthy,
         "models": digest.models,
         "loras": digest.loras,
+        "lora_use": {
+            "running": digest.lora_use.running,
+            "waiting": digest.lora_use.waiting,
+            "max_loras": digest.lora_use.max_loras,
+        },
     })
 }

@@ -134,7 +134,14 @@ impl Plan {
             .iter()
             .enumerate()
             .map(|(rank, &candidate)| {
+                // A request never passes to an engine less ready for its adapter: its queue
+                // in prefill work does not say how long the adapter would take to load.
+                let next_less_ready = decision
+                    .estimates
+                    .get(rank + 1)
+                    .is_some_and(|next| next.ready < decision.estimates[rank].ready);
                 let decline_above_tokens = match decision.ranked.get(rank + 1) {
+                    Some(_) if next_less_ready => u32::MAX,
                     Some(_) => tokens_bound(
                         decision.estimates[rank + 1],
                         decision.estimates[rank].matched,
@@ -450,6 +457,7 @@ mod tests {
             queued,
             pending,
             worked_tokens,
+            ready: crate::digest::LoraReadiness::Running,
         }
     }
 

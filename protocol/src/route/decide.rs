@@ -129,6 +129,9 @@ pub struct Estimate {
     /// Prompt tokens the engine could have prefilled since its gauges were read (their age
     /// at its prefill speed): work off the queue they show, not off the sends after them.
     pub worked_tokens: u32,
+    /// How ready it is to run the LoRA adapter the request names ([`LoraReadiness::Running`]
+    /// for a base model).
+    pub ready: LoraReadiness,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -427,6 +430,7 @@ pub fn decide_with(
                     queued: entry.queued,
                     pending: candidate.pending,
                     worked_tokens: worked_tokens(candidate, config, now_ms),
+                    ready: entry.ready,
                 }
             })
             .collect(),

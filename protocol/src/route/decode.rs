@@ -14,7 +14,7 @@ use super::config::{PdConfig, RouteConfig};
 use super::decide::{Candidate, Decision, Estimate, RouteError, RouteRequest, summary_match};
 use super::reason::RouteReason;
 use super::rendezvous::rendezvous_weight;
-use crate::digest::Role;
+use crate::digest::{LoraReadiness, Role};
 use std::cmp::Reverse;
 
 /// One decode-capable engine, as the ranking sees it.
@@ -115,6 +115,7 @@ pub fn decide_decode(
                 queued: row.queued,
                 pending: row.pending,
                 worked_tokens: 0,
+                ready: LoraReadiness::Running,
             })
             .collect(),
     })
