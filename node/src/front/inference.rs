@@ -70,6 +70,7 @@ async fn answer(
     let prepared = async {
         let body = read_body(&parts.headers, body, &state.config).await?;
         let json = parse_json(&body)?;
+        let (body, json) = super::intent::resolve(&state, endpoint, body, json)?;
         let hashes = hash_for_routing(&state, endpoint, &json).await?;
         let streamed = json.get("stream").and_then(serde_json::Value::as_bool) == Some(true);
         Ok::<_, ApiError>((body, json, hashes, streamed))

@@ -289,6 +289,17 @@ impl StaticEmbedding {
     }
 }
 
+impl std::fmt::Debug for StaticEmbedding {
+    // The matrix is millions of numbers.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StaticEmbedding")
+            .field("rows", &self.rows)
+            .field("dim", &self.dim)
+            .field("identity", &self.identity)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Embedder for StaticEmbedding {
     fn dim(&self) -> usize {
         self.dim
