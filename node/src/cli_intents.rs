@@ -43,6 +43,10 @@ pub struct EvalArgs {
     /// Times every prompt is classified for the timing figures [default: 20].
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
     repeat: u32,
+    /// Also list every prompt given another intent than its label, with the nearest centroid's
+    /// similarity (what to look at when writing examples and thresholds).
+    #[arg(long)]
+    misses: bool,
 }
 
 pub fn run(command: IntentsCommand) -> anyhow::Result<()> {
@@ -76,6 +80,27 @@ fn eval(args: EvalArgs) -> anyhow::Result<()> {
         .collect::<anyhow::Result<Vec<_>>>()?;
     let router = &routing.router;
     let report = evaluate(router, &prompts);
+    if args.misses {
+        for labelled in &prompts {
+            let choice = router.decide(&PromptText {
+                last_user: labelled.prompt.clone(),
+                prompt_tokens: estimate_tokens(labelled.prompt.len()),
+            });
+            if choice.name() != labelled.intent {
+                let nearest = choice
+                    .nearest
+                    .map(|(name, score)| format!("nearest {name} {score:.3}"))
+                    .unwrap_or_default();
+                println!(
+                    "miss: {} -> {} ({}; {nearest}): {}",
+                    labelled.intent,
+                    choice.name(),
+                    choice.via.as_str(),
+                    labelled.prompt
+                );
+            }
+        }
+    }
     // Time one decision (rules, embedding, centroids) per prompt, the work the request path
     // adds; the JSON rewrite is not included.
     let texts: Vec<PromptText> = prompts
