@@ -26,6 +26,7 @@ pub fn digests() -> Vec<LoadDigest> {
         hash_version: HASH_VERSION,
         models: vec!["meta-llama/Llama-3.1-8B-Instruct".into()],
         loras: vec!["sql-lora".into()],
+        lora_use: Default::default(),
     };
     let idle = LoadDigest {
         version: 1,

@@ -132,6 +132,8 @@ pub struct NodeMetrics {
     pub attempts_declined: Counter,
     /// Load reports peers sent back on answers and declines, applied to this node's view.
     pub load_reports: Counter,
+    /// Attempts given up because their peer was declared dead before it answered.
+    pub attempts_abandoned: Counter,
     /// Disaggregated requests that ran whole after all, by cause (see `PD_FALLBACK_CAUSES`).
     pub pd_fallbacks: Family<ReasonLabels, Counter>,
     /// Disaggregated requests whose prefill ran again after their decode leg's pull failed.
@@ -177,6 +179,7 @@ impl Default for NodeMetrics {
             declined: Family::default(),
             attempts_declined: Counter::default(),
             load_reports: Counter::default(),
+            attempts_abandoned: Counter::default(),
             pd_fallbacks: Family::default(),
             pd_prefill_reruns: Counter::default(),
             pd_abandoned: Counter::default(),
@@ -257,6 +260,11 @@ impl NodeMetrics {
             "served",
             "Requests this node's engine served, by where they entered (local or peer)",
             self.served.clone(),
+        );
+        registry.register(
+            "attempts_abandoned",
+            "Attempts given up because their peer was declared dead before it answered",
+            self.attempts_abandoned.clone(),
         );
         registry.register(
             "pd_fallbacks",

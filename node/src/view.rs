@@ -1,6 +1,7 @@
 //! The cluster as this node sees it: every live peer's decoded digest, rebuilt when gossip
 //! changes and read lock-free-ish (an `Arc` swap) on every request.
 
+use crate::engine::models::{MODELS_KEY, ModelCard, decode_cards};
 use crate::mesh::{Membership, Peer};
 use crate::metrics::NodeMetrics;
 use crate::prefix::{OFFLOAD_KEY_PREFIX, SHARD_KEY_PREFIX, decode_shard_value};
@@ -42,8 +43,11 @@ pub struct PeerView {
     pub summary: Arc<PeerSummary>,
     /// What its engine holds in offload tiers (CPU, storage): exact mode only.
     pub offload: Arc<PeerSummary>,
+    /// Its engine's model cards (empty until valid ones arrive).
+    pub models: Arc<Vec<ModelCard>>,
     generation: u64,
     digest_raw: String,
+    models_raw: String,
     shards_raw: BTreeMap<String, String>,
     offload_raw: BTreeMap<String, String>,
 }
@@ -89,6 +93,11 @@ impl SharedView {
                     }
                     _ => (decode_digest(&peer.name, &raw, metrics), now_ms),
                 };
+                let models_raw = peer.key_values.get(MODELS_KEY).cloned().unwrap_or_default();
+                let models = match old {
+                    Some(old) if old.models_raw == models_raw => old.models.clone(),
+                    _ => Arc::new(decode_models(&peer.name, &models_raw)),
+                };
                 let shards_raw = keys_with_prefix(peer, SHARD_KEY_PREFIX);
                 let offload_raw = keys_with_prefix(peer, OFFLOAD_KEY_PREFIX);
                 let summary = updated_summary(
@@ -116,8 +125,10 @@ impl SharedView {
                     digest_received_ms: received,
                     summary,
                     offload,
+                    models,
                     generation: peer.generation,
                     digest_raw: raw,
+                    models_raw,
                     shards_raw,
                     offload_raw,
                 }
@@ -125,6 +136,17 @@ impl SharedView {
             .collect();
         self.store(ClusterView { peers });
     }
+}
+
+/// A peer's model cards; none while it has published none or sent invalid ones.
+fn decode_models(peer: &str, raw: &str) -> Vec<ModelCard> {
+    if raw.is_empty() {
+        return Vec::new();
+    }
+    decode_cards(raw).unwrap_or_else(|error| {
+        tracing::warn!(%peer, %error, "ignoring invalid model cards");
+        Vec::new()
+    })
 }
 
 /// A peer's gossip values under one key prefix.

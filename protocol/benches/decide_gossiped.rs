@@ -257,6 +257,7 @@ fn digest(peer: usize) -> LoadDigest {
         hash_version: kvmesh_protocol::hashing::HASH_VERSION,
         models: vec![MODEL.into()],
         loras: vec![],
+        lora_use: Default::default(),
     }
 }
 

@@ -76,6 +76,7 @@ fn digest() -> LoadDigest {
         hash_version: kvmesh_protocol::hashing::HASH_VERSION,
         models: vec!["meta-llama/Llama-3.1-8B-Instruct".into()],
         loras: vec![],
+        lora_use: Default::default(),
     }
 }
 

@@ -19,7 +19,8 @@ use rkyv::{Archive, Deserialize, Serialize};
 /// in `ResponseHead` and `WireError`, `RouteReason::Declined`.
 /// 4: the queue judged in prefill work: `RequestHead::prefill_tokens` and
 /// `decline_above_tokens` (for `decline_above`).
-pub const FORMAT_VERSION: u8 = 4;
+/// 5: the adapters an engine uses now, `LoadDigest::lora_use`.
+pub const FORMAT_VERSION: u8 = 5;
 
 /// What an envelope carries; part of the envelope so a value can only decode as its own type.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]

@@ -70,6 +70,50 @@ pub struct LoadDigest {
     pub models: Vec<String>,
     /// LoRA adapters served, addressed by name like models.
     pub loras: Vec<String>,
+    /// Which adapters the engine is running and queueing now (`vllm:lora_requests_info`).
+    pub lora_use: LoraUse,
+}
+
+/// The adapters an engine uses now, as `vllm:lora_requests_info` says: an adapter with
+/// requests running is in a GPU slot; one with requests waiting is not yet, or waits for a
+/// slot; any other known adapter must be loaded into a slot before it runs, which a free slot
+/// makes quick.
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[rkyv(derive(Debug))]
+pub struct LoraUse {
+    pub running: Vec<String>,
+    pub waiting: Vec<String>,
+    /// `--max-loras`: adapters a batch can hold at once (0: unknown).
+    pub max_loras: u16,
+}
+
+/// How ready an engine is to run a request for an adapter it serves.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LoraReadiness {
+    /// Requests queue for it, waiting for a slot or for it to load.
+    Waiting,
+    /// Known, not in use, and every slot taken: it would wait for one to free.
+    NoSlot,
+    /// Known, not in use, and a slot is free: it loads at once.
+    FreeSlot,
+    /// Requests run with it now: it is in a slot.
+    Running,
+}
+
+impl LoraUse {
+    /// How ready the engine is to run `adapter` (one it serves).
+    pub fn readiness(&self, adapter: &str) -> LoraReadiness {
+        let named = |list: &[String]| list.iter().any(|name| name == adapter);
+        if named(&self.running) {
+            LoraReadiness::Running
+        } else if named(&self.waiting) {
+            LoraReadiness::Waiting
+        } else if self.max_loras == 0 || self.running.len() < usize::from(self.max_loras) {
+            LoraReadiness::FreeSlot
+        } else {
+            LoraReadiness::NoSlot
+        }
+    }
 }
 
 impl LoadDigest {
@@ -124,6 +168,7 @@ pub(crate) fn sample_digest() -> LoadDigest {
         hash_version: crate::hashing::HASH_VERSION,
         models: vec!["meta-llama/Llama-3.1-8B-Instruct".into()],
         loras: vec![],
+        lora_use: LoraUse::default(),
     }
 }
 

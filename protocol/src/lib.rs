@@ -29,7 +29,7 @@ pub mod route;
 pub mod summary;
 pub mod wire;
 
-pub use digest::{LoadDigest, Role};
+pub use digest::{LoadDigest, LoraReadiness, LoraUse, Role};
 pub use hashing::{BlockHash, HashConfig, HashMode, RequestHashes};
 pub use route::{Candidate, Decision, RouteConfig, RouteReason, RouteRequest, decide};
 pub use summary::{PeerSummary, SummaryBuilder, SummaryConfig};

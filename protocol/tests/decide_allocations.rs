@@ -52,6 +52,7 @@ fn allocations_do_not_grow_with_candidates() {
         hash_version: kvmesh_protocol::hashing::HASH_VERSION,
         models: vec!["m".into()],
         loras: vec![],
+        lora_use: Default::default(),
     };
     let mut builder = SummaryBuilder::new(SummaryConfig::default(), 1).unwrap();
     chain[..200].iter().for_each(|&h| {

@@ -69,6 +69,7 @@ fn digest_encoding_is_stable() {
         hash_version: HASH_VERSION,
         models: vec!["m".into()],
         loras: vec![],
+        lora_use: Default::default(),
     };
     let hash = blake3::hash(&digest.encode());
     assert_eq!(
@@ -82,7 +83,6 @@ const GOLDEN_SEEDS: [u64; 2] = [0x99e194e7ca716cc2, 0x48145b7f4e771a22];
 const GOLDEN_TEXT: [u64; 3] = [0x8c1213e252f045ce, 0xf2299099c67b213e, 0x3aa7a32c850f57e5];
 const GOLDEN_TOKENS: [u64; 2] = [0x7cffe45fecce7de7, 0x4d6cf606c0201801];
 const GOLDEN_CHAT: [u64; 3] = [0x9eda2e81ee6a820c, 0x17a8f72bdb8b584b, 0xabc0e81fea13372d];
-/// Envelope format version 4 (`codec::FORMAT_VERSION`): the digest's own fields are unchanged
-/// since version 1, only the envelope's version byte differs.
+/// Envelope format version 5 (`codec::FORMAT_VERSION`): the digest gained `lora_use`.
 const GOLDEN_DIGEST_BLAKE3: &str =
-    "cc91ab47da81d5b696a25f5d430a2ccda4670194686dc885cae0ea6b5c8ff800";
+    "9185344d40c08642194878e2a869c0cc7cb34e5ad46427401d13f5a2bb701c87";

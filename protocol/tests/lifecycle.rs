@@ -26,6 +26,7 @@ fn digest(waiting: u32, running: u32) -> LoadDigest {
         hash_version: HASH_VERSION,
         models: vec!["m".into()],
         loras: vec![],
+        lora_use: Default::default(),
     }
 }
 
@@ -63,9 +64,10 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
     /// Whatever the serving nodes answer: a request is attempted at most once per candidate,
-    /// an attempt that may be declined always has a next in rank, no more attempts may be
-    /// declined than configured, and once every request has ended the entry counts nothing
-    /// as pending anywhere.
+    /// but for a candidate that declined it, tried once more (with no right to decline) after
+    /// a later one failed; an attempt that may be declined always has a next in rank, no
+    /// more attempts may be declined than configured, and once every request has ended the
+    /// entry counts nothing as pending anywhere.
     #[test]
     fn plans_keep_their_invariants(
         loads in prop::collection::vec((0u32..6, 0u32..6), 1..8),
@@ -116,10 +118,22 @@ proptest! {
             let (chain, answers) = (&chains[*index], &requests[*index].1);
             let ranked: Vec<u64> = plan.ranked_keys().collect();
             let mut attempted = Vec::new();
+            let mut declined_by = Vec::new();
+            let mut revisited = Vec::new();
+            let mut failed = false;
             let mut declinable = 0;
             let mut outcome_count = 0;
             while let Some(attempt) = plan.next_attempt(&mut entry, chain, now) {
-                prop_assert!(!attempted.contains(&attempt.node_key), "attempted twice");
+                if attempted.contains(&attempt.node_key) {
+                    prop_assert!(
+                        failed
+                            && declined_by.contains(&attempt.node_key)
+                            && !revisited.contains(&attempt.node_key)
+                            && attempt.decline_above_tokens.is_none(),
+                        "attempted twice without having declined before a failure"
+                    );
+                    revisited.push(attempt.node_key);
+                }
                 attempted.push(attempt.node_key);
                 let rank = ranked.iter().position(|&k| k == attempt.node_key).unwrap();
                 if attempt.decline_above_tokens.is_some() {
@@ -134,6 +148,15 @@ proptest! {
                     Answer::TimeOut => Outcome::Failed { retryable: true, timed_out: true },
                 };
                 outcome_count += 1;
+                match outcome {
+                    // A decline the plan did not allow counts as the peer's failure.
+                    Outcome::Declined(_) if attempt.decline_above_tokens.is_none() => {
+                        failed = true
+                    }
+                    Outcome::Declined(_) => declined_by.push(attempt.node_key),
+                    Outcome::Failed { .. } => failed = true,
+                    Outcome::Started(_) => {}
+                }
                 match plan.on_outcome(&mut entry, chain, outcome, now) {
                     Progress::Served => {
                         served.push(*index);

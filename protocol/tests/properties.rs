@@ -9,7 +9,7 @@ use kvmesh_protocol::wire::{
     Frame, FrameDecoder, RequestHead, ResponseHead, WireError, WireErrorCode,
 };
 use kvmesh_protocol::{
-    Candidate, LoadDigest, Role, RouteConfig, RouteReason, RouteRequest, decide,
+    Candidate, LoadDigest, LoraUse, Role, RouteConfig, RouteReason, RouteRequest, decide,
 };
 use proptest::prelude::*;
 
@@ -36,6 +36,8 @@ fn digest_strategy() -> impl Strategy<Value = LoadDigest> {
         (
             prop::collection::vec("[a-z0-9/-]{1,24}", 0..3),
             prop::collection::vec("[a-z]{1,8}", 0..3),
+            prop::collection::vec("[a-z]{1,8}", 0..3),
+            any::<u16>(),
         ),
     )
         .prop_map(
@@ -43,7 +45,7 @@ fn digest_strategy() -> impl Strategy<Value = LoadDigest> {
                 (version, ts, running, waiting, kv),
                 (cap, bs, ttft, tps, inflight),
                 (role, healthy),
-                (models, loras),
+                (models, loras, waiting_loras, max_loras),
             )| {
                 LoadDigest {
                     version,
@@ -60,6 +62,11 @@ fn digest_strategy() -> impl Strategy<Value = LoadDigest> {
                     healthy,
                     hash_version: kvmesh_protocol::hashing::HASH_VERSION,
                     models,
+                    lora_use: LoraUse {
+                        running: loras.clone(),
+                        waiting: waiting_loras,
+                        max_loras,
+                    },
                     loras,
                 }
             },
@@ -263,6 +270,7 @@ fn build_cluster(spec: &[(u32, u32, u32, bool, bool, usize)], chain: &[u64]) -> 
             hash_version: kvmesh_protocol::hashing::HASH_VERSION,
             models: vec![if serves { "m".into() } else { "other".into() }],
             loras: vec![],
+            lora_use: Default::default(),
         });
         let mut builder = SummaryBuilder::new(SummaryConfig::default(), 1).unwrap();
         chain.iter().take(matched).for_each(|&h| {

@@ -2,6 +2,8 @@
 //! `engine` label (data-parallel engines behind one server), with the removed pre-0.12 names
 //! accepted as fallbacks. See `vllm-interfaces.md` §1.
 
+use kvmesh_protocol::LoraUse;
+
 /// The router's view of one `/metrics` scrape.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct EngineMetrics {
@@ -19,6 +21,8 @@ pub struct EngineMetrics {
     /// `vllm:request_prefill_time_seconds` (real vLLM V1), when exposed.
     pub prefill_time_sum: Option<f64>,
     pub preemptions: f64,
+    /// `vllm:lora_requests_info`'s latest sample: the adapters in use, and when.
+    pub lora_use: Option<(f64, LoraUse)>,
 }
 
 /// Parses the text format. Unknown series are ignored; a malformed line is skipped (a scrape
@@ -60,6 +64,11 @@ pub fn parse(text: &str) -> EngineMetrics {
                 add(m.prefill_time_sum.get_or_insert(0.0), value)
             }
             "vllm:num_preemptions_total" => add(&mut m.preemptions, value),
+            // A gauge whose labels say the adapters in use and whose value is when: vLLM
+            // sets a new label set at each change and keeps the old ones, so the latest wins.
+            "vllm:lora_requests_info" if m.lora_use.as_ref().is_none_or(|(at, _)| value >= *at) => {
+                m.lora_use = Some((value, lora_use(labels)));
+            }
             "vllm:cache_config_info" => {
                 if let Some(size) = label(labels, "block_size").and_then(|v| v.parse().ok()) {
                     m.block_size = Some(size);
@@ -127,17 +136,59 @@ fn split_sample(line: &str) -> Option<(&str, &str, f64)> {
     value.is_finite().then_some((name.trim(), labels, value))
 }
 
-/// The value of `key` in a label set like `a="1",b="x"` (values without escaped quotes).
+/// The value of `key` in a label set like `a="1",b="x,y"` (values may hold commas, not
+/// escaped quotes).
 fn label<'a>(labels: &'a str, key: &str) -> Option<&'a str> {
-    labels.split(',').find_map(|pair| {
-        let (k, v) = pair.split_once('=')?;
-        (k.trim() == key).then(|| v.trim().trim_matches('"'))
-    })
+    let mut rest = labels;
+    loop {
+        let (name, after) = rest.split_once('=')?;
+        let after = after.trim_start().strip_prefix('"')?;
+        let (value, after) = after.split_once('"')?;
+        if name.trim().trim_start_matches(',').trim() == key {
+            return Some(value);
+        }
+        rest = after;
+    }
+}
+
+/// `vllm:lora_requests_info`'s labels: comma-separated adapter names.
+fn lora_use(labels: &str) -> LoraUse {
+    let names = |key| {
+        label(labels, key)
+            .unwrap_or_default()
+            .split(',')
+            .map(str::trim)
+            .filter(|name| !name.is_empty())
+            .map(str::to_owned)
+            .collect()
+    };
+    LoraUse {
+        running: names("running_lora_adapters"),
+        waiting: names("waiting_lora_adapters"),
+        max_loras: label(labels, "max_lora")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_latest_lora_requests_info_says_which_adapters_are_in_use() {
+        let text = "# TYPE vllm:lora_requests_info gauge\n\
+            vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"sql\",waiting_lora_adapters=\"\"} 1.79e9\n\
+            vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"sql,chat\",waiting_lora_adapters=\"math\"} 1.7900001e9\n\
+            vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"100\"} 1\n";
+        let parsed = parse(text);
+        let (_, lora) = parsed.lora_use.expect("a lora_requests_info sample");
+        assert_eq!(lora.running, ["sql", "chat"]);
+        assert_eq!(lora.waiting, ["math"]);
+        assert_eq!(lora.max_loras, 2);
+        assert_eq!(parsed.block_size, Some(16), "other labels still read");
+        assert_eq!(parse("vllm:num_requests_running 1\n").lora_use, None);
+    }
 
     const CURRENT: &str = r#"# HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge

@@ -8,6 +8,7 @@
 
 use super::client::{EngineClient, EngineError};
 use super::metrics::{self, EngineMetrics};
+use super::models::{self, ModelCard};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -74,6 +75,8 @@ pub struct EngineState {
     pub models: Vec<String>,
     /// LoRA adapters (`/v1/models` entries whose `parent` is another model).
     pub loras: Vec<String>,
+    /// Every `/v1/models` entry, as the engine describes it.
+    pub cards: Vec<ModelCard>,
     pub metrics: EngineMetrics,
     pub ttft_ewma_ms: f64,
     pub prefill_tokens_per_s: f64,
@@ -134,11 +137,12 @@ async fn poll_loop(client: EngineClient, interval: Duration, tx: watch::Sender<A
             match client
                 .get_text("/v1/models", timeout)
                 .await
-                .map(|t| parse_models(&t))
+                .map(|t| models::parse_models(&t))
             {
-                Ok(Ok((models, loras))) => {
-                    state.models = models;
-                    state.loras = loras;
+                Ok(Ok(cards)) => {
+                    state.models = models::ids(&cards, false);
+                    state.loras = models::ids(&cards, true);
+                    state.cards = cards;
                 }
                 Ok(Err(e)) => failure = Some(PollFailure::invalid("/v1/models", e.to_string())),
                 Err(e) => failure = Some(PollFailure::new("/v1/models", &e)),
@@ -234,27 +238,6 @@ fn ewma(previous: f64, sample: f64) -> f64 {
     }
 }
 
-/// `/v1/models` → (model ids, adapter ids). vLLM lists LoRA adapters with `parent` set to the
-/// base model.
-fn parse_models(text: &str) -> Result<(Vec<String>, Vec<String>), String> {
-    let value: serde_json::Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
-    let data = value
-        .get("data")
-        .and_then(|d| d.as_array())
-        .ok_or("no `data` array")?;
-    let (mut models, mut loras) = (Vec::new(), Vec::new());
-    for entry in data {
-        let Some(id) = entry.get("id").and_then(|i| i.as_str()) else {
-            continue;
-        };
-        match entry.get("parent").and_then(|p| p.as_str()) {
-            Some(parent) if parent != id => loras.push(id.to_owned()),
-            _ => models.push(id.to_owned()),
-        }
-    }
-    Ok((models, loras))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -269,18 +252,6 @@ mod tests {
         }
         assert_eq!(ewma(0.0, 80.0), 80.0);
         assert!(ewma(100.0, 200.0) > 100.0);
-    }
-
-    #[test]
-    fn models_and_adapters_are_told_apart() {
-        let text = r#"{"object":"list","data":[
-            {"id":"base","object":"model","parent":null},
-            {"id":"sql-lora","object":"model","parent":"base"}]}"#;
-        assert_eq!(
-            parse_models(text).unwrap(),
-            (vec!["base".into()], vec!["sql-lora".into()])
-        );
-        assert!(parse_models("{}").is_err());
     }
 
     #[test]

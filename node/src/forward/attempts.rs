@@ -19,6 +19,9 @@ pub enum Leg {
     /// A disaggregated request's decode: an engine error (5xx) most likely means the pull
     /// failed, and the prefill's blocks may be gone: the caller decides what runs again.
     Decode,
+    /// A Responses API request continuing a stored response, looked for: an engine's 404
+    /// (it does not store it) passes it to the next, the last engine's answer is the client's.
+    Continuation,
 }
 
 /// The head that came back.
@@ -80,12 +83,20 @@ pub async fn run(
         };
         unanswered.engine_error = false;
         if let Ok(upstream) = &result
-            && leg != Leg::Whole
+            && matches!(leg, Leg::Prefill | Leg::Decode)
             && upstream.status >= 500
         {
             unanswered.engine_error = true;
             let message = format!("engine answered {} to the {leg:?} leg", upstream.status);
             result = Err(AttemptError::failed(leg == Leg::Prefill, message));
+        }
+        if let Ok(upstream) = &result
+            && leg == Leg::Continuation
+            && upstream.status == 404
+            && plan.has_next()
+        {
+            let message = "engine does not store the previous response".to_owned();
+            result = Err(AttemptError::failed(true, message));
         }
         let outcome = match &result {
             Ok(upstream) => Outcome::Started(upstream.report),

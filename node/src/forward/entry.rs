@@ -195,7 +195,29 @@ pub fn admission(head: &RequestHead) -> Admission {
     }
 }
 
+/// An attempt on a peer, given up when the failure detector declares the peer dead before it
+/// answered: a frozen or partitioned peer holds its requests until the QUIC idle timeout
+/// otherwise, while nothing of them has reached the client and another engine can serve them.
+/// (A stream that has started is left alone: a peer wrongly declared dead finishes it.)
 async fn attempt_peer(
+    state: &AppState,
+    name: &str,
+    addr: SocketAddr,
+    head: RequestHead,
+    body: Bytes,
+) -> Result<Upstream, AttemptError> {
+    let mut membership = state.mesh.gossip().watch();
+    let declared_dead = membership.wait_for(|view| view.get(name).is_none());
+    tokio::select! {
+        answered = ask_peer(state, name, addr, head, body) => answered,
+        _ = declared_dead => {
+            state.metrics.attempts_abandoned.inc();
+            Err(AttemptError::retryable(format!("peer {name} declared dead before answering")))
+        }
+    }
+}
+
+async fn ask_peer(
     state: &AppState,
     name: &str,
     addr: SocketAddr,

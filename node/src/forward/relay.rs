@@ -46,8 +46,10 @@ pub fn relay(
     reason: &'static str,
 ) -> Response<ResponseBody> {
     let status = StatusCode::from_u16(upstream.status).unwrap_or(StatusCode::BAD_GATEWAY);
+    // Read before the headers are taken for the client's response.
+    let sse = is_event_stream(&upstream.headers);
     let upstream_headers = std::mem::take(&mut upstream.headers);
-    let body = relay_body(state, upstream, plan, Some(reason));
+    let body = relay_body(state, upstream, sse, plan, Some(reason));
     let mut response = Response::new(BodyExt::boxed(body));
     *response.status_mut() = status;
     let headers = response.headers_mut();
@@ -69,13 +71,16 @@ pub fn relay(
 /// answer): it relays the upstream as [`relay`] does, and tells `plan` when it ended, but it
 /// is no client's answer and counts in no request metric.
 pub fn leg_body(state: SharedState, upstream: Upstream, plan: Plan) -> ResponseBody {
-    BodyExt::boxed(relay_body(state, upstream, plan, None))
+    let sse = is_event_stream(&upstream.headers);
+    BodyExt::boxed(relay_body(state, upstream, sse, plan, None))
 }
 
+/// `sse`: the upstream is an event stream (a break then ends it with an error event);
 /// `reason`: the request's reason label, when the body is a client's answer.
 fn relay_body(
     state: SharedState,
     upstream: Upstream,
+    sse: bool,
     plan: Plan,
     reason: Option<&'static str>,
 ) -> RelayBody {
@@ -83,7 +88,7 @@ fn relay_body(
     RelayBody {
         silence: Box::pin(tokio::time::sleep(silence_limit)),
         silence_limit,
-        sse: is_event_stream(&upstream.headers),
+        sse,
         source: Some(upstream.body),
         handed: upstream.handed,
         first_byte: false,

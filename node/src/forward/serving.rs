@@ -4,8 +4,8 @@
 //! paths, and only within the hop limit: a peer can never make this node call another URL or
 //! forward again.
 
-use super::FORWARDABLE_PATHS;
 use super::entry::admission;
+use super::forwardable;
 use super::headers::response_headers_from_engine;
 use crate::engine::client::error_chain;
 use crate::mesh::IncomingForward;
@@ -17,7 +17,7 @@ use futures::FutureExt;
 use http::Method;
 use http_body_util::BodyExt;
 use hyper::body::Body;
-use kvmesh_protocol::hashing::{Endpoint, hash_request};
+use kvmesh_protocol::hashing::{Endpoint, hash_request_seeded};
 use kvmesh_protocol::wire::{
     Frame, FrameDecoder, MAX_HOPS, RequestHead, ResponseHead, WireError, WireErrorCode,
 };
@@ -246,7 +246,7 @@ fn refuse(state: &SharedState, head: &RequestHead) -> Option<WireError> {
     if head.hop_count > MAX_HOPS {
         return Some(wire_error(WireErrorCode::BadRequest, "hop limit exceeded"));
     }
-    if head.method != "POST" || !FORWARDABLE_PATHS.contains(&head.path.as_str()) {
+    if head.method != "POST" || !forwardable(&head.path) {
         return Some(wire_error(
             WireErrorCode::BadRequest,
             &format!("{} {} is not forwardable", head.method, head.path),
@@ -274,11 +274,19 @@ fn refuse(state: &SharedState, head: &RequestHead) -> Option<WireError> {
 fn chain_of(state: &SharedState, path: &str, body: &[u8]) -> Vec<u64> {
     let endpoint = match path {
         "/v1/chat/completions" => Endpoint::ChatCompletions,
-        _ => Endpoint::Completions,
+        "/v1/completions" => Endpoint::Completions,
+        // The other endpoints are routed by model and load: nothing to index.
+        _ => return Vec::new(),
     };
-    serde_json::from_slice(body)
-        .ok()
-        .and_then(|json| hash_request(endpoint, &json, &state.config.hashing).ok())
+    let Ok(json) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return Vec::new();
+    };
+    // Seeded as the entry seeded it (see `AppState::model_identity`).
+    let identity = json
+        .get("model")
+        .and_then(serde_json::Value::as_str)
+        .and_then(|model| state.model_identity(model));
+    hash_request_seeded(endpoint, &json, &state.config.hashing, identity.as_deref())
         .map(|hashes| hashes.chain)
         .unwrap_or_default()
 }

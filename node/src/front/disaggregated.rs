@@ -247,7 +247,16 @@ impl Disaggregated {
         };
         let label = Some(PdReason::Fallback.as_str());
         let chain = self.hashes.chain.clone();
-        forward_whole(self.state, routed, self.head, self.body, chain, label).await
+        forward_whole(
+            self.state,
+            routed,
+            self.head,
+            self.body,
+            chain,
+            label,
+            Leg::Whole,
+        )
+        .await
     }
 }
 

@@ -2,8 +2,11 @@
 
 use super::body::{ResponseBody, full};
 use super::errors::ApiError;
+use super::inference::Api;
 use super::ready::{ReadinessInputs, evaluate};
 use super::{dashboard, debug_match, exposition, inference, intent};
+use crate::engine::models;
+use crate::forward::forwardable;
 use crate::metrics::Outcome;
 use crate::serve::routing::served_models;
 use crate::serve::state::{SharedState, lock};
@@ -39,11 +42,12 @@ pub async fn handle(
             }
             Ok(()) => match (method, path.as_str()) {
                 (&Method::POST, "/v1/completions") => {
-                    intent::tagged(inference::handle(state, request, Endpoint::Completions)).await
+                    let api = Api::Generation(Endpoint::Completions);
+                    intent::tagged(inference::handle(state, request, api)).await
                 }
                 (&Method::POST, "/v1/chat/completions") => {
-                    intent::tagged(inference::handle(state, request, Endpoint::ChatCompletions))
-                        .await
+                    let api = Api::Generation(Endpoint::ChatCompletions);
+                    intent::tagged(inference::handle(state, request, api)).await
                 }
                 (&Method::GET, "/v1/models") => models(&state),
                 (&Method::GET, "/debug/cluster") => debug_cluster(&state),
@@ -57,6 +61,21 @@ pub async fn handle(
                 )
                 .into_response(),
             },
+        },
+        // vLLM's other inference endpoints, by model and load.
+        (method, path) if forwardable(path) => match authorize(&state, &request) {
+            Err(error) => {
+                state.metrics.record_request("none", Outcome::Rejected);
+                error.into_response()
+            }
+            Ok(()) if method == Method::POST => {
+                inference::handle(state, request, Api::ByModel).await
+            }
+            Ok(()) => ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                format!("{method} is not allowed on {path}"),
+            )
+            .into_response(),
         },
         _ => ApiError::new(
             StatusCode::NOT_FOUND,
@@ -184,18 +203,37 @@ fn metrics(state: &SharedState, request: &Request<Incoming>) -> Response<Respons
     response
 }
 
-/// The union of the models served by live nodes, in OpenAI's list shape.
+/// The union of the models served by live nodes, in vLLM's list shape (`root`, `parent`,
+/// `max_model_len`, `created`, `owned_by` as the engines report them).
 fn models(state: &SharedState) -> Response<ResponseBody> {
     let view = state.view.load();
+    let engine = state.engine.state();
     let own = state.self_digest();
     let digests = own
         .iter()
         .map(|(digest, _)| digest.as_ref())
         .chain(view.peers.iter().filter_map(|p| p.digest.as_deref()));
-    let data: Vec<serde_json::Value> = served_models(digests)
-        .into_iter()
-        .map(|id| serde_json::json!({"id": id, "object": "model", "created": 0, "owned_by": "kvmesh"}))
+    let names = served_models(digests);
+    // Each name as the node first in name order describes it, so that every node lists the
+    // same cards (two engines of one model were created at different times).
+    let mut by_node: Vec<(&str, &[models::ModelCard])> = view
+        .peers
+        .iter()
+        .filter(|peer| peer.digest.is_some())
+        .map(|peer| (peer.name.as_str(), peer.models.as_slice()))
         .collect();
+    by_node.push((&state.node_name, &engine.cards));
+    by_node.sort_by_key(|(name, _)| *name);
+    let cards = by_node.iter().flat_map(|(_, cards)| cards.iter());
+    let data = models::union(cards, names.iter().map(String::as_str))
+        .into_iter()
+        // A card only a peer without a digest (not a target) lists is not served.
+        .filter(|card| {
+            card["id"]
+                .as_str()
+                .is_some_and(|id| names.iter().any(|n| n == id))
+        })
+        .collect::<Vec<_>>();
     json(
         StatusCode::OK,
         serde_json::json!({"object": "list", "data": data}),

@@ -11,7 +11,9 @@ use crate::engine::local_tokenizer::LocalTokenizer;
 use crate::engine::tokenize::{completion_prompt, tokenize, tokenize_body};
 use crate::serve::state::SharedState;
 use kvmesh_protocol::RequestHashes;
-use kvmesh_protocol::hashing::{Endpoint, HashError, HashMode, hash_request, hash_tokenized};
+use kvmesh_protocol::hashing::{
+    Endpoint, HashError, HashMode, hash_request_seeded, hash_tokenized_seeded,
+};
 use serde_json::Value;
 use std::time::Duration;
 
@@ -24,7 +26,12 @@ pub async fn hash_for_routing(
     body: &Value,
 ) -> Result<RequestHashes, ApiError> {
     let bad_request = |e: HashError| ApiError::bad_request(e.to_string());
-    match hash_request(endpoint, body, &state.config.hashing) {
+    let identity = body
+        .get("model")
+        .and_then(Value::as_str)
+        .and_then(|model| state.model_identity(model));
+    let seed = identity.as_deref();
+    match hash_request_seeded(endpoint, body, &state.config.hashing, seed) {
         Err(HashError::NeedsTokens) => {}
         hashed => return hashed.map_err(bad_request),
     }
@@ -45,7 +52,7 @@ pub async fn hash_for_routing(
             Vec::new()
         }
     };
-    hash_tokenized(endpoint, body, &tokens, block_tokens).map_err(bad_request)
+    hash_tokenized_seeded(endpoint, body, &tokens, block_tokens, seed).map_err(bad_request)
 }
 
 /// A completions prompt's token ids from the loaded tokenizer, or `None` when the engine must
@@ -87,6 +94,7 @@ async fn engine_tokens(
 mod tests {
     use super::*;
     use crate::engine::local_tokenizer::TEST_FIXTURE;
+    use kvmesh_protocol::hashing::hash_tokenized;
     use serde_json::json;
     use std::path::Path;
 
@@ -137,4 +145,53 @@ mod tests {
         let ids = json!({"model": "m", "prompt": [3, 4, 5]});
         assert!(local_tokens(&tokenizer, Endpoint::Completions, &ids).is_none());
     }
+}
+
+/// What routing needs of a request routed by model and load alone (embeddings, pooling,
+/// scoring, tokenizing, the Responses API, any other `/v1/…` endpoint): its model and a rough
+/// size, no prefix chain. Without a `model` it is the first model this node's engine serves,
+/// the one the engine itself would default to.
+pub fn hash_by_model(
+    state: &SharedState,
+    body: &Value,
+    body_len: usize,
+) -> Result<RequestHashes, ApiError> {
+    let object = body
+        .as_object()
+        .ok_or_else(|| ApiError::bad_request("the request body must be a JSON object"))?;
+    let model = match object.get("model") {
+        Some(Value::String(model)) => model.clone(),
+        None | Some(Value::Null) => {
+            state
+                .engine
+                .state()
+                .models
+                .first()
+                .cloned()
+                .ok_or_else(|| {
+                    ApiError::bad_request(
+                "missing required field `model` (this node's engine serves no model to default to)",
+            )
+            .with_param("model")
+                })?
+        }
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "field `model` has the wrong type: expected a string",
+            )
+            .with_param("model"));
+        }
+    };
+    let user = match object.get("user") {
+        Some(Value::String(user)) if !user.is_empty() => Some(user.clone()),
+        _ => None,
+    };
+    Ok(RequestHashes {
+        model,
+        chain: Vec::new(),
+        // About four bytes a token: only a size for the cost form's estimates.
+        prompt_tokens: (body_len / 4).min(u32::MAX as usize) as u32,
+        tokens_per_block: 16.0,
+        user,
+    })
 }

@@ -4,14 +4,15 @@
 use super::body::ResponseBody;
 use super::disaggregated::Disaggregated;
 use super::errors::ApiError;
-use super::hashing::hash_for_routing;
+use super::hashing::{hash_by_model, hash_for_routing};
 use super::recent::RecentRequest;
+use super::responses::{LearnResponseId, RESPONSES_PATH, previous_response_id};
 use crate::forward::attempts::{self, Leg, Unanswered};
 use crate::forward::headers::request_headers_for_engine;
 use crate::forward::relay::relay;
 use crate::metrics::Outcome as MetricOutcome;
 use crate::serve::config::ServeConfig;
-use crate::serve::routing::{Placement, RouteFailure, Routed, route};
+use crate::serve::routing::{Placement, RouteFailure, Routed, route, route_continuation};
 use crate::serve::state::SharedState;
 use crate::view::unix_ms;
 use bytes::Bytes;
@@ -30,10 +31,20 @@ use tracing::Instrument as _;
 /// Header a client may set to keep a conversation on one engine (a soft preference).
 pub const SESSION_HEADER: &str = "x-session-id";
 
+/// What kind of inference request a path carries.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Api {
+    /// Completions or chat: hashed into a prefix chain, routed cache-aware, disaggregated
+    /// where the cluster does.
+    Generation(Endpoint),
+    /// Any other inference endpoint: routed by model and load.
+    ByModel,
+}
+
 pub async fn handle(
     state: SharedState,
     request: Request<Incoming>,
-    endpoint: Endpoint,
+    api: Api,
 ) -> Response<ResponseBody> {
     let request_id = request_id(&state, &request);
     // Every event of this request carries its id, this node, and once decided the reason and
@@ -45,7 +56,7 @@ pub async fn handle(
         reason = tracing::field::Empty,
         peer = tracing::field::Empty,
     );
-    let mut response = answer(state, request, endpoint, request_id.clone())
+    let mut response = answer(state, request, api, request_id.clone())
         .instrument(span)
         .await;
     // Every answer names its request, refusals and failures included, so that a client's
@@ -62,7 +73,7 @@ pub async fn handle(
 async fn answer(
     state: SharedState,
     request: Request<Incoming>,
-    endpoint: Endpoint,
+    api: Api,
     request_id: String,
 ) -> Response<ResponseBody> {
     let path = request.uri().path().to_owned();
@@ -70,8 +81,11 @@ async fn answer(
     let prepared = async {
         let body = read_body(&parts.headers, body, &state.config).await?;
         let json = parse_json(&body)?;
-        let (body, json) = super::intent::resolve(&state, endpoint, body, json)?;
-        let hashes = hash_for_routing(&state, endpoint, &json).await?;
+        let (body, json) = super::intent::resolve(&state, api, body, json)?;
+        let hashes = match api {
+            Api::Generation(endpoint) => hash_for_routing(&state, endpoint, &json).await?,
+            Api::ByModel => hash_by_model(&state, &json, body.len())?,
+        };
         let streamed = json.get("stream").and_then(serde_json::Value::as_bool) == Some(true);
         Ok::<_, ApiError>((body, json, hashes, streamed))
     };
@@ -86,10 +100,27 @@ async fn answer(
     };
     let session = session_key(&parts.headers, &hashes);
     // A client that brings its own `kv_transfer_params` runs its own disaggregation.
-    let disaggregate = json.get("kv_transfer_params").is_none();
-    let placement = match route(&state, &hashes, session, &request_id, disaggregate, None) {
+    let disaggregate =
+        matches!(api, Api::Generation(_)) && json.get("kv_transfer_params").is_none();
+    let continued = match path.as_str() {
+        RESPONSES_PATH => previous_response_id(&json).map(str::to_owned),
+        _ => None,
+    };
+    let placed = match &continued {
+        Some(id) => {
+            let home = state.response_homes.home(id);
+            route_continuation(&state, &hashes, session, &request_id, home)
+                .map(|routed| Placement::Whole { routed, pd: None })
+        }
+        None => route(&state, &hashes, session, &request_id, disaggregate, None),
+    };
+    let placement = match placed {
         Ok(placement) => placement,
         Err(failure) => return route_failure(&state, failure, &hashes.model),
+    };
+    let leg = match continued {
+        Some(_) => Leg::Continuation,
+        None => Leg::Whole,
     };
     let head = RequestHead {
         request_id: request_id.clone(),
@@ -110,7 +141,7 @@ async fn answer(
     match placement {
         Placement::Whole { routed, pd } => {
             let label = pd.map(PdReason::as_str);
-            forward_whole(state, routed, head, body, hashes.chain, label).await
+            forward_whole(state, routed, head, body, hashes.chain, label, leg).await
         }
         Placement::Split { prefill } => {
             let request = Disaggregated {
@@ -162,7 +193,8 @@ pub(super) fn route_failure(
 
 /// Serves a request on one engine: the plan's attempts in order until one answers, whose
 /// answer is relayed. `label`: the reason to report instead of the routing reason (why a
-/// request was not disaggregated).
+/// request was not disaggregated). `leg`: [`Leg::Whole`], or [`Leg::Continuation`] for a
+/// stored response looked for.
 pub(super) async fn forward_whole(
     state: SharedState,
     routed: Routed,
@@ -170,10 +202,11 @@ pub(super) async fn forward_whole(
     body: Bytes,
     chain: Vec<u64>,
     label: Option<&'static str>,
+    leg: Leg,
 ) -> Response<ResponseBody> {
     let started = std::time::Instant::now();
     let decided = label.unwrap_or(routed.plan.reason().as_str());
-    match attempts::run(&state, routed, &mut head, &body, &chain, Leg::Whole).await {
+    match attempts::run(&state, routed, &mut head, &body, &chain, leg).await {
         Ok(answered) => {
             let reason = label.unwrap_or(answered.reason.as_str());
             state.recent.record(RecentRequest {
@@ -187,14 +220,24 @@ pub(super) async fn forward_whole(
                 head_ms: started.elapsed().as_millis() as u64,
             });
             let extra = response_headers(&answered.upstream.served_by, reason, &head.request_id);
+            // A stored response's continuations go where it was stored.
+            let learn = head.path == RESPONSES_PATH && answered.upstream.status == 200;
+            let node_key = answered.node_key;
             state.metrics.inflight.inc();
-            relay(
+            let response = relay(
                 state.clone(),
                 answered.upstream,
                 answered.plan,
                 extra,
                 reason,
-            )
+            );
+            match learn {
+                true => response.map(|body| {
+                    let homes = state.response_homes.clone();
+                    LearnResponseId::new(body, homes, node_key).boxed()
+                }),
+                false => response,
+            }
         }
         Err(unanswered) => failed(&state, &head, decided, &unanswered, started),
     }

@@ -5,10 +5,10 @@
 //! `x-kvmesh-intent` header.
 
 use super::errors::ApiError;
+use super::inference::Api;
 use crate::serve::state::SharedState;
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, StatusCode};
-use kvmesh_protocol::hashing::Endpoint;
 use kvmesh_protocol::intent::{DEFAULT_INTENT, Embedder, IntentRouter, IntentsFile, NgramEmbedder};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -136,16 +136,17 @@ pub async fn tagged<B>(handler: impl Future<Output = http::Response<B>>) -> http
         .await
 }
 
-/// The request path's step: when the body asks for the auto model and this node has an
-/// intents file, returns the body rewritten to the chosen model (and counts the decision);
+/// The request path's step: when a completions or chat body asks for the auto model and this
+/// node has an intents file, returns the body rewritten to the chosen model (and counts the decision);
 /// otherwise the body as it came.
 pub fn resolve(
     state: &SharedState,
-    endpoint: Endpoint,
+    api: Api,
     body: Bytes,
     mut json: serde_json::Value,
 ) -> Result<(Bytes, serde_json::Value), ApiError> {
-    let Some(routing) = state.config.intents.as_deref() else {
+    // Intents choose between generative models; embeddings, scores and the like name theirs.
+    let (Some(routing), Api::Generation(endpoint)) = (state.config.intents.as_deref(), api) else {
         return Ok((body, json));
     };
     let Some(choice) = routing.router.route(endpoint, &mut json) else {

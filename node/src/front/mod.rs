@@ -7,6 +7,7 @@
 //! - [`disaggregated`]: the request path of a request split into a prefill and a decode leg.
 //! - [`ready`]: `GET /ready`, the readiness verdict (draining, engine, joined the mesh).
 //! - [`exposition`]: `/metrics` as OpenMetrics or as the Prometheus text format, as asked.
+//! - [`responses`]: where a Responses API continuation goes (the engine that stored it).
 //! - [`recent`]: the last requests that entered here (`/debug/recent`, the dashboard).
 //! - [`dashboard`]: `GET /dashboard`, a live page of the cluster, self-contained.
 //! - [`debug_match`]: `POST /debug/match`, which nodes this node believes hold a prefix.
@@ -26,4 +27,5 @@ pub mod inference;
 pub mod intent;
 pub mod ready;
 pub mod recent;
+pub mod responses;
 pub mod server;

@@ -165,8 +165,11 @@ impl Subscription {
             tracing::warn!(%error, bad_events = batch.bad_events, "skipped undecodable KV events");
             metrics.kv_event_bad_events.inc_by(batch.bad_events as u64);
         }
+        // Root blocks are seeded as requests for the engine's model are (see
+        // `AppState::model_identity`).
         let model = self.state.engine.state().models.first().cloned();
         let model = model.unwrap_or_default();
+        let model = self.state.model_identity(&model).unwrap_or(model);
         let mut prefixes = lock(&self.state.prefixes);
         for event in &batch.events {
             let changes = self.cache.apply(event, &model);

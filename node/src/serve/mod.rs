@@ -97,6 +97,7 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         inflight_forwarded: AtomicU32::new(0),
         peer_seen: AtomicBool::new(false),
         recent: Default::default(),
+        response_homes: Default::default(),
         config,
     });
     mesh.gossip().set(HTTP_KEY, &http_addr.to_string()).await?;

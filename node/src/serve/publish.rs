@@ -2,6 +2,7 @@
 //! interval, used locally at once, and gossiped when it changed (or once a second, so peers
 //! can tell a quiet node from a stuck one).
 
+use crate::engine::models::{MODELS_KEY, ModelCard, encode_cards};
 use crate::serve::state::{SharedState, lock};
 use crate::view::{DIGEST_KEY, encode_digest};
 use kvmesh_protocol::LoadDigest;
@@ -19,8 +20,10 @@ pub async fn publish_loop(state: SharedState) {
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut version = 0u64;
     let mut last: Option<(LoadDigest, Instant)> = None;
+    let mut cards_published = None;
     loop {
         ticker.tick().await;
+        publish_cards(&state, &mut cards_published).await;
         version += 1;
         let digest = refresh_own_digest(&state, version);
         let changed = match &last {
@@ -68,6 +71,23 @@ async fn gossip_digest(state: &SharedState, digest: &LoadDigest) {
         .await
     {
         tracing::error!(%error, "publishing the load digest");
+    }
+}
+
+/// Gossips the engine's model cards when they changed (a restart, an adapter loaded).
+async fn publish_cards(state: &SharedState, published: &mut Option<Vec<ModelCard>>) {
+    let cards = state.engine.state().cards.clone();
+    if cards.is_empty() || published.as_ref() == Some(&cards) {
+        return;
+    }
+    match state
+        .mesh
+        .gossip()
+        .set(MODELS_KEY, &encode_cards(&cards))
+        .await
+    {
+        Ok(()) => *published = Some(cards),
+        Err(error) => tracing::error!(%error, "publishing the model cards"),
     }
 }
 
@@ -139,5 +159,10 @@ fn build_digest(state: &SharedState, version: u64) -> LoadDigest {
         hash_version: HASH_VERSION,
         models: engine.models.clone(),
         loras: engine.loras.clone(),
+        lora_use: metrics
+            .lora_use
+            .as_ref()
+            .map(|(_, lora_use)| lora_use.clone())
+            .unwrap_or_default(),
     }
 }

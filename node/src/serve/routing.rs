@@ -7,7 +7,7 @@ use crate::forward::entry::Target;
 use crate::serve::state::{AppState, lock};
 use crate::view::ClusterView;
 use kvmesh_protocol::lifecycle::{PdReason, PdRoute, PeerInput, Plan};
-use kvmesh_protocol::route::{Gauges, RouteError, node_key};
+use kvmesh_protocol::route::{Gauges, RouteConfig, RouteError, node_key};
 use kvmesh_protocol::summary::PeerSummary;
 use kvmesh_protocol::{LoadDigest, RequestHashes, Role, RouteRequest};
 use std::sync::Arc;
@@ -61,12 +61,12 @@ impl Snapshot {
         }
     }
 
-    /// The lifecycle's peers but `excluded`, and where each is reached.
-    fn peers(&self, state: &AppState, excluded: Option<u64>) -> (Vec<PeerInput<'_>>, Vec<Target>) {
+    /// The lifecycle's peers that `filter` keeps, and where each is reached.
+    fn peers(&self, state: &AppState, filter: Filter) -> (Vec<PeerInput<'_>>, Vec<Target>) {
         let mut peers = Vec::with_capacity(self.view.peers.len() + 1);
         let mut targets = Vec::with_capacity(self.view.peers.len() + 1);
         if let Some((digest, received)) = &self.own
-            && excluded != Some(state.node_key)
+            && filter.keeps(state.node_key)
         {
             peers.push(PeerInput {
                 key: state.node_key,
@@ -81,7 +81,7 @@ impl Snapshot {
         }
         for peer in &self.view.peers {
             let Some(digest) = &peer.digest else { continue };
-            if excluded == Some(peer.key) {
+            if !filter.keeps(peer.key) {
                 continue;
             }
             peers.push(PeerInput {
@@ -98,6 +98,24 @@ impl Snapshot {
             });
         }
         (peers, targets)
+    }
+}
+
+/// Which nodes a placement considers.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Filter {
+    All,
+    Except(u64),
+    Only(u64),
+}
+
+impl Filter {
+    fn keeps(self, key: u64) -> bool {
+        match self {
+            Filter::All => true,
+            Filter::Except(excluded) => key != excluded,
+            Filter::Only(only) => key == only,
+        }
     }
 }
 
@@ -131,7 +149,8 @@ pub fn route(
     excluded: Option<u64>,
 ) -> Result<Placement, RouteFailure> {
     let snapshot = Snapshot::take(state);
-    let (peers, targets) = snapshot.peers(state, excluded);
+    let filter = excluded.map_or(Filter::All, Filter::Except);
+    let (peers, targets) = snapshot.peers(state, filter);
     let request = route_request(hashes, session, request_id);
     let now = state.now_ms();
     let mut entry = lock(&state.entry);
@@ -169,7 +188,7 @@ pub fn route_whole(
     request_id: &str,
 ) -> Result<Routed, RouteFailure> {
     let snapshot = Snapshot::take(state);
-    let (peers, targets) = snapshot.peers(state, None);
+    let (peers, targets) = snapshot.peers(state, Filter::All);
     let request = route_request(hashes, session, request_id);
     let now = state.now_ms();
     let mut entry = lock(&state.entry);
@@ -199,7 +218,7 @@ pub fn route_decode(
     request_id: &str,
 ) -> Result<Routed, RouteFailure> {
     let snapshot = Snapshot::take(state);
-    let (peers, targets) = snapshot.peers(state, None);
+    let (peers, targets) = snapshot.peers(state, Filter::All);
     let request = route_request(hashes, None, request_id);
     let now = state.now_ms();
     let config = &state.config;
@@ -214,6 +233,43 @@ pub fn route_decode(
     let plan = plan.map_err(|error| failure(error, &peers))?;
     Ok(Routed {
         plan: plan.with_retries(config.retries as u32),
+        targets,
+    })
+}
+
+/// Places a request continuing the stored response of the Responses API: on `home`, the
+/// node whose engine answered it, when this node knows it and it can take requests; else
+/// every engine serving the model is a candidate, in rank order, to be tried in turn until one
+/// stores it ([`crate::forward::attempts::Leg::Continuation`]).
+pub fn route_continuation(
+    state: &AppState,
+    hashes: &RequestHashes,
+    session: Option<u64>,
+    request_id: &str,
+    home: Option<u64>,
+) -> Result<Routed, RouteFailure> {
+    let snapshot = Snapshot::take(state);
+    let request = route_request(hashes, session, request_id);
+    let now = state.now_ms();
+    if let Some(home) = home {
+        let (peers, targets) = snapshot.peers(state, Filter::Only(home));
+        if let Ok(plan) = lock(&state.entry).route(&peers, &request, &state.config.route, now) {
+            let retries = state.config.retries as u32;
+            return Ok(Routed {
+                plan: plan.with_retries(retries),
+                targets,
+            });
+        }
+    }
+    let (peers, targets) = snapshot.peers(state, Filter::All);
+    let every = RouteConfig {
+        ranked_len: peers.len(),
+        ..state.config.route
+    };
+    let plan = lock(&state.entry).route(&peers, &request, &every, now);
+    let plan = plan.map_err(|error| failure(error, &peers))?;
+    Ok(Routed {
+        plan: plan.with_retries(peers.len() as u32),
         targets,
     })
 }

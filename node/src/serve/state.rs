@@ -45,6 +45,8 @@ pub struct AppState {
     pub peer_seen: AtomicBool,
     /// The last requests that entered here (`/debug/recent`, the dashboard).
     pub recent: crate::front::recent::RecentRequests,
+    /// Which node's engine stored each Responses API answer this node relayed.
+    pub response_homes: Arc<crate::front::responses::ResponseHomes>,
 }
 
 impl AppState {
@@ -66,6 +68,25 @@ impl AppState {
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+
+    /// What chains of requests for `model` are seeded by: the weights the name stands for,
+    /// when an engine's card says (the least `root` any engine serving the name reports, so
+    /// that every node picks the same), so that every name of one model meets the others'
+    /// cache. A LoRA adapter keeps its own name, as vLLM's KV events name it. `None` while no
+    /// card is known: the name itself.
+    pub fn model_identity(&self, model: &str) -> Option<String> {
+        let engine = self.engine.state();
+        let view = self.view.load();
+        let peers = view.peers.iter().flat_map(|peer| peer.models.iter());
+        engine
+            .cards
+            .iter()
+            .chain(peers)
+            .filter(|card| card.id == model && !card.is_adapter())
+            .filter_map(|card| card.root.as_deref())
+            .min()
+            .map(str::to_owned)
     }
 
     /// This node's engine accepted a request with `chain`: its blocks are now cached there.

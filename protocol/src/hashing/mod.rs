@@ -23,7 +23,10 @@ mod request;
 
 pub use chain::{ChainBuilder, ChainSeed, chain_from_text, chain_from_tokens, extend_with_tokens};
 pub use media::media_digest;
-pub use request::{Endpoint, HashError, RequestHashes, hash_request, hash_tokenized};
+pub use request::{
+    Endpoint, HashError, RequestHashes, hash_request, hash_request_seeded, hash_tokenized,
+    hash_tokenized_seeded,
+};
 
 /// The hash of a whole prefix, up to and including one block.
 pub type BlockHash = u64;

@@ -57,13 +57,25 @@ pub fn hash_request(
     body: &Value,
     config: &HashConfig,
 ) -> Result<RequestHashes, HashError> {
+    hash_request_seeded(endpoint, body, config, None)
+}
+
+/// [`hash_request`], with the chain seeded by `seed_model` rather than the body's `model`:
+/// the identity of the weights the name stands for, so that every name of one model (vLLM's
+/// `--served-model-name` aliases) hashes alike and meets the others' cache.
+pub fn hash_request_seeded(
+    endpoint: Endpoint,
+    body: &Value,
+    config: &HashConfig,
+    seed_model: Option<&str>,
+) -> Result<RequestHashes, HashError> {
     let object = body.as_object().ok_or(HashError::NotAnObject)?;
     let Meta {
         model,
         cache_salt,
         user,
     } = Meta::parse(object)?;
-    let seed = ChainSeed::new(&model, cache_salt);
+    let seed = ChainSeed::new(seed_model.unwrap_or(&model), cache_salt);
     let prompt = match endpoint {
         Endpoint::Completions => completions_prompt(object.get("prompt"))?,
         Endpoint::ChatCompletions => Prompt::Chat(object),
@@ -112,6 +124,17 @@ pub fn hash_tokenized(
     tokens: &[u32],
     block_tokens: usize,
 ) -> Result<RequestHashes, HashError> {
+    hash_tokenized_seeded(endpoint, body, tokens, block_tokens, None)
+}
+
+/// [`hash_tokenized`], seeded by `seed_model` (see [`hash_request_seeded`]).
+pub fn hash_tokenized_seeded(
+    endpoint: Endpoint,
+    body: &Value,
+    tokens: &[u32],
+    block_tokens: usize,
+    seed_model: Option<&str>,
+) -> Result<RequestHashes, HashError> {
     let object = body.as_object().ok_or(HashError::NotAnObject)?;
     let meta = Meta::parse(object)?;
     let block_tokens = block_tokens.max(1);
@@ -120,7 +143,7 @@ pub fn hash_tokenized(
         Vec::new()
     } else {
         chain_from_tokens(
-            ChainSeed::new(&meta.model, meta.cache_salt),
+            ChainSeed::new(seed_model.unwrap_or(&meta.model), meta.cache_salt),
             tokens,
             block_tokens,
         )
@@ -512,6 +535,32 @@ mod tests {
         assert_eq!(
             plain,
             hash(json!({"model": "m", "prompt": prompt, "cache_salt": null}))
+        );
+    }
+
+    #[test]
+    fn names_seeded_by_one_identity_hash_alike() {
+        let config = HashConfig::default();
+        let prompt = "x".repeat(300);
+        let seeded = |model: &str, seed: Option<&str>| {
+            let body = json!({"model": model, "prompt": prompt});
+            hash_request_seeded(Endpoint::Completions, &body, &config, seed).unwrap()
+        };
+        let weights = Some("/models/llama-3.1-8b");
+        let (name, alias) = (seeded("llama", weights), seeded("llama-8b", weights));
+        assert_eq!(name.chain, alias.chain);
+        assert_eq!(
+            alias.model, "llama-8b",
+            "routing still asks for the client's name"
+        );
+        assert_ne!(seeded("llama", None).chain, name.chain);
+        let tokens: Vec<u32> = (0..64).collect();
+        let body = json!({"model": "llama-8b", "prompt": prompt});
+        let tokenized =
+            hash_tokenized_seeded(Endpoint::Completions, &body, &tokens, 16, weights).unwrap();
+        assert_eq!(
+            tokenized.chain,
+            chain_from_tokens(ChainSeed::new("/models/llama-3.1-8b", None), &tokens, 16)
         );
     }
 }

@@ -108,6 +108,9 @@ pub struct Plan {
     declines_left: u32,
     failed_before: bool,
     declined_before: bool,
+    /// Ranks that declined, in order: when every engine after them failed, they are tried
+    /// again (and may not decline then), since a decline says an engine is busy, not gone.
+    declined_ranks: Vec<usize>,
     sent: Option<Sent>,
     served: Option<Sent>,
     /// The served answer's first byte was relayed.
@@ -163,6 +166,7 @@ impl Plan {
             },
             failed_before: false,
             declined_before: false,
+            declined_ranks: Vec::new(),
             sent: None,
             served: None,
             first_byte: false,
@@ -237,11 +241,21 @@ impl Plan {
         if self.sent.is_some() || self.served.is_some() {
             return None;
         }
-        let rank = self.next;
-        let target = *self.targets.get(rank)?;
-        self.next += 1;
-        let may_decline =
-            self.declines_left > 0 && !self.failed_before && rank + 1 < self.targets.len();
+        let (rank, revisit) = match self.next < self.targets.len() {
+            true => (self.next, false),
+            false if self.failed_before && !self.declined_ranks.is_empty() => {
+                (self.declined_ranks.remove(0), true)
+            }
+            false => return None,
+        };
+        let target = self.targets[rank];
+        if !revisit {
+            self.next += 1;
+        }
+        let may_decline = !revisit
+            && self.declines_left > 0
+            && !self.failed_before
+            && rank + 1 < self.targets.len();
         let reason = if self.failed_before {
             RouteReason::Retry
         } else if self.declined_before {
@@ -315,6 +329,7 @@ impl Plan {
                 self.declines += 1;
                 self.declines_left = self.declines_left.saturating_sub(1);
                 self.declined_before = true;
+                self.declined_ranks.push(sent.rank);
                 self.progress_after(false)
             }
             Outcome::Failed {
@@ -335,7 +350,8 @@ impl Plan {
     }
 
     fn progress_after(&self, timed_out: bool) -> Progress {
-        if self.next < self.targets.len() {
+        let revisit = self.failed_before && !self.declined_ranks.is_empty();
+        if self.next < self.targets.len() || revisit {
             Progress::TryNext
         } else {
             Progress::GaveUp { timed_out }
@@ -361,6 +377,12 @@ impl Plan {
         }
     }
 
+    /// Whether an attempt after the current one could still be made (an engine is left in
+    /// rank, and a failure would be retried).
+    pub fn has_next(&self) -> bool {
+        self.next < self.targets.len() && self.retries_left > 0
+    }
+
     /// The rank of the attempt in progress or served, for tests.
     pub fn current_rank(&self) -> Option<usize> {
         self.sent.or(self.served).map(|sent| sent.rank)
@@ -369,8 +391,7 @@ impl Plan {
 
 /// The prompt tokens an engine holding `matched` of its blocks has to compute.
 pub(super) fn uncached_tokens(matched: u32, request: &RouteRequest<'_>) -> u32 {
-    let cached = f64::from(matched) * f64::from(request.tokens_per_block);
-    (f64::from(request.prompt_tokens) - cached).max(0.0) as u32
+    request.uncached_tokens(matched) as u32
 }
 
 /// How many prompt tokens an engine holding `matched_here` blocks of the request may have to
@@ -464,5 +485,65 @@ mod tests {
             tokens_bound(estimate(0, 0, 0), 6, &request(&chain), &config),
             128 + 96
         );
+    }
+
+    #[test]
+    fn an_engine_that_declined_gets_the_request_back_when_every_later_one_failed() {
+        use crate::digest::{LoadDigest, Role};
+        use crate::lifecycle::{EntryState, PeerInput};
+        use crate::route::node_key;
+        use crate::route::tests::digest;
+        let digests: Vec<LoadDigest> = (0..2)
+            .map(|_| LoadDigest {
+                role: Role::Mixed,
+                ..digest(0)
+            })
+            .collect();
+        let peers: Vec<PeerInput<'_>> = digests
+            .iter()
+            .enumerate()
+            .map(|(i, digest)| PeerInput {
+                key: node_key(&format!("n{i}")),
+                digest,
+                digest_received_ms: 0,
+                summary: None,
+                offload: None,
+                live: None,
+            })
+            .collect();
+        let chain: Vec<u64> = (0..8).collect();
+        let mut entry = EntryState::default();
+        let config = RouteConfig::default();
+        let mut plan = entry
+            .route(&peers, &request(&chain), &config, 10)
+            .unwrap()
+            .with_retries(2);
+        let first = plan.next_attempt(&mut entry, &chain, 10).unwrap();
+        assert!(first.decline_above_tokens.is_some());
+        let declined = Outcome::Declined(None);
+        assert_eq!(
+            plan.on_outcome(&mut entry, &chain, declined, 10),
+            Progress::TryNext
+        );
+        let second = plan.next_attempt(&mut entry, &chain, 10).unwrap();
+        assert_ne!(second.node_key, first.node_key);
+        let failed = Outcome::Failed {
+            retryable: true,
+            timed_out: false,
+        };
+        assert_eq!(
+            plan.on_outcome(&mut entry, &chain, failed, 10),
+            Progress::TryNext
+        );
+        // Busy beats gone: back to the first, which may not decline again.
+        let again = plan.next_attempt(&mut entry, &chain, 10).unwrap();
+        assert_eq!(again.node_key, first.node_key);
+        assert_eq!(again.decline_above_tokens, None);
+        assert_eq!(again.reason, RouteReason::Retry);
+        assert_eq!(
+            plan.on_outcome(&mut entry, &chain, failed, 10),
+            Progress::GaveUp { timed_out: false }
+        );
+        assert_eq!(plan.next_attempt(&mut entry, &chain, 10), None);
     }
 }

@@ -112,6 +112,15 @@ pub struct RouteConfig {
     pub ranked_len: usize,
     /// Cost form: prefill speed assumed when a digest reports none. Default 5000 tokens/s.
     pub default_prefill_tokens_per_s: f64,
+    /// Score form: weight of an engine's readiness for the LoRA adapter a request names
+    /// (1 running it, 0.8 a free slot to load it into, 0.6 requests for it queued, 0 every
+    /// slot taken by others): a request for an adapter an engine is running joins its batch,
+    /// while one elsewhere waits for the adapter to load, or for a slot. Default 0.5, worth
+    /// half the prompt matched.
+    pub lora_weight: f64,
+    /// Cost form: the time to load an adapter into a slot, charged in proportion to how far
+    /// from running it an engine is (see `lora_weight`). Default 200 ms.
+    pub lora_load_ms: f64,
     /// Worth of a block an engine holds only in an offload tier (CPU, storage), as a fraction
     /// of one on its GPU: the engine loads it instead of computing it, at a transfer's cost.
     /// Default 0.5.
@@ -150,6 +159,8 @@ impl Default for RouteConfig {
             ranked_len: 4,
             default_prefill_tokens_per_s: 5_000.0,
             offload_weight: 0.5,
+            lora_weight: 0.5,
+            lora_load_ms: 200.0,
         }
     }
 }

@@ -3,7 +3,7 @@
 use super::config::{BoundOn, Policy, RouteConfig};
 use super::reason::RouteReason;
 use super::rendezvous::rendezvous_weight;
-use crate::digest::{LoadDigest, Role};
+use crate::digest::{LoadDigest, LoraReadiness, Role};
 use crate::hashing::{BlockHash, HASH_VERSION};
 use crate::summary::PeerSummary;
 use std::cmp::Ordering;
@@ -89,6 +89,14 @@ pub struct RouteRequest<'a> {
     pub spread: Option<u64>,
 }
 
+impl RouteRequest<'_> {
+    /// The prompt tokens an engine holding `matched` of the chain's blocks has to compute.
+    pub fn uncached_tokens(&self, matched: u32) -> f64 {
+        let cached = f64::from(matched) * f64::from(self.tokens_per_block);
+        (f64::from(self.prompt_tokens) - cached).max(0.0)
+    }
+}
+
 /// The ranked outcome.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Decision {
@@ -152,6 +160,9 @@ struct Entry {
     /// Requests in flight there (running, waiting, pending) as the gossiped digest shows
     /// them: what every entry node sees alike.
     shared_load: u32,
+    /// For a request naming a LoRA adapter, how ready the engine is to run it (see
+    /// [`LoraReadiness`]); the highest for a base model.
+    ready: LoraReadiness,
     fresh: bool,
 }
 
@@ -262,6 +273,10 @@ pub fn decide_with(
             }
             .saturating_add(candidate.pending),
             queued: gauges.waiting.saturating_add(candidate.pending),
+            ready: match digest.loras.iter().any(|lora| lora == request.model) {
+                true => digest.lora_use.readiness(request.model),
+                false => LoraReadiness::Running,
+            },
             idle_now: candidate.digest_received_ms >= now_ms
                 && gauges.load() == 0
                 && candidate.pending == 0,
@@ -291,13 +306,23 @@ pub fn decide_with(
     });
 
     // A new prefix's choices: the engines with the highest rendezvous weights on its first
-    // block, the same few on every entry node.
+    // block, the same few on every entry node; for an adapter, among the engines readiest to
+    // run it (gossiped: every entry node sees them alike).
+    let best_ready = entries
+        .iter()
+        .map(|e| e.ready)
+        .max()
+        .unwrap_or(LoraReadiness::Running);
+    let is_choice = |e: &Entry, floor: u64| {
+        e.ready == best_ready && rendezvous_weight(request.chain[0], e.node_key) >= floor
+    };
     let cold_floor = if cold {
         let weights = &mut scratch.weights;
         weights.clear();
         weights.extend(
             entries
                 .iter()
+                .filter(|e| e.ready == best_ready)
                 .map(|e| rendezvous_weight(request.chain[0], e.node_key)),
         );
         // The `choices`-th highest weight, without sorting all of them.
@@ -313,7 +338,7 @@ pub fn decide_with(
     // engine live, the others through gossip) still agree.
     let cold_lightest = entries
         .iter()
-        .filter(|e| cold && rendezvous_weight(request.chain[0], e.node_key) >= cold_floor)
+        .filter(|e| cold && is_choice(e, cold_floor))
         .map(|e| e.shared_load)
         .min()
         .unwrap_or(0);
@@ -330,7 +355,7 @@ pub fn decide_with(
             // rank its choices alike. Late binding corrects with the exact queue.
             let weight = rendezvous_weight(request.chain[0], entry.node_key);
             let unit = weight as f64 / u64::MAX as f64;
-            if weight >= cold_floor {
+            if is_choice(entry, cold_floor) {
                 2.0 + unit - f64::from(entry.shared_load.saturating_sub(cold_margin)) * 2.0
             } else {
                 unit - f64::from(u32::MAX)
@@ -488,6 +513,7 @@ fn base_score(
 ) -> f64 {
     let gauges = candidate.gauges();
     let queued = f64::from(gauges.waiting) + f64::from(candidate.pending);
+    let adapter = adapter_readiness(candidate.digest, entry.ready, request.model);
     match config.policy {
         Policy::Score => {
             let matched = match request.chain.len() {
@@ -497,16 +523,36 @@ fn base_score(
             let queued = queued + config.running_weight.max(0.0) * f64::from(gauges.running);
             config.alpha * matched + config.beta * (1.0 - f64::from(gauges.kv_usage))
                 - config.gamma * queued / config.waiting_threshold.max(1.0)
+                + config.lora_weight * adapter.unwrap_or(0.0)
         }
-        Policy::Cost => -estimated_ttft_ms(
-            candidate.digest,
-            gauges.waiting,
-            entry.matched,
-            queued,
-            request,
-            config,
-        ),
+        Policy::Cost => {
+            let loading = config.lora_load_ms.max(0.0) * (1.0 - adapter.unwrap_or(1.0));
+            let ttft = estimated_ttft_ms(
+                candidate.digest,
+                gauges.waiting,
+                entry.matched,
+                queued,
+                request,
+                config,
+            );
+            -(ttft + loading)
+        }
     }
+}
+
+/// For a request naming a LoRA adapter the engine serves, how ready the engine is to run it,
+/// 0..=1 (llm-d's scale: running 1, loadable into a free slot 0.8, queued 0.6, no slot 0);
+/// `None` for a base model.
+fn adapter_readiness(digest: &LoadDigest, ready: LoraReadiness, model: &str) -> Option<f64> {
+    if !digest.loras.iter().any(|lora| lora == model) {
+        return None;
+    }
+    Some(match ready {
+        LoraReadiness::Running => 1.0,
+        LoraReadiness::FreeSlot => 0.8,
+        LoraReadiness::Waiting => 0.6,
+        LoraReadiness::NoSlot => 0.0,
+    })
 }
 
 /// The cost form: time to drain the queue ahead plus time to prefill what is not cached.
@@ -518,9 +564,8 @@ fn estimated_ttft_ms(
     request: &RouteRequest<'_>,
     config: &RouteConfig,
 ) -> f64 {
-    let prompt = f64::from(request.prompt_tokens);
-    let cached = f64::from(matched) * f64::from(request.tokens_per_block);
-    let prefill_ms = (prompt - cached).max(0.0) / prefill_tokens_per_s(digest, config) * 1000.0;
+    let prefill_ms =
+        request.uncached_tokens(matched) / prefill_tokens_per_s(digest, config) * 1000.0;
     queued * service_ms(digest, waiting, request, config) + prefill_ms
 }
 

@@ -127,9 +127,7 @@ fn fits(candidate: &Candidate<'_>, matched: u32, request: &RouteRequest<'_>) -> 
     if digest.kv_capacity_blocks == 0 || digest.block_size == 0 {
         return true;
     }
-    let cached = f64::from(matched) * f64::from(request.tokens_per_block);
-    let uncached = (f64::from(request.prompt_tokens) - cached).max(0.0);
-    let needed = (uncached / f64::from(digest.block_size)).ceil();
+    let needed = (request.uncached_tokens(matched) / f64::from(digest.block_size)).ceil();
     let free = f64::from(1.0 - candidate.gauges().kv_usage.clamp(0.0, 1.0))
         * f64::from(digest.kv_capacity_blocks);
     needed <= free.floor()
@@ -142,6 +140,7 @@ mod tests {
     use crate::route::tests::{digest, request};
     use crate::route::{Gauges, node_key};
 
+    /// The `now` of `route::tests`' candidates.
     const NOW: u64 = 10_000;
 
     fn decoder(running: u32, kv_usage: f32) -> LoadDigest {
@@ -155,17 +154,7 @@ mod tests {
     }
 
     fn candidate<'a>(name: &str, digest: &'a LoadDigest) -> Candidate<'a> {
-        Candidate {
-            node_key: node_key(name),
-            digest,
-            summary: None,
-            offload: None,
-            digest_received_ms: NOW - 50,
-            pending: 0,
-            digest_pending: 0,
-            recent_match: 0,
-            fresh: None,
-        }
+        crate::route::tests::candidate(name, digest, None)
     }
 
     fn rank(candidates: &[Candidate<'_>], warm: &[u64]) -> Vec<usize> {

@@ -24,6 +24,7 @@ pub(crate) fn digest(waiting: u32) -> LoadDigest {
         hash_version: HASH_VERSION,
         models: vec!["m".into()],
         loras: vec![],
+        lora_use: Default::default(),
     }
 }
 
@@ -43,7 +44,7 @@ fn chain(n: u64, salt: u64) -> Vec<u64> {
     (0..n).map(|i| rendezvous_weight(i, salt)).collect()
 }
 
-fn candidate<'a>(
+pub(crate) fn candidate<'a>(
     name: &str,
     digest: &'a LoadDigest,
     summary: Option<&'a PeerSummary>,
@@ -560,4 +561,75 @@ fn running_requests_weigh_in_the_score_form() {
         ..config
     };
     assert_ne!(winner(&config, "a", "b"), winner(&config, "b", "a"));
+}
+
+#[test]
+fn an_adapter_goes_where_it_runs_then_where_a_slot_is_free() {
+    use crate::digest::LoraUse;
+    let prompt = chain(4, 40);
+    let serving = |running: &[&str], waiting: u32| LoadDigest {
+        loras: vec!["sql".into()],
+        lora_use: LoraUse {
+            running: running.iter().map(|name| name.to_string()).collect(),
+            waiting: vec![],
+            max_loras: 1,
+        },
+        ..digest(waiting)
+    };
+    let for_sql = RouteRequest {
+        model: "sql",
+        ..request(&prompt)
+    };
+    let config = RouteConfig::default();
+    // One runs `sql` with a request more queued; the other's only slot holds another adapter.
+    let (running, full) = (serving(&["sql"], 1), serving(&["chat"], 0));
+    let candidates = [
+        candidate("running", &running, None),
+        candidate("full", &full, None),
+    ];
+    assert_eq!(
+        decide(&candidates, &for_sql, &config, NOW).unwrap().ranked[0],
+        0
+    );
+    // A free slot beats a full one.
+    let (free, full) = (serving(&[], 0), serving(&["chat"], 0));
+    let candidates = [
+        candidate("full", &full, None),
+        candidate("free", &free, None),
+    ];
+    assert_eq!(
+        decide(&candidates, &for_sql, &config, NOW).unwrap().ranked[0],
+        1
+    );
+    // A new prefix of an adapter goes to an engine running it, whatever the rendezvous says:
+    // over many prompts, never to the one whose slot holds another adapter.
+    for salt in 0..32 {
+        let prompt = chain(4, 1_000 + salt);
+        let request = RouteRequest {
+            model: "sql",
+            ..request(&prompt)
+        };
+        let (running, full) = (serving(&["sql"], 0), serving(&["chat"], 0));
+        let candidates = [
+            candidate("running", &running, None),
+            candidate("full", &full, None),
+        ];
+        let decision = decide(&candidates, &request, &config, NOW).unwrap();
+        assert!(decision.new_prefix);
+        assert_eq!(decision.ranked[0], 0, "salt {salt}");
+    }
+    // The same prompt for the base model goes by rendezvous alone: to either.
+    let mut chosen = [0; 2];
+    for salt in 0..32 {
+        let prompt = chain(4, 1_000 + salt);
+        let (running, full) = (serving(&["sql"], 0), serving(&["chat"], 0));
+        let candidates = [
+            candidate("running", &running, None),
+            candidate("full", &full, None),
+        ];
+        chosen[decide(&candidates, &request(&prompt), &config, NOW)
+            .unwrap()
+            .ranked[0]] += 1;
+    }
+    assert!(chosen[0] > 0 && chosen[1] > 0, "{chosen:?}");
 }

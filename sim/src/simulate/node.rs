@@ -226,6 +226,7 @@ impl SimNode {
             hash_version: HASH_VERSION,
             models: vec![MODEL.to_owned()],
             loras: vec![],
+            lora_use: Default::default(),
         }
     }
 

@@ -45,6 +45,41 @@ pub fn count_tokens(text: &str) -> usize {
     text.len().div_ceil(BYTES_PER_TOKEN)
 }
 
+/// The text of token ids, as far as the pseudo-tokenizer inverts. Ids are hashes, so only a
+/// known vocabulary maps back: the engine's output pieces ([`crate::text::PIECES`], so the
+/// text of generated tokens and of the load generator's prompts round-trips) and every single
+/// printable ASCII byte or newline (a text's short last chunk). Any other id becomes
+/// `<|tok{id}|>`, a stable stand-in, as a real tokenizer decodes every id to something.
+pub fn detokenize(ids: &[u32]) -> String {
+    static KNOWN: std::sync::OnceLock<std::collections::HashMap<u32, String>> =
+        std::sync::OnceLock::new();
+    let known = KNOWN.get_or_init(|| {
+        let mut m = std::collections::HashMap::new();
+        let bytes = (0x20u8..0x7f).chain([b'\n']);
+        for b in bytes {
+            m.entry(token_id(&[b]))
+                .or_insert_with(|| char::from(b).to_string());
+        }
+        // Pieces go last so they win over the rarer single bytes on an id collision.
+        for p in crate::text::PIECES {
+            m.insert(token_id(p.as_bytes()), p.to_owned());
+        }
+        m
+    });
+    let mut out = String::with_capacity(ids.len() * BYTES_PER_TOKEN);
+    for id in ids {
+        match known.get(id) {
+            Some(t) => out.push_str(t),
+            None => {
+                out.push_str("<|tok");
+                out.push_str(&id.to_string());
+                out.push_str("|>");
+            }
+        }
+    }
+    out
+}
+
 /// One chat message, already reduced to its rendered content.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChatMessage {
@@ -112,6 +147,15 @@ mod tests {
             render_chat(&msgs[..1], false),
             "<|system|>\nBe brief.<|end|>\n"
         );
+    }
+
+    #[test]
+    fn detokenize_inverts_pieces_and_short_chunks() {
+        let text = crate::text::text(7, 20);
+        assert_eq!(detokenize(&tokenize(&text)), text);
+        assert_eq!(detokenize(&tokenize(" the fox!")), " the fox!");
+        let odd = tokenize("wxyz")[0];
+        assert_eq!(detokenize(&[odd]), format!("<|tok{odd}|>"));
     }
 
     proptest! {

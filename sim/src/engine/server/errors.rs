@@ -15,6 +15,9 @@ pub struct ApiError {
     pub message: String,
     /// The offending parameter, when known.
     pub param: Option<String>,
+    /// `type` when vLLM names it explicitly rather than by the status (the Responses API
+    /// answers `invalid_request_error`); `None` derives it from the status.
+    pub kind_override: Option<&'static str>,
 }
 
 impl ApiError {
@@ -24,6 +27,7 @@ impl ApiError {
             status: StatusCode::BAD_REQUEST,
             message: message.into(),
             param: None,
+            kind_override: None,
         }
     }
 
@@ -41,6 +45,7 @@ impl ApiError {
             status: StatusCode::NOT_FOUND,
             message: message.into(),
             param: None,
+            kind_override: None,
         }
     }
 
@@ -50,6 +55,7 @@ impl ApiError {
             status: StatusCode::METHOD_NOT_ALLOWED,
             message: "Method Not Allowed".into(),
             param: None,
+            kind_override: None,
         }
     }
 
@@ -59,6 +65,7 @@ impl ApiError {
             status: StatusCode::PAYLOAD_TOO_LARGE,
             message: format!("Request body exceeds the limit of {limit} bytes."),
             param: None,
+            kind_override: None,
         }
     }
 
@@ -69,6 +76,7 @@ impl ApiError {
             status: StatusCode::INTERNAL_SERVER_ERROR,
             message: "Internal server error".into(),
             param: None,
+            kind_override: None,
         }
     }
 
@@ -78,11 +86,33 @@ impl ApiError {
             status: StatusCode::SERVICE_UNAVAILABLE,
             message: "The engine is shutting down.".into(),
             param: None,
+            kind_override: None,
         }
     }
 
-    /// vLLM's error type name for the status.
+    /// The same error with vLLM's explicit `type` (`create_error_response(err_type=...)`).
+    pub fn with_kind(self, kind: &'static str) -> Self {
+        Self {
+            kind_override: Some(kind),
+            ..self
+        }
+    }
+
+    /// 500 for a request the engine dropped without finishing it.
+    pub fn dropped() -> Self {
+        Self {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message: "the engine dropped the request".into(),
+            param: None,
+            kind_override: None,
+        }
+    }
+
+    /// vLLM's error type name: the explicit one, else the status's.
     pub fn kind(&self) -> &'static str {
+        if let Some(kind) = self.kind_override {
+            return kind;
+        }
         match self.status {
             StatusCode::BAD_REQUEST => "BadRequestError",
             StatusCode::NOT_FOUND => "NotFoundError",

@@ -18,9 +18,14 @@ use super::driver::{DriverHandle, Submission, TokenEvent};
 use super::errors::ApiError;
 use super::metrics_text::{self, MetricsLabels};
 use super::openai::{self, Endpoint, Generation, Models};
+use super::pooling::PoolingEndpoint;
 use super::responses::{self, ChoiceResult, PromptTokensDetails, ResponseMeta, Usage};
+use super::responses_api::ResponseStore;
+use super::{http_pooling, http_responses};
 use crate::engine::config::KvConnector;
-use crate::engine::model::{EngineConfig, EngineRequest, FinishReason, KvTransfer, validate};
+use crate::engine::model::{
+    EngineConfig, EngineRequest, FinishReason, Finished, KvTransfer, validate,
+};
 use crate::engine::nixl::params::{self, Leg};
 use crate::rng::mix64;
 
@@ -48,6 +53,8 @@ pub struct AppState {
     pub next_id: AtomicU64,
     /// Process-unique salt of response ids.
     pub id_salt: u64,
+    /// Stored Responses API answers, for `previous_response_id`.
+    pub responses: Arc<ResponseStore>,
 }
 
 /// Routes one request.
@@ -63,6 +70,25 @@ pub async fn handle(
         (&Method::POST, "/v1/completions") => generate(&state, req, Endpoint::Completions).await,
         (&Method::POST, "/v1/chat/completions") => generate(&state, req, Endpoint::Chat).await,
         (&Method::POST, "/tokenize") => tokenize(&state, req).await,
+        (&Method::POST, "/detokenize") => http_pooling::detokenize(&state, req).await,
+        (&Method::POST, "/v1/embeddings") => {
+            http_pooling::pooling(&state, req, PoolingEndpoint::Embeddings).await
+        }
+        (&Method::POST, "/pooling") => {
+            http_pooling::pooling(&state, req, PoolingEndpoint::Pooling).await
+        }
+        (&Method::POST, "/classify") => {
+            http_pooling::pooling(&state, req, PoolingEndpoint::Classify).await
+        }
+        (&Method::POST, "/score" | "/v1/score") => http_pooling::score(&state, req, false).await,
+        (&Method::POST, "/rerank" | "/v1/rerank" | "/v2/rerank") => {
+            http_pooling::score(&state, req, true).await
+        }
+        (&Method::POST, "/v1/responses") => http_responses::create(&state, req).await,
+        (method, p) if stored_response_id(p).is_some() => match *method {
+            Method::GET => http_responses::retrieve(&state, stored_response_id(p).unwrap_or("")),
+            _ => Err(ApiError::method_not_allowed()),
+        },
         (
             _,
             "/health"
@@ -70,14 +96,30 @@ pub async fn handle(
             | "/metrics"
             | "/v1/completions"
             | "/v1/chat/completions"
-            | "/tokenize",
+            | "/tokenize"
+            | "/detokenize"
+            | "/v1/embeddings"
+            | "/pooling"
+            | "/classify"
+            | "/score"
+            | "/v1/score"
+            | "/rerank"
+            | "/v1/rerank"
+            | "/v2/rerank"
+            | "/v1/responses",
         ) => Err(ApiError::method_not_allowed()),
         _ => Err(ApiError::not_found(format!("Not Found: {path}"))),
     };
     Ok(resp.unwrap_or_else(ApiError::into_response))
 }
 
-fn json_response(status: StatusCode, body: Bytes) -> Response<Body> {
+/// The id of `GET /v1/responses/{id}`: one path segment after the prefix.
+fn stored_response_id(path: &str) -> Option<&str> {
+    path.strip_prefix("/v1/responses/")
+        .filter(|id| !id.is_empty() && !id.contains('/'))
+}
+
+pub(super) fn json_response(status: StatusCode, body: Bytes) -> Response<Body> {
     let mut resp = Response::new(full(body));
     *resp.status_mut() = status;
     resp.headers_mut().insert(
@@ -87,7 +129,7 @@ fn json_response(status: StatusCode, body: Bytes) -> Response<Body> {
     resp
 }
 
-async fn read_body(
+pub(super) async fn read_body(
     state: &AppState,
     req: Request<Incoming>,
 ) -> Result<(http::request::Parts, Bytes), ApiError> {
@@ -188,11 +230,6 @@ async fn generate(
             "kvmesh-sim serves disaggregated legs of one prompt only, not of a batch",
         ));
     }
-    let request_id = parts
-        .headers
-        .get("x-request-id")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
     let first_id = state
         .next_id
         .fetch_add(generation.prompts.len() as u64, Ordering::Relaxed);
@@ -201,13 +238,7 @@ async fn generate(
         Endpoint::Completions => "cmpl",
         Endpoint::Chat => "chatcmpl",
     };
-    let id_body = request_id.clone().unwrap_or_else(|| {
-        format!(
-            "{:016x}{:016x}",
-            mix64(state.id_salt),
-            mix64(first_id ^ state.id_salt)
-        )
-    });
+    let id_body = id_body(state, &parts, first_id);
     // Only a prefill leg shows its internal id (as `remote_request_id`); other requests skip
     // building it.
     let internal_ids = if leg == Leg::Prefill {
@@ -269,11 +300,7 @@ async fn generate(
         }
     }
     if finishes.iter().any(Option::is_none) {
-        return Err(ApiError {
-            status: StatusCode::INTERNAL_SERVER_ERROR,
-            message: "the engine dropped the request".into(),
-            param: None,
-        });
+        return Err(ApiError::dropped());
     }
     usage.total_tokens = usage.prompt_tokens + usage.completion_tokens;
     if state.prompt_tokens_details {
@@ -293,6 +320,73 @@ async fn generate(
         StatusCode::OK,
         responses::full_response(&meta, &choices, usage, kv_params),
     ))
+}
+
+/// The id of a response without its prefix: the client's `X-Request-Id` (vLLM uses it as
+/// the base of its ids), else one unique to this process and request.
+pub(super) fn id_body(state: &AppState, parts: &http::request::Parts, first_id: u64) -> String {
+    parts
+        .headers
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+        .unwrap_or_else(|| fresh_id(state, first_id))
+}
+
+/// A process-unique 32-hex-digit id for request `first_id`.
+pub(super) fn fresh_id(state: &AppState, first_id: u64) -> String {
+    format!(
+        "{:016x}{:016x}",
+        mix64(state.id_salt),
+        mix64(first_id ^ state.id_salt)
+    )
+}
+
+/// A finished engine request: its text and how it ended.
+pub(super) struct Done {
+    /// Generated text.
+    pub text: String,
+    /// Finish details.
+    pub finished: Finished,
+}
+
+/// Hands `requests` to the engine and waits until every one has finished, so they queue,
+/// batch, hit the prefix cache and count in the metrics like any other request.
+pub(super) async fn run_to_end(
+    state: &AppState,
+    requests: Vec<EngineRequest>,
+) -> Result<Vec<Done>, ApiError> {
+    let n = requests.len();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let submission = Submission {
+        requests,
+        internal_ids: Vec::new(),
+        remote: None,
+        sink: tx,
+    };
+    if !state.driver.submit(submission) {
+        return Err(ApiError::unavailable());
+    }
+    let mut texts = vec![String::new(); n];
+    let mut finished: Vec<Option<Finished>> = vec![None; n];
+    while let Some((index, out)) = rx.recv().await {
+        let i = index as usize;
+        texts[i].push_str(out.text);
+        if let Some(f) = out.finished {
+            if f.reason == FinishReason::Error {
+                return Err(ApiError::generation_failed());
+            }
+            finished[i] = Some(f);
+        }
+    }
+    texts
+        .into_iter()
+        .zip(finished)
+        .map(|(text, f)| {
+            f.map(|finished| Done { text, finished })
+                .ok_or_else(ApiError::dropped)
+        })
+        .collect()
 }
 
 /// The engine's internal request ids, shaped as vLLM's: the endpoint's prefix, the
@@ -469,7 +563,7 @@ fn stream_response(
     resp
 }
 
-fn unix_now() -> u64 {
+pub(super) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())

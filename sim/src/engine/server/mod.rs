@@ -4,9 +4,14 @@ pub mod body;
 pub mod driver;
 pub mod errors;
 pub mod http;
+pub mod http_pooling;
+pub mod http_responses;
 pub mod metrics_text;
 pub mod openai;
+pub mod pooling;
 pub mod responses;
+pub mod responses_api;
+pub mod vectors;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -68,6 +73,7 @@ pub fn app_state(
         prompt_tokens_details: args.enable_prompt_tokens_details,
         next_id: AtomicU64::new(0),
         id_salt,
+        responses: Arc::default(),
     })
 }
 

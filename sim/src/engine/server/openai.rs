@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use super::errors::ApiError;
 use crate::engine::model::LoraRef;
-use crate::engine::model::tokenizer::{ChatMessage, render_chat, tokenize};
+use crate::engine::model::tokenizer::{ChatMessage, VOCAB_SIZE, render_chat, tokenize};
 
 /// The models the server answers to.
 #[derive(Debug, Clone)]
@@ -103,9 +103,11 @@ pub struct Generation {
     pub kv_transfer_params: Option<Value>,
 }
 
+/// A prompt as the completions API (and the pooling APIs' `input`) takes it: a string, a
+/// list of strings, a list of token ids or a list of token-id lists.
 #[derive(Deserialize)]
 #[serde(untagged)]
-enum PromptInput {
+pub(super) enum PromptInput {
     Text(String),
     Texts(Vec<String>),
     Tokens(Vec<u32>),
@@ -162,11 +164,12 @@ struct CommonFields {
     kv_transfer_params: Option<Value>,
 }
 
+/// One chat message as a request carries it.
 #[derive(Deserialize)]
-struct MessageBody {
-    role: String,
+pub(super) struct MessageBody {
+    pub(super) role: String,
     #[serde(default)]
-    content: Option<Value>,
+    pub(super) content: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -185,21 +188,7 @@ struct TokenizeBody {
 pub fn parse_completion(body: &[u8], models: &Models) -> Result<Generation, ApiError> {
     let b: CompletionBody = serde_json::from_slice(body)?;
     let model = models.resolve(b.model.as_deref())?;
-    let prompts = match b.prompt {
-        PromptInput::Text(s) => vec![tokenize(&s)],
-        PromptInput::Texts(v) => v.iter().map(|s| tokenize(s)).collect(),
-        PromptInput::Tokens(t) => vec![t],
-        PromptInput::TokenBatch(v) => v,
-    };
-    if prompts.is_empty() {
-        return Err(ApiError::bad_param(
-            "prompt",
-            "prompt must not be an empty list",
-        ));
-    }
-    if prompts.iter().any(Vec::is_empty) {
-        return Err(ApiError::bad_param("prompt", "Prompt cannot be empty"));
-    }
+    let prompts = prompt_tokens(b.prompt, "prompt")?;
     finish(
         Endpoint::Completions,
         model,
@@ -207,6 +196,27 @@ pub fn parse_completion(body: &[u8], models: &Models) -> Result<Generation, ApiE
         b.max_tokens,
         b.common,
     )
+}
+
+/// The token ids of each prompt of `input`, none of them empty. `param` names the field in
+/// errors.
+pub(super) fn prompt_tokens(input: PromptInput, param: &str) -> Result<Vec<Vec<u32>>, ApiError> {
+    let prompts = match input {
+        PromptInput::Text(s) => vec![tokenize(&s)],
+        PromptInput::Texts(v) => v.iter().map(|s| tokenize(s)).collect(),
+        PromptInput::Tokens(t) => vec![t],
+        PromptInput::TokenBatch(v) => v,
+    };
+    if prompts.is_empty() {
+        return Err(ApiError::bad_param(
+            param,
+            format!("{param} must not be an empty list"),
+        ));
+    }
+    if prompts.iter().any(Vec::is_empty) {
+        return Err(ApiError::bad_param(param, "Prompt cannot be empty"));
+    }
+    Ok(prompts)
 }
 
 /// Parses a `/v1/chat/completions` body.
@@ -244,6 +254,27 @@ pub fn parse_tokenize(body: &[u8], models: &Models) -> Result<Vec<u32>, ApiError
             "exactly one of `prompt` and `messages` is required",
         )),
     }
+}
+
+/// `/detokenize`'s body (vLLM's `DetokenizeRequest`: `model`, `tokens`).
+#[derive(Deserialize)]
+struct DetokenizeBody {
+    #[serde(default)]
+    model: Option<String>,
+    tokens: Vec<u32>,
+}
+
+/// Parses a `/detokenize` body into its token ids, each checked against the vocabulary.
+pub fn parse_detokenize(body: &[u8], models: &Models) -> Result<Vec<u32>, ApiError> {
+    let b: DetokenizeBody = serde_json::from_slice(body)?;
+    models.resolve(b.model.as_deref())?;
+    if let Some(bad) = b.tokens.iter().find(|&&t| t >= VOCAB_SIZE) {
+        return Err(ApiError::bad_param(
+            "tokens",
+            format!("Token id {bad} is out of vocabulary"),
+        ));
+    }
+    Ok(b.tokens)
 }
 
 fn finish(
@@ -299,7 +330,8 @@ fn kv_transfer_params(params: Option<Value>) -> Result<Option<Value>, ApiError> 
     }
 }
 
-fn render_messages(
+/// Renders chat messages with the mock's template (see `tokenizer`).
+pub(super) fn render_messages(
     messages: &[MessageBody],
     add_generation_prompt: bool,
 ) -> Result<String, ApiError> {

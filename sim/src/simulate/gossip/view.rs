@@ -231,6 +231,7 @@ mod tests {
             hash_version: 1,
             models: vec![],
             loras: vec![],
+            lora_use: Default::default(),
         };
         published.publish_digest(1_000, digest(1));
         published.publish_digest(2_000, digest(2));
