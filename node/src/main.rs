@@ -1,6 +1,7 @@
 //! `kvmesh`: the sidecar that runs beside every vLLM server.
 
 mod cli_cert;
+mod cli_intents;
 mod cli_probe;
 mod cli_status;
 
@@ -32,6 +33,9 @@ enum Command {
     /// Debugging aid: run only the mesh (QUIC, mutual TLS, gossip) and print the live
     /// membership as JSON lines whenever it changes.
     MeshProbe(cli_probe::ProbeArgs),
+    /// Check an intents file (`serve --intents`) and measure it on labelled prompts.
+    #[command(subcommand)]
+    Intents(cli_intents::IntentsCommand),
     /// Run the sidecar beside a vLLM server: route every request to the best engine of
     /// the mesh.
     Serve(Box<kvmesh_node::serve::config::ServeArgs>),
@@ -81,6 +85,7 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Cert(command) => cli_cert::run(command),
         Command::MeshProbe(args) => cli_probe::run(args),
+        Command::Intents(command) => cli_intents::run(command),
         Command::Serve(args) => serve(*args),
         Command::Status(args) => cli_status::run(args),
     };

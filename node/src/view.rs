@@ -20,6 +20,9 @@ pub const DIGEST_KEY: &str = "digest";
 pub const HTTP_KEY: &str = "http";
 /// Gossip key of the node's kvmesh version, for operators (`kvmesh status`).
 pub const VERSION_KEY: &str = "version";
+/// Gossip key of the hash of the node's intents file and embedding (`--intents`): nodes whose
+/// hashes differ give `model: "auto"` different models.
+pub const INTENTS_KEY: &str = "intents";
 
 /// One live peer.
 #[derive(Clone, Debug)]
@@ -30,6 +33,8 @@ pub struct PeerView {
     pub http_addr: Option<String>,
     /// Its kvmesh version (`None` from a node older than this key).
     pub version: Option<String>,
+    /// The hash of its intents configuration (`None`: it has none, or is older than the key).
+    pub intents: Option<String>,
     /// `None` until a valid digest arrives: such a peer is not a target.
     pub digest: Option<Arc<LoadDigest>>,
     /// When the current digest value arrived, in this node's monotonic milliseconds.
@@ -115,6 +120,7 @@ impl SharedView {
                     mesh_addr: peer.mesh_addr,
                     http_addr: peer.key_values.get(HTTP_KEY).cloned(),
                     version: peer.key_values.get(VERSION_KEY).cloned(),
+                    intents: peer.key_values.get(INTENTS_KEY).cloned(),
                     digest,
                     digest_received_ms: received,
                     summary,

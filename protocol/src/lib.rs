@@ -9,6 +9,8 @@
 //! - [`summary`]: a bounded-size, sharded encoding of the set of chain hashes an engine holds.
 //! - [`wire`]: the framed, validated messages sidecars exchange when forwarding a request.
 //! - [`route`]: the routing decision, a pure function of a view of the cluster and `now`.
+//! - [`intent`]: `model: "auto"` resolved to a real model by rules and by similarity to
+//!   example prompts.
 //! - [`lifecycle`]: a request's attempts around that decision: the entry ranks and attempts,
 //!   the serving node admits or declines, and every answer carries the engine's load back.
 //!
@@ -20,6 +22,7 @@ pub mod codec;
 pub mod digest;
 pub mod hashing;
 pub mod index;
+pub mod intent;
 pub mod kv_events;
 pub mod lifecycle;
 pub mod route;

@@ -2,12 +2,14 @@
 //! poller that turns its `/metrics`, `/health` and `/v1/models` into this node's load digest.
 //! Exact mode's token ids come from its `/tokenize` ([`tokenize`]) or, for completions, from
 //! the model's `tokenizer.json` loaded here ([`local_tokenizer`], the `tokenizer` feature).
+//! Intent routing's static embedding model loads here too ([`static_embedding`], same feature).
 
 pub mod client;
 pub mod local_tokenizer;
 pub mod metrics;
 pub mod models;
 pub mod poller;
+pub mod static_embedding;
 pub mod tokenize;
 
 pub use client::{EngineClient, EngineError};

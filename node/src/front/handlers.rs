@@ -4,7 +4,7 @@ use super::body::{ResponseBody, full};
 use super::errors::ApiError;
 use super::inference::Api;
 use super::ready::{ReadinessInputs, evaluate};
-use super::{dashboard, debug_match, exposition, inference};
+use super::{dashboard, debug_match, exposition, inference, intent};
 use crate::engine::models;
 use crate::forward::forwardable;
 use crate::metrics::Outcome;
@@ -42,11 +42,12 @@ pub async fn handle(
             }
             Ok(()) => match (method, path.as_str()) {
                 (&Method::POST, "/v1/completions") => {
-                    inference::handle(state, request, Api::Generation(Endpoint::Completions)).await
+                    let api = Api::Generation(Endpoint::Completions);
+                    intent::tagged(inference::handle(state, request, api)).await
                 }
                 (&Method::POST, "/v1/chat/completions") => {
-                    inference::handle(state, request, Api::Generation(Endpoint::ChatCompletions))
-                        .await
+                    let api = Api::Generation(Endpoint::ChatCompletions);
+                    intent::tagged(inference::handle(state, request, api)).await
                 }
                 (&Method::GET, "/v1/models") => models(&state),
                 (&Method::GET, "/debug/cluster") => debug_cluster(&state),
@@ -267,6 +268,7 @@ fn debug_cluster(state: &SharedState) -> Response<ResponseBody> {
                 "mesh_addr": peer.mesh_addr.to_string(),
                 "http_addr": peer.http_addr,
                 "version": peer.version,
+                "intents": peer.intents,
                 "summary_bytes": peer.summary.encoded_bytes(),
                 // What its summary advertises: counted, or estimated from a filter's fill.
                 "cached_blocks": peer.summary.estimated_blocks(),
@@ -277,6 +279,15 @@ fn debug_cluster(state: &SharedState) -> Response<ResponseBody> {
         })
         .collect();
     drop(entry);
+    let own_intents = state.config.intents.as_deref();
+    // Peers whose intents configuration differs from this node's (one of the two may have
+    // none): `model: "auto"` gets different models depending on the node a client calls.
+    let intents_mismatch: Vec<&str> = view
+        .peers
+        .iter()
+        .filter(|peer| peer.intents.as_deref() != own_intents.map(|i| i.hash.as_str()))
+        .map(|peer| peer.name.as_str())
+        .collect();
     json(
         StatusCode::OK,
         serde_json::json!({
@@ -293,6 +304,8 @@ fn debug_cluster(state: &SharedState) -> Response<ResponseBody> {
             "digest": state.self_digest().map(|(d, _)| digest_json(&d)),
             // Not `age_ms`: scripts count that key to tell how many peers a node sees.
             "digest_age_ms": state.self_digest().map(|(_, built)| now.saturating_sub(built)),
+            "intents": own_intents.map(|i| i.describe()),
+            "intents_mismatch": intents_mismatch,
             "peers": peers,
         }),
     )

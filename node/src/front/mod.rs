@@ -11,6 +11,7 @@
 //! - [`recent`]: the last requests that entered here (`/debug/recent`, the dashboard).
 //! - [`dashboard`]: `GET /dashboard`, a live page of the cluster, self-contained.
 //! - [`debug_match`]: `POST /debug/match`, which nodes this node believes hold a prefix.
+//! - [`intent`]: `model: "auto"` rewritten to the model of the prompt's intent (`--intents`).
 //! - [`hashing`]: a body into its prefix chain (asking the engine's tokenizer in token mode).
 //! - [`errors`], [`body`]: the OpenAI error shape and response bodies.
 
@@ -23,6 +24,7 @@ pub mod exposition;
 pub mod handlers;
 pub mod hashing;
 pub mod inference;
+pub mod intent;
 pub mod ready;
 pub mod recent;
 pub mod responses;

@@ -3,6 +3,7 @@
 //! documented on each flag.
 
 use crate::engine::local_tokenizer::LocalTokenizer;
+use crate::front::intent::IntentRouting;
 use anyhow::{Context, bail};
 use kvmesh_protocol::Role;
 use kvmesh_protocol::hashing::{DEFAULT_BLOCK_TOKENS, HashMode};
@@ -125,6 +126,15 @@ pub struct ServeArgs {
     /// [default: mixed].
     #[arg(long, env = "KVMESH_ROLE")]
     pub role: Option<String>,
+    /// Intent routing: a TOML file of intents (see docs/intents.md); a request whose `model` is
+    /// its auto name (default `auto`) is given the model of the intent its prompt shows.
+    #[arg(long, env = "KVMESH_INTENTS")]
+    pub intents: Option<PathBuf>,
+    /// Intent routing's embedding: a static embedding model's directory (`tokenizer.json` and
+    /// `model.safetensors`, the model2vec layout) instead of hashed character n-grams. Needs a
+    /// build with the `tokenizer` feature.
+    #[arg(long, env = "KVMESH_EMBEDDING_MODEL")]
+    pub embedding_model: Option<PathBuf>,
     /// Routing weights (TOML file only).
     #[arg(skip)]
     pub route: Option<RouteConfig>,
@@ -173,6 +183,8 @@ pub struct ServeConfig {
     pub kv_events: Option<KvEventsConfig>,
     /// Exact mode's local tokenizer (`--tokenizer`), loaded at startup.
     pub tokenizer: Option<Arc<LocalTokenizer>>,
+    /// Intent routing (`--intents`), loaded at startup.
+    pub intents: Option<Arc<IntentRouting>>,
 }
 
 impl ServeConfig {
@@ -234,6 +246,17 @@ impl ServeConfig {
                 "--tokenizer only applies to exact mode: set --kv-events too, or drop --tokenizer"
             ),
             Some(path) => Some(Arc::new(LocalTokenizer::load(&path)?)),
+        };
+        let embedding_model = cli.embedding_model.or(file.embedding_model);
+        let intents = match cli.intents.or(file.intents) {
+            None if embedding_model.is_some() => bail!(
+                "--embedding-model only applies to intent routing: set --intents too, or drop --embedding-model"
+            ),
+            None => None,
+            Some(path) => Some(Arc::new(IntentRouting::load(
+                &path,
+                embedding_model.as_deref(),
+            )?)),
         };
         let block_tokens = cli
             .block_tokens
@@ -328,6 +351,7 @@ impl ServeConfig {
             summary,
             kv_events,
             tokenizer,
+            intents,
         };
         if config.max_body_bytes == 0 {
             bail!("--max-body-bytes must be positive");
@@ -518,6 +542,43 @@ mod tests {
             );
         }
         assert!(ServeConfig::resolve(exact()).unwrap().tokenizer.is_none());
+    }
+
+    #[test]
+    fn intents_load_at_startup_and_an_embedding_model_needs_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("intents.toml");
+        std::fs::write(
+            &path,
+            "default_model = \"g\"\n[[intent]]\nname = \"c\"\nmodel = \"m\"\nexamples = [\"x\"]\n",
+        )
+        .unwrap();
+        let config = ServeConfig::resolve(ServeArgs {
+            intents: Some(path.clone()),
+            ..args()
+        })
+        .unwrap();
+        assert_eq!(config.intents.unwrap().router.file().default_model, "g");
+        let error = ServeConfig::resolve(ServeArgs {
+            embedding_model: Some(dir.path().into()),
+            ..args()
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(
+            error.contains("--embedding-model") && error.contains("--intents"),
+            "{error}"
+        );
+        std::fs::write(&path, "default_model = \"g\"\n").unwrap();
+        let error = format!(
+            "{:#}",
+            ServeConfig::resolve(ServeArgs {
+                intents: Some(path),
+                ..args()
+            })
+            .unwrap_err()
+        );
+        assert!(error.contains("intents.toml"), "{error}");
     }
 
     #[test]

@@ -18,7 +18,7 @@ use crate::mesh::{Mesh, MeshConfig};
 use crate::metrics::NodeMetrics;
 use crate::prefix::{IndexMode, LocalPrefixes};
 use crate::tls::NodeIdentity;
-use crate::view::{HTTP_KEY, SharedView, VERSION_KEY};
+use crate::view::{HTTP_KEY, INTENTS_KEY, SharedView, VERSION_KEY};
 use anyhow::Context;
 use config::ServeConfig;
 use engine_queue::EngineQueue;
@@ -65,6 +65,9 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
     let mut registry = Registry::default();
     metrics.register(&mut registry);
     mesh.metrics().register(&mut registry);
+    if let Some(intents) = &config.intents {
+        intents.register(&mut registry);
+    }
 
     let state: SharedState = Arc::new(AppState {
         node_name: config.node_id.clone(),
@@ -101,6 +104,13 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
     mesh.gossip()
         .set(VERSION_KEY, env!("CARGO_PKG_VERSION"))
         .await?;
+    if let Some(intents) = &state.config.intents {
+        // Peers show it in their /debug/cluster: a node that decides intents differently is
+        // visible there. Nodes without an intents file gossip no such key.
+        mesh.gossip().set(INTENTS_KEY, &intents.hash).await?;
+        let path = intents.path.display();
+        tracing::info!(%path, hash = %intents.hash, "intent routing");
+    }
 
     let mut tasks = vec![
         poller,
