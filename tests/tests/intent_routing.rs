@@ -80,7 +80,12 @@ fn auto_requests_reach_their_intents_model_through_any_node() {
         NodeSpec::new("b", &["model-b"]).sidecar_args(&args),
     ]);
     cluster.wait_membership(&["a", "b"], CONVERGENCE_TIMEOUT);
-    cluster.wait_models(&["a", "b"], &["model-a", "model-b"], CONVERGENCE_TIMEOUT);
+    // The auto name is listed as a model at every node with the intents.
+    cluster.wait_models(
+        &["a", "b"],
+        &["auto", "model-a", "model-b"],
+        CONVERGENCE_TIMEOUT,
+    );
 
     for entry in ["a", "b"] {
         let sidecar = cluster.sidecar(entry);

@@ -36,7 +36,7 @@ use serde_json::Value;
 use std::time::Instant;
 
 /// The reason label of a disaggregated request.
-const PD: &str = "pd";
+const PD: &str = PdReason::Pd.as_str();
 
 /// A request to serve in two legs.
 pub struct Disaggregated {

@@ -225,7 +225,7 @@ fn models(state: &SharedState) -> Response<ResponseBody> {
     by_node.push((&state.node_name, &engine.cards));
     by_node.sort_by_key(|(name, _)| *name);
     let cards = by_node.iter().flat_map(|(_, cards)| cards.iter());
-    let data = models::union(cards, names.iter().map(String::as_str))
+    let mut data = models::union(cards, names.iter().map(String::as_str))
         .into_iter()
         // A card only a peer without a digest (not a target) lists is not served.
         .filter(|card| {
@@ -234,6 +234,15 @@ fn models(state: &SharedState) -> Response<ResponseBody> {
                 .is_some_and(|id| names.iter().any(|n| n == id))
         })
         .collect::<Vec<_>>();
+    // With intent routing, the name that picks a model by the prompt is a model too.
+    if let Some(intents) = &state.config.intents {
+        let auto = &intents.router.file().auto_name;
+        data.push(
+            serde_json::json!({"id": auto, "object": "model", "created": 0,
+            "owned_by": "kvmesh", "root": null, "parent": null, "max_model_len": null,
+            "permission": []}),
+        );
+    }
     json(
         StatusCode::OK,
         serde_json::json!({"object": "list", "data": data}),

@@ -59,7 +59,7 @@ impl PdReason {
     ];
 
     /// The stable name used in headers and metric labels.
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             PdReason::Pd => "pd",
             PdReason::SkipShort => "pd-skip-short",
