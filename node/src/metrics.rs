@@ -141,6 +141,9 @@ pub struct NodeMetrics {
     /// Disaggregated requests whose client left between the legs: the prefill engine keeps
     /// their blocks until its lease ends.
     pub pd_abandoned: Counter,
+    /// 1 while this node has seeds but has never seen a live peer after its join wait: it
+    /// serves alone, cut off from the mesh it was told to join.
+    pub mesh_unjoined: Gauge,
     /// 1 while this node's engine is healthy (a routing target), 0 while it is not.
     pub engine_healthy: Gauge,
     /// Always 1, labelled with the sidecar's version: lets a dashboard show what runs where.
@@ -183,6 +186,7 @@ impl Default for NodeMetrics {
             pd_fallbacks: Family::default(),
             pd_prefill_reruns: Counter::default(),
             pd_abandoned: Counter::default(),
+            mesh_unjoined: Gauge::default(),
             engine_healthy: Gauge::default(),
             build_info: Family::default(),
         }
@@ -265,6 +269,11 @@ impl NodeMetrics {
             "attempts_abandoned",
             "Attempts given up because their peer was declared dead before it answered",
             self.attempts_abandoned.clone(),
+        );
+        registry.register(
+            "mesh_unjoined",
+            "1 while this node has seeds but found no live peer within its join wait",
+            self.mesh_unjoined.clone(),
         );
         registry.register(
             "pd_fallbacks",

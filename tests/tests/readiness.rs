@@ -4,7 +4,9 @@
 
 use std::time::Duration;
 
-use kvmesh_tests::{CONVERGENCE_TIMEOUT, Cluster, NodeSpec, Sidecar, holds_during, wait_for};
+use kvmesh_tests::{
+    CONVERGENCE_TIMEOUT, Cluster, NodeSpec, Sidecar, holds_during, wait_for, wait_until,
+};
 use serde_json::Value;
 
 /// The `/ready` answer, with its status; `Err` describes a transport failure.
@@ -102,4 +104,26 @@ fn a_seeded_node_that_finds_no_peer_is_ready_alone_after_its_join_wait() {
     });
     let body = wait_ready(cluster.sidecar("solo"), 200, "join-wait-passed");
     assert_eq!(body["peers"], 0, "{body}");
+    // Serving alone is allowed, not silent: an error in the log, /health and a metric.
+    let sidecar = cluster.sidecar("solo");
+    wait_until(
+        Duration::from_secs(10),
+        "the node to say it is alone",
+        || {
+            sidecar
+                .metric("kvmesh_mesh_unjoined", &[])
+                .is_ok_and(|value| value == Some(1.0))
+        },
+    );
+    let health = sidecar.get("/health").json();
+    assert_eq!(
+        health["mesh"], "alone: no seed answered within the join wait",
+        "{health}"
+    );
+    let logged = cluster
+        .node_mut("solo")
+        .sidecar
+        .process()
+        .output_contains("no live peer after the join wait");
+    assert!(logged, "an error in the log");
 }

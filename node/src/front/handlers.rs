@@ -137,6 +137,13 @@ fn health(state: &SharedState) -> Response<ResponseBody> {
             "node": state.node_name,
             "engine_healthy": engine.healthy,
             "peers": state.view.load().peers.len(),
+            // Seeds given, no live peer ever seen after the join wait (see `watch_join`).
+            "mesh": match state.metrics.mesh_unjoined.get() {
+                1 => "alone: no seed answered within the join wait",
+                _ if state.peer_seen.load(std::sync::atomic::Ordering::Relaxed) => "joined",
+                _ if state.config.seeds.is_empty() => "no seeds",
+                _ => "joining",
+            },
         }),
     )
 }

@@ -116,6 +116,7 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         poller,
         tokio::spawn(poll_loop(state.clone())),
         tokio::spawn(view_loop(state.clone())),
+        tokio::spawn(watch_join(state.clone())),
         tokio::spawn(publish::publish_loop(state.clone())),
     ];
     let incoming = mesh
@@ -219,6 +220,41 @@ async fn view_loop(state: SharedState) {
             tokio::spawn(async move { mesh.close_peer(addr).await });
         }
         if membership.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Says loudly when a node with seeds finds no live peer within its join wait (every seed
+/// unreachable, or refusing its certificate): it then serves alone, which `/ready` allows so
+/// that a mesh of one can start, but an operator must hear of it. Says so again when a peer
+/// appears after all.
+async fn watch_join(state: SharedState) {
+    if state.config.seeds.is_empty() {
+        return;
+    }
+    tokio::time::sleep(state.config.join_wait).await;
+    let mut membership = state.mesh.gossip().watch();
+    loop {
+        let joined = state.peer_seen.load(Ordering::Relaxed);
+        let alone = !joined && membership.borrow_and_update().is_empty();
+        let was_alone = state.metrics.mesh_unjoined.get() == 1;
+        if alone && !was_alone {
+            let mesh = state.mesh.metrics();
+            tracing::error!(
+                seeds = ?state.config.seeds,
+                waited_s = state.config.join_wait.as_secs(),
+                connect_failures = mesh.connect_failures.get(),
+                handshakes_rejected = mesh.handshakes_rejected.get(),
+                "no live peer after the join wait: serving alone, not part of the mesh \
+                 (check the seeds, the mesh port over UDP, and that every node's certificate \
+                 comes from the same CA)"
+            );
+        } else if !alone && was_alone {
+            tracing::info!("joined the mesh after all");
+        }
+        state.metrics.mesh_unjoined.set(i64::from(alone));
+        if !alone || membership.changed().await.is_err() {
             return;
         }
     }
