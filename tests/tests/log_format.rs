@@ -7,7 +7,9 @@ use serde_json::{Value, json};
 
 #[test]
 fn json_logs_carry_request_id_node_reason_and_peer() {
-    let mut cluster = Cluster::start(&[NodeSpec::new("b", &["m"])]);
+    // b also serves `only-b`: a request for it goes from a to b whatever the loads (an idle
+    // entry's own engine leads near-equal candidates, so `m` would stay on a).
+    let mut cluster = Cluster::start(&[NodeSpec::new("b", &["m", "only-b"])]);
     cluster.join_with(&NodeSpec::new("a", &["m"]), |config| {
         config
             .arg("--log-format")
@@ -17,12 +19,13 @@ fn json_logs_carry_request_id_node_reason_and_peer() {
     });
     cluster.wait_membership(&["a", "b"], CONVERGENCE_TIMEOUT);
 
-    // Requests through a until one is served by its peer b (a cold prefix may land on either).
+    // Requests through a until one is served by its peer b.
     let mut attempt = 0;
     let (served, _) = wait_for(CONVERGENCE_TIMEOUT, "a request served by b", || {
         attempt += 1;
         let request_id = format!("log-test-{attempt}");
-        let body = json!({"model": "m", "prompt": format!("prompt {attempt}"), "max_tokens": 4});
+        let body =
+            json!({"model": "only-b", "prompt": format!("prompt {attempt}"), "max_tokens": 4});
         let response = cluster
             .sidecar("a")
             .try_send(
