@@ -23,7 +23,7 @@ mod legs;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
-use kvmesh_protocol::lifecycle::{Attempt, Outcome, Plan, Progress, Ticket};
+use kvmesh_protocol::lifecycle::{Attempt, Outcome, Plan, Progress, ServingState, Ticket};
 use kvmesh_protocol::summary::ShardWire;
 use kvmesh_protocol::{Role, RouteRequest};
 
@@ -377,20 +377,9 @@ fn engine_events(sim: &mut Sim<'_>, state: &mut Loop, node: u32, events: &[Engin
                 record.first_ns += state.hop_ns;
             }
         }
-        if !finished {
-            if let Some(ticket) = routing.ticket.as_mut() {
-                serving.started(ticket, at_ms);
-            }
-            if routing.started {
-                let kvmesh = kvmesh_of(&mut sim.router);
-                routing.plan.first_byte(kvmesh.entry(routing.entry));
-            }
+        if !served(serving, &mut sim.router, routing, finished, at_ms) {
             continue;
         }
-        if let Some(ticket) = routing.ticket.take() {
-            serving.finished(ticket, at_ms);
-        }
-        routing.finished = true;
         if routing.started {
             let kvmesh = kvmesh_of(&mut sim.router);
             routing.plan.ended(kvmesh.entry(routing.entry));
@@ -492,6 +481,33 @@ fn publish(
 }
 
 /// The gossiping policies' router: the only one this loop runs.
+/// A leg's first token (`finished` false) or its end at its serving node: its ticket in that
+/// node's queue, and the entry's plan told of the first byte. Whether the leg ended.
+fn served(
+    serving: &mut ServingState,
+    router: &mut Router,
+    routing: &mut Routing,
+    finished: bool,
+    at_ms: u64,
+) -> bool {
+    if !finished {
+        if let Some(ticket) = routing.ticket.as_mut() {
+            serving.started(ticket, at_ms);
+        }
+        if routing.started {
+            routing
+                .plan
+                .first_byte(kvmesh_of(router).entry(routing.entry));
+        }
+        return false;
+    }
+    if let Some(ticket) = routing.ticket.take() {
+        serving.finished(ticket, at_ms);
+    }
+    routing.finished = true;
+    true
+}
+
 fn kvmesh_of(router: &mut Router) -> &mut Kvmesh {
     match router {
         Router::Kvmesh(kvmesh) => kvmesh,

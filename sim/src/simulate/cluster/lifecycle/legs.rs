@@ -14,7 +14,7 @@
 
 use kvmesh_protocol::lifecycle::{Attempt, PdReason, Plan};
 
-use super::{Event, Loop, kvmesh_of, next_attempt, route_request, schedule, send, view};
+use super::{Event, Loop, kvmesh_of, next_attempt, route_request, schedule, send, served, view};
 use crate::simulate::cluster::{Leg, Sim};
 use crate::simulate::pd::DecodeChoice;
 use crate::simulate::policy::kvmesh::{PdRouted, Routed};
@@ -103,20 +103,9 @@ pub(super) fn prefill_event(
     let at_ms = at_ns / 1_000_000;
     let routing = state.routing.get_mut(&id).expect("routing");
     let serving = &mut sim.nodes[node as usize].serving;
-    if !finished {
-        if let Some(ticket) = routing.ticket.as_mut() {
-            serving.started(ticket, at_ms);
-        }
-        if routing.started {
-            let kvmesh = kvmesh_of(&mut sim.router);
-            routing.plan.first_byte(kvmesh.entry(routing.entry));
-        }
+    if !served(serving, &mut sim.router, routing, finished, at_ms) {
         return;
     }
-    if let Some(ticket) = routing.ticket.take() {
-        serving.finished(ticket, at_ms);
-    }
-    routing.finished = true;
     sim.prefill_legs.remove(&id);
     // The answer (a non-streamed body with `kv_transfer_params`) goes back to the entry.
     if routing.entry == node {
