@@ -13,9 +13,10 @@
 //!    then it decodes.
 
 use kvmesh_protocol::lifecycle::{Attempt, PdReason, Plan};
+use kvmesh_protocol::route::{PdConfig, RouteError};
 
 use super::{Event, Loop, kvmesh_of, next_attempt, route_request, schedule, send, served, view};
-use crate::simulate::cluster::{Leg, Sim};
+use crate::simulate::cluster::{Leg, Prepared, Sim};
 use crate::simulate::pd::DecodeChoice;
 use crate::simulate::policy::kvmesh::{PdRouted, Routed};
 
@@ -41,6 +42,22 @@ pub(super) fn first_leg(sim: &mut Sim<'_>, routed: PdRouted) -> (Routed, Leg) {
     (routed, leg)
 }
 
+/// Plans the decode leg of `prepared`, which entered at `entry` and prefilled on `prefill`, on
+/// what `entry` knows at `now`.
+fn route_decode(
+    sim: &mut Sim<'_>,
+    prepared: &Prepared,
+    entry: u32,
+    prefill: u32,
+    pd: &PdConfig,
+    now: u64,
+) -> Result<Routed, RouteError> {
+    let request = route_request(prepared);
+    let view = view(&sim.gossip, &sim.nodes, entry);
+    let route = &sim.config.route;
+    kvmesh_of(&mut sim.router).route_decode(entry, &request, prefill, view, route, pd, now)
+}
+
 /// With `--pd-decode arrival`: plans request `id`'s decode leg now, beside its prefill leg's
 /// first choice, and counts it at its decode engine from now on.
 pub(super) fn plan_decode_at_arrival(sim: &mut Sim<'_>, state: &mut Loop, id: u64, now: u64) {
@@ -63,24 +80,14 @@ pub(super) fn plan_decode_at_arrival(sim: &mut Sim<'_>, state: &mut Loop, id: u6
         return;
     };
     let prepared = routing.prepared.as_ref().expect("not admitted yet");
-    let request = route_request(prepared);
-    let view = view(&sim.gossip, &sim.nodes, routing.entry);
-    let kvmesh = kvmesh_of(&mut sim.router);
-    let entry = routing.entry;
-    let planned = kvmesh.route_decode(
-        entry,
-        &request,
-        prefill,
-        view,
-        &sim.config.route,
-        &pd.config,
-        now,
-    );
+    let planned = route_decode(sim, prepared, routing.entry, prefill, &pd.config, now);
     // No decode engine in view: the decode leg is planned when the prefill answers instead.
     let Ok(Routed { mut plan, nodes }) = planned else {
         return;
     };
-    let Some(attempt) = plan.next_attempt(kvmesh.entry(entry), &routing.chain, now / 1_000_000)
+    let kvmesh = kvmesh_of(&mut sim.router);
+    let Some(attempt) =
+        plan.next_attempt(kvmesh.entry(routing.entry), &routing.chain, now / 1_000_000)
     else {
         return;
     };
@@ -127,18 +134,7 @@ pub(super) fn prefill_answered(sim: &mut Sim<'_>, state: &mut Loop, id: u64, now
         None => {
             let pd = sim.config.pd.expect("split in a disaggregated cluster");
             let prepared = routing.prepared.as_ref().expect("kept for the decode leg");
-            let request = route_request(prepared);
-            let view = view(&sim.gossip, &sim.nodes, routing.entry);
-            let kvmesh = kvmesh_of(&mut sim.router);
-            let planned = kvmesh.route_decode(
-                routing.entry,
-                &request,
-                prefill,
-                view,
-                &sim.config.route,
-                &pd.config,
-                now,
-            );
+            let planned = route_decode(sim, prepared, routing.entry, prefill, &pd.config, now);
             match planned {
                 Ok(Routed { plan, nodes }) => (plan, nodes, None),
                 Err(_) => {
