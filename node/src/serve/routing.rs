@@ -191,18 +191,8 @@ pub fn route_whole(
     let (peers, targets) = snapshot.peers(state, Filter::All);
     let request = route_request(hashes, session, request_id);
     let now = state.now_ms();
-    let mut entry = lock(&state.entry);
-    let plan = entry
-        .route(&peers, &request, &state.config.route, now)
-        .or_else(|_| {
-            let prefill = RouteRequest {
-                role: Role::Prefill,
-                ..request
-            };
-            entry.route(&peers, &prefill, &state.config.route, now)
-        });
-    drop(entry);
-    let plan = plan.map_err(|error| failure(error, &peers))?;
+    let planned = lock(&state.entry).route_whole(&peers, &request, &state.config.route, now);
+    let (plan, _) = planned.map_err(|error| failure(error, &peers))?;
     Ok(Routed {
         plan: plan.with_retries(state.config.retries as u32),
         targets,

@@ -107,12 +107,9 @@ impl EntryState {
             let plan = self.route(peers, request, config, now_ms)?;
             return Ok(PdRoute::Whole { plan, pd: None });
         }
-        let whole = match self.route(peers, request, config, now_ms) {
-            Ok(plan) => plan,
-            // No engine takes whole requests or decode legs: the prefill engines, which are
-            // engines like any other, run it whole.
-            Err(RouteError::NoCandidate(_)) => {
-                let plan = self.route(peers, &prefill_request, config, now_ms)?;
+        let whole = match self.route_whole(peers, request, config, now_ms)? {
+            (plan, false) => plan,
+            (plan, true) => {
                 return Ok(PdRoute::Whole {
                     plan,
                     pd: Some(PdReason::Fallback),
@@ -145,6 +142,28 @@ impl EntryState {
             prefill,
             uncached_tokens: uncached,
         })
+    }
+
+    /// Plans `request` (a whole request) on the engines that take whole requests, or, when
+    /// none does, on the prefill engines, which are engines like any other; whether it fell
+    /// back to them.
+    pub fn route_whole(
+        &mut self,
+        peers: &[PeerInput<'_>],
+        request: &RouteRequest<'_>,
+        config: &RouteConfig,
+        now_ms: u64,
+    ) -> Result<(Plan, bool), RouteError> {
+        match self.route(peers, request, config, now_ms) {
+            Ok(plan) => Ok((plan, false)),
+            Err(RouteError::NoCandidate(_)) => {
+                let prefill = RouteRequest {
+                    role: Role::Prefill,
+                    ..*request
+                };
+                Ok((self.route(peers, &prefill, config, now_ms)?, true))
+            }
+        }
     }
 
     /// Plans the decode leg of `request`, whose prefill ran on `prefill_key`'s engine, on the
