@@ -22,14 +22,19 @@ fn prefill_wait_ms(prefill: &Plan, peers: &[PeerInput<'_>], config: &RouteConfig
     let Some(first) = prefill.ranked_keys().next() else {
         return 0.0;
     };
+    let each = f64::from(prefill.prefill_tokens_at_first().max(1));
+    f64::from(prefill.queued_at_first()) * prefill_ms(each, first, peers, config)
+}
+
+/// Milliseconds `key`'s engine takes to prefill `tokens`, at its gossiped speed.
+fn prefill_ms(tokens: f64, key: u64, peers: &[PeerInput<'_>], config: &RouteConfig) -> f64 {
     let speed = peers
         .iter()
-        .find(|peer| peer.key == first)
+        .find(|peer| peer.key == key)
         .map(|peer| f64::from(peer.digest.prefill_tokens_per_s))
         .filter(|speed| *speed > 0.0)
         .unwrap_or(config.default_prefill_tokens_per_s.max(1.0));
-    let each = f64::from(prefill.prefill_tokens_at_first().max(1));
-    f64::from(prefill.queued_at_first()) * each / speed * 1000.0
+    tokens / speed * 1000.0
 }
 
 /// A decode engine counts as connected to a prefill engine this long after its last pull
@@ -132,7 +137,10 @@ impl EntryState {
                 });
             }
         };
-        if prefill_wait_ms(&prefill, peers, config) > pd.max_prefill_wait_ms as f64 {
+        let wait_ms = prefill_wait_ms(&prefill, peers, config);
+        if wait_ms > pd.max_prefill_wait_ms as f64
+            && wait_ms > self.stall_ms(&whole, uncached, peers, config, now_ms)
+        {
             return Ok(PdRoute::Whole {
                 plan: whole,
                 pd: Some(PdReason::SkipBusy),
@@ -142,6 +150,30 @@ impl EntryState {
             prefill,
             uncached_tokens: uncached,
         })
+    }
+
+    /// What running a prompt whole on `whole`'s first choice costs the requests already there:
+    /// each waits for its `uncached` tokens' prefill (a decode stalls, a queued request starts
+    /// later). Waiting for a prefill engine costs the request alone, so it runs whole only
+    /// when its wait is longer than this: the more decodes an engine runs, and the longer the
+    /// prompt, the longer the wait it is worth.
+    fn stall_ms(
+        &self,
+        whole: &Plan,
+        uncached: u32,
+        peers: &[PeerInput<'_>],
+        config: &RouteConfig,
+        now_ms: u64,
+    ) -> f64 {
+        let Some(first) = whole.ranked_keys().next() else {
+            return 0.0;
+        };
+        let Some(peer) = peers.iter().find(|peer| peer.key == first) else {
+            return 0.0;
+        };
+        let estimated = self.estimate(peer, now_ms);
+        let there = estimated.gauges.load().saturating_add(estimated.pending);
+        f64::from(there) * prefill_ms(f64::from(uncached), first, peers, config)
     }
 
     /// Plans `request` (a whole request) on the engines that take whole requests, or, when
@@ -293,6 +325,32 @@ mod tests {
         assert_eq!(
             first_key(&route(&mut entry, &peers, 64, &pd)).0,
             Some(PdReason::Pd)
+        );
+    }
+
+    #[test]
+    fn a_decode_engine_running_many_decodes_waits_longer_before_it_prefills_whole() {
+        // Running 1,024 tokens whole on `d` stalls its 20 decodes for ~205 ms each: 4.1 s.
+        let mut entry = EntryState::default();
+        let pd = PdConfig::default();
+        let d = LoadDigest {
+            running: 20,
+            ..engine(Role::Decode, 0)
+        };
+        let queued = |waiting| engine(Role::Prefill, waiting);
+        // Ten queued wait 2.05 s: over the 2 s bound, under the stall.
+        let p = queued(10);
+        let peers = [peer("p", &p), peer("d", &d)];
+        assert_eq!(
+            first_key(&route(&mut entry, &peers, 64, &pd)).0,
+            Some(PdReason::Pd)
+        );
+        // Twenty-five wait 5.1 s: longer than the stall.
+        let p = queued(25);
+        let peers = [peer("p", &p), peer("d", &d)];
+        assert_eq!(
+            first_key(&route(&mut entry, &peers, 64, &pd)),
+            (Some(PdReason::SkipBusy), node_key("d"))
         );
     }
 

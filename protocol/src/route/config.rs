@@ -179,11 +179,12 @@ pub struct PdConfig {
     /// The best prefill engine is busy when the request would wait longer than this behind
     /// the prefills queued there (waiting, plus this node's sends its gauges do not show,
     /// each counted as this prompt's part it does not hold, at its prefill speed): the
-    /// request then runs whole on a decode engine (Dynamo's prefill-queue rule, in time).
-    /// Running whole stalls every decode on that engine for the prompt's prefill, while
-    /// waiting costs this request alone, so the bound is long: a burst of short prefills
-    /// queued on the prefill engines does not spill onto the decode engines
-    /// (BENCHMARKS.md, "Prefill/decode disaggregation over real processes"). Default 2000.
+    /// request then runs whole on a decode engine (Dynamo's prefill-queue rule, in time),
+    /// if the wait is also longer than the stall it would cause there: running whole holds
+    /// up every request on that engine for the prompt's prefill, while waiting costs this
+    /// request alone. The bound is long so that a burst of short prefills queued on the
+    /// prefill engines does not spill onto idle decode engines either (BENCHMARKS.md,
+    /// "Prefill/decode disaggregation over real processes"). Default 2000.
     pub max_prefill_wait_ms: u64,
     /// Requests by which a decode engine's load may exceed another's and still be preferred
     /// because it already pulled from the prefill engine: its first pull from a new one costs
