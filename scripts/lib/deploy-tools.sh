@@ -9,6 +9,8 @@
 #   grafana-schema       tsc and @grafana/schema (npm), to type-check the Grafana dashboard
 #   chromium             runs /dashboard's script in tests/tests/dashboard.rs (Debian)
 #   playwright           playwright-core (npm), which drives that Chromium on an open page
+#   nft                  nftables (Debian), for partitions and loss between sidecars on
+#                        loopback in tests/tests/network_faults.rs; needs root
 
 MISSING_TOOLS=()
 # npm packages for the dashboard check, pinned: a new schema release must not break CI unseen.
@@ -98,6 +100,15 @@ ensure_playwright() {
         deploy_tool_missing playwright "npm install playwright-core failed (or no npm)"
 }
 
+ensure_nft() {
+    if ! command -v nft >/dev/null 2>&1; then
+        echo "installing nftables (Debian), for the network fault tests"
+        apt_install nftables || true
+    fi
+    nft list tables >/dev/null 2>&1 ||
+        deploy_tool_missing nft "nftables is not installed or may not change the ruleset (not root)"
+}
+
 ensure_deploy_tools() {
     MISSING_TOOLS=()
     ensure_kubectl
@@ -106,6 +117,7 @@ ensure_deploy_tools() {
     ensure_grafana_schema
     ensure_chromium
     ensure_playwright
+    ensure_nft
 }
 
 deploy_tool_ok() { # NAME

@@ -9,6 +9,7 @@
 //! - [`load`]: the real load generator and its JSON report.
 //! - [`traffic`]: inference calls through a sidecar, checked, with who served them.
 //! - [`wait`]: polling with a bound instead of sleeping.
+//! - [`netfault`]: partitions and datagram loss between sidecars, with nftables.
 //! - [`tools`]: external tools (kubectl, promtool) and when a test may skip for lack of one.
 
 pub mod binaries;
@@ -18,6 +19,7 @@ pub mod engine;
 pub mod http;
 pub mod load;
 pub mod metrics;
+pub mod netfault;
 pub mod openai;
 pub mod process;
 pub mod sidecar;

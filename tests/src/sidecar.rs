@@ -250,6 +250,46 @@ impl Sidecar {
         (!estimate.is_null()).then(|| estimate.clone())
     }
 
+    /// `POST /debug/match` with `body`: the blocks of its chain each node holds, and the
+    /// chain's length in blocks.
+    pub fn debug_match(&self, body: &Value) -> Result<(Vec<(String, u64)>, u64), String> {
+        let response = self
+            .try_send(Request::post_json("/debug/match", body))
+            .map_err(|e| e.to_string())?;
+        if response.status != 200 {
+            return Err(response.describe());
+        }
+        let answer = response.json();
+        let blocks = answer["blocks"]
+            .as_u64()
+            .ok_or_else(|| format!("no blocks in {answer}"))?;
+        let nodes = answer["nodes"]
+            .as_array()
+            .ok_or_else(|| format!("no nodes in {answer}"))?
+            .iter()
+            .map(|node| {
+                let name = node["node"].as_str().unwrap_or_default().to_owned();
+                (name, node["matched_blocks"].as_u64().unwrap_or(u64::MAX))
+            })
+            .collect();
+        Ok((nodes, blocks))
+    }
+
+    /// Whether this node's view lists `owner` as holding every block of `body`'s chain.
+    pub fn sees_whole_prefix_at(&self, body: &Value, owner: &str) -> Result<(), String> {
+        let (nodes, blocks) = self.debug_match(body)?;
+        match nodes
+            .iter()
+            .any(|(node, matched)| node == owner && *matched == blocks)
+        {
+            true => Ok(()),
+            false => Err(format!(
+                "{} sees {nodes:?} of {blocks} blocks, not all at {owner}",
+                self.node_id()
+            )),
+        }
+    }
+
     /// The node ids of the live peers listed by `/debug/cluster`, sorted.
     pub fn peer_ids(&self) -> Result<Vec<String>, String> {
         let cluster = self.debug_cluster()?;

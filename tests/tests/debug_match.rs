@@ -3,34 +3,9 @@
 //! and nobody else; bad input gets the OpenAI error shape.
 
 use kvmesh_tests::openai::{assert_openai_error, completion_body, served_by};
-use kvmesh_tests::{CONVERGENCE_TIMEOUT, Cluster, NodeSpec, Request, Sidecar, wait_for};
-use serde_json::Value;
+use kvmesh_tests::{CONVERGENCE_TIMEOUT, Cluster, NodeSpec, Request, wait_for};
 
 const MODEL: &str = "mock-model";
-
-/// `POST /debug/match` with `body`; the matched blocks per node, and the chain's length.
-fn matches(sidecar: &Sidecar, body: &Value) -> Result<(Vec<(String, u64)>, u64), String> {
-    let response = sidecar
-        .try_send(Request::post_json("/debug/match", body))
-        .map_err(|e| e.to_string())?;
-    if response.status != 200 {
-        return Err(response.describe());
-    }
-    let answer = response.json();
-    let blocks = answer["blocks"]
-        .as_u64()
-        .ok_or_else(|| format!("no blocks in {answer}"))?;
-    let nodes = answer["nodes"]
-        .as_array()
-        .ok_or_else(|| format!("no nodes in {answer}"))?
-        .iter()
-        .map(|node| {
-            let name = node["node"].as_str().unwrap_or_default().to_owned();
-            (name, node["matched_blocks"].as_u64().unwrap_or(u64::MAX))
-        })
-        .collect();
-    Ok((nodes, blocks))
-}
 
 #[test]
 fn every_node_learns_who_holds_a_new_prefix() {
@@ -45,7 +20,7 @@ fn every_node_learns_who_holds_a_new_prefix() {
         .collect();
     let body = completion_body(MODEL, &prompt, 4, false);
 
-    let (before, blocks) = matches(cluster.sidecar("a"), &body).expect("a answers");
+    let (before, blocks) = cluster.sidecar("a").debug_match(&body).expect("a answers");
     assert!(blocks >= 100, "a long prompt is many blocks, got {blocks}");
     assert_eq!(before.len(), 3, "this node and two peers: {before:?}");
     assert!(
@@ -60,7 +35,7 @@ fn every_node_learns_who_holds_a_new_prefix() {
     for entry in ["a", "b", "c"] {
         let what = format!("{entry} lists {owner} as holding the whole prefix");
         let (seen, _) = wait_for(CONVERGENCE_TIMEOUT, &what, || {
-            let (nodes, blocks) = matches(cluster.sidecar(entry), &body)?;
+            let (nodes, blocks) = cluster.sidecar(entry).debug_match(&body)?;
             let held = nodes
                 .iter()
                 .any(|(node, matched)| *node == owner && *matched == blocks);
@@ -79,7 +54,7 @@ fn every_node_learns_who_holds_a_new_prefix() {
     }
 
     let other = completion_body(MODEL, &format!("another story. {prompt}"), 4, false);
-    let (nodes, _) = matches(cluster.sidecar("b"), &other).expect("b answers");
+    let (nodes, _) = cluster.sidecar("b").debug_match(&other).expect("b answers");
     assert!(
         nodes.iter().all(|(_, matched)| *matched == 0),
         "a prompt that differs from the first block matches nothing: {nodes:?}"
