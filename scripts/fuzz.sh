@@ -8,6 +8,8 @@
 # Each run starts from fuzz/seeds/TARGET (real encodings) and fuzz/corpus/TARGET (what earlier
 # runs found; new inputs are added there). libFuzzer's full output is in
 # fuzz/target/fuzz-logs/TARGET.log. Installs cargo-fuzz when it is missing.
+# With FUZZ_SCRATCH_CORPUS=1 (what scripts/test.sh sets) new inputs go to a temporary
+# directory instead, so that a check leaves the tree as it was.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -52,13 +54,18 @@ printf '%-16s %8s %14s %10s %8s  %s\n' target seconds executions "execs/s" corpu
 for target in "${targets[@]}"; do
     corpus="$PWD/fuzz/corpus/$target"
     mkdir -p "$corpus"
+    # libFuzzer adds what it finds to the first corpus directory it is given.
+    found="$corpus"
+    if [[ "${FUZZ_SCRATCH_CORPUS:-0}" == 1 ]]; then
+        found=$(mktemp -d)
+    fi
     options=(-max_total_time="$seconds" -print_final_stats=1 -timeout=10)
     if [[ -f "fuzz/dicts/$target.dict" ]]; then
         options+=(-dict="$PWD/fuzz/dicts/$target.dict")
     fi
     log="$logs/$target.log"
     start=$(date +%s)
-    if nice -n 15 cargo fuzz run --sanitizer none "$target" "$corpus" "$PWD/fuzz/seeds/$target" \
+    if nice -n 15 cargo fuzz run --sanitizer none "$target" "$found" "$corpus" "$PWD/fuzz/seeds/$target" \
         -- "${options[@]}" >"$log" 2>&1; then
         result="ok"
     else
@@ -72,7 +79,8 @@ for target in "${targets[@]}"; do
     execs=${execs:-$(last '^#[0-9]*' "$log" | tr -d '#')}
     rate=$(last 'stat::average_exec_per_sec: [0-9]*' "$log" | awk '{print $2}')
     rate=${rate:-$(last 'exec/s: [0-9]*' "$log" | awk '{print $2}')}
-    size=$(find "$corpus" -type f | wc -l)
+    size=$(find "$found" "$corpus" -type f | sort -u | wc -l)
+    [[ "$found" == "$corpus" ]] || rm -rf "$found"
     printf '%-16s %8s %14s %10s %8s  %s\n' "$target" "$elapsed" "${execs:-?}" "${rate:-?}" \
         "$size" "$result"
 done

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, and every test (unit, property and end-to-end).
-# Needs the Rust toolchain; installs the tools deploy/'s checks need (kubernetes-validate from
-# PyPI, promtool and chromium from Debian, tsc and @grafana/schema from npm) or says what it
-# skipped.
+# Needs the Rust toolchain; installs the tools deploy/'s checks and some tests need
+# (kubernetes-validate from PyPI; promtool, chromium and nftables from Debian; tsc and
+# @grafana/schema from npm; cargo-fuzz from crates.io) or says what it skipped.
 # Exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,3 +39,9 @@ fi
 # The optional local tokenizer (`--tokenizer`): the node's unit tests once more, with it built.
 step "node unit tests with --features tokenizer"
 cargo test -p kvmesh-node --features tokenizer --lib
+
+# Every decoder of untrusted bytes under libFuzzer (fuzz/, its own workspace): the targets
+# must build, replay their seeds and committed corpus, and survive a few seconds of fuzzing
+# each. New inputs go to a scratch directory; scripts/fuzz.sh alone grows the corpus.
+step "fuzz targets: build, replay, fuzz each for 5 s"
+FUZZ_SCRATCH_CORPUS=1 bash scripts/fuzz.sh 5
