@@ -31,6 +31,14 @@ pub const PD_FALLBACK_CAUSES: [&str; 4] = [
     "decode_failed",
 ];
 
+/// Why a request a peer forwarded here was refused before it reached the engine (the
+/// `reason` of `kvmesh_peer_requests_refused_total`):
+/// - `malformed`: frames that do not decode, no head, or a frame out of place;
+/// - `too_large`: a frame or body over its limit;
+/// - `slow`: the whole request did not arrive in time;
+/// - `not_forwardable`: a method, path or hop count a peer may not send.
+pub const PEER_REFUSAL_REASONS: [&str; 4] = ["malformed", "too_large", "slow", "not_forwardable"];
+
 /// Outcome of a request that entered at this node.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 pub enum Outcome {
@@ -134,6 +142,9 @@ pub struct NodeMetrics {
     pub load_reports: Counter,
     /// Attempts given up because their peer was declared dead before it answered.
     pub attempts_abandoned: Counter,
+    /// Requests peers forwarded here that were refused as bad input, by reason (see
+    /// `PEER_REFUSAL_REASONS`): a misbehaving peer shows here.
+    pub peer_requests_refused: Family<ReasonLabels, Counter>,
     /// Disaggregated requests that ran whole after all, by cause (see `PD_FALLBACK_CAUSES`).
     pub pd_fallbacks: Family<ReasonLabels, Counter>,
     /// Disaggregated requests whose prefill ran again after their decode leg's pull failed.
@@ -183,6 +194,7 @@ impl Default for NodeMetrics {
             attempts_declined: Counter::default(),
             load_reports: Counter::default(),
             attempts_abandoned: Counter::default(),
+            peer_requests_refused: Family::default(),
             pd_fallbacks: Family::default(),
             pd_prefill_reruns: Counter::default(),
             pd_abandoned: Counter::default(),
@@ -223,6 +235,11 @@ impl NodeMetrics {
         for reason in kvmesh_protocol::lifecycle::DeclineReason::ALL {
             let _ = self.declined.get_or_create(&ReasonLabels {
                 reason: reason.as_str().to_owned(),
+            });
+        }
+        for reason in PEER_REFUSAL_REASONS {
+            let _ = self.peer_requests_refused.get_or_create(&ReasonLabels {
+                reason: reason.to_owned(),
             });
         }
         for cause in PD_FALLBACK_CAUSES {
@@ -269,6 +286,11 @@ impl NodeMetrics {
             "attempts_abandoned",
             "Attempts given up because their peer was declared dead before it answered",
             self.attempts_abandoned.clone(),
+        );
+        registry.register(
+            "peer_requests_refused",
+            "Requests peers forwarded here refused as bad input, by reason",
+            self.peer_requests_refused.clone(),
         );
         registry.register(
             "mesh_unjoined",

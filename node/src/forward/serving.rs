@@ -9,7 +9,7 @@ use super::forwardable;
 use super::headers::response_headers_from_engine;
 use crate::engine::client::error_chain;
 use crate::mesh::IncomingForward;
-use crate::metrics::NodeMetrics;
+use crate::metrics::{NodeMetrics, ReasonLabels};
 use crate::serve::state::{InflightGuard, SharedState};
 use crate::view::unix_ms;
 use bytes::{Bytes, BytesMut};
@@ -19,7 +19,7 @@ use http_body_util::BodyExt;
 use hyper::body::Body;
 use kvmesh_protocol::hashing::{Endpoint, hash_request_seeded};
 use kvmesh_protocol::wire::{
-    Frame, FrameDecoder, MAX_HOPS, RequestHead, ResponseHead, WireError, WireErrorCode,
+    Frame, FrameDecoder, FrameError, MAX_HOPS, RequestHead, ResponseHead, WireError, WireErrorCode,
 };
 use quinn::{RecvStream, SendStream};
 use std::time::Duration;
@@ -52,15 +52,22 @@ async fn handle(
     );
     let (head, body) = match read.await {
         Ok(Ok(request)) => request,
-        Ok(Err(error)) => return reply_error(&mut send, error).await,
+        Ok(Err((reason, error))) => return refuse_bad(state, &mut send, reason, error).await,
         Err(_) => {
-            return reply_error(
-                &mut send,
-                wire_error(WireErrorCode::BadRequest, "request not received in time"),
-            )
-            .await;
+            let error = wire_error(WireErrorCode::BadRequest, "request not received in time");
+            return refuse_bad(state, &mut send, Some("slow"), error).await;
         }
     };
+    if head.hop_count > MAX_HOPS || head.method != "POST" || !forwardable(&head.path) {
+        let error = wire_error(
+            WireErrorCode::BadRequest,
+            &format!(
+                "{} {} (hop {}) is not forwardable",
+                head.method, head.path, head.hop_count
+            ),
+        );
+        return refuse_bad(state, &mut send, Some("not_forwardable"), error).await;
+    }
     if let Some(refusal) = refuse(state, &head) {
         return reply_error(&mut send, refusal).await;
     }
@@ -191,35 +198,43 @@ fn index_later(state: &SharedState, path: &str, body: &mut Option<Bytes>) {
     }
 }
 
+/// A forwarded request that could not be read: why, as a reason of `PEER_REFUSAL_REASONS`
+/// (`None` when the stream itself was cut, which says nothing of the peer's input), and the
+/// error frame the peer gets.
+type BadRequest = (Option<&'static str>, WireError);
+
 /// Reads the head and the whole body (the entry node already holds it whole).
 async fn read_request(
     recv: &mut RecvStream,
     max_body: usize,
-) -> Result<(RequestHead, Bytes), WireError> {
+) -> Result<(RequestHead, Bytes), BadRequest> {
+    let bad = |reason, message: String| {
+        (
+            Some(reason),
+            wire_error(WireErrorCode::BadRequest, &message),
+        )
+    };
     let mut decoder = FrameDecoder::new();
     let mut head = None;
     let mut body = BytesMut::new();
     loop {
-        while let Some(frame) = decoder
-            .next_frame()
-            .map_err(|e| wire_error(WireErrorCode::BadRequest, &format!("invalid frame: {e}")))?
-        {
+        while let Some(frame) = decoder.next_frame().map_err(|e| {
+            let reason = match e {
+                FrameError::TooLarge { .. } => "too_large",
+                _ => "malformed",
+            };
+            bad(reason, format!("invalid frame: {e}"))
+        })? {
             match (frame, head.is_some()) {
                 (Frame::RequestHead(h), false) => head = Some(h),
                 (Frame::Data(data), true) => {
                     if body.len() + data.len() > max_body {
-                        return Err(wire_error(
-                            WireErrorCode::BadRequest,
-                            "body over the size limit",
-                        ));
+                        return Err(bad("too_large", "body over the size limit".into()));
                     }
                     body.extend_from_slice(&data);
                 }
                 (frame, _) => {
-                    return Err(wire_error(
-                        WireErrorCode::BadRequest,
-                        &format!("unexpected frame {frame:?}"),
-                    ));
+                    return Err(bad("malformed", format!("unexpected frame {frame:?}")));
                 }
             }
         }
@@ -227,31 +242,39 @@ async fn read_request(
             Ok(Some(chunk)) => decoder.push(&chunk.bytes),
             Ok(None) => break,
             Err(e) => {
-                return Err(wire_error(
-                    WireErrorCode::BadRequest,
-                    &format!("stream: {e}"),
-                ));
+                let error = wire_error(WireErrorCode::BadRequest, &format!("stream: {e}"));
+                return Err((None, error));
             }
         }
     }
     decoder
         .finish()
-        .map_err(|e| wire_error(WireErrorCode::BadRequest, &e.to_string()))?;
-    let head = head.ok_or_else(|| wire_error(WireErrorCode::BadRequest, "no request head"))?;
+        .map_err(|e| bad("malformed", e.to_string()))?;
+    let head = head.ok_or_else(|| bad("malformed", "no request head".into()))?;
     Ok((head, body.freeze()))
 }
 
-/// Why this node will not serve `head`, if it will not.
+/// Refuses a request a peer should not have sent, and counts it by `reason`.
+async fn refuse_bad(
+    state: &SharedState,
+    send: &mut SendStream,
+    reason: Option<&'static str>,
+    error: WireError,
+) -> Result<(), String> {
+    if let Some(reason) = reason {
+        state
+            .metrics
+            .peer_requests_refused
+            .get_or_create(&ReasonLabels {
+                reason: reason.to_owned(),
+            })
+            .inc();
+    }
+    reply_error(send, error).await
+}
+
+/// Why this node will not serve a well-formed `head` now, if it will not.
 fn refuse(state: &SharedState, head: &RequestHead) -> Option<WireError> {
-    if head.hop_count > MAX_HOPS {
-        return Some(wire_error(WireErrorCode::BadRequest, "hop limit exceeded"));
-    }
-    if head.method != "POST" || !forwardable(&head.path) {
-        return Some(wire_error(
-            WireErrorCode::BadRequest,
-            &format!("{} {} is not forwardable", head.method, head.path),
-        ));
-    }
     if head.deadline_unix_ms != 0 && head.deadline_unix_ms < unix_ms() {
         return Some(wire_error(
             WireErrorCode::DeadlineExceeded,
