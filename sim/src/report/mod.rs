@@ -96,6 +96,7 @@ pub fn render(args: &RenderArgs) -> anyhow::Result<String> {
             .unwrap_or(0.0),
         meta: args.meta.iter().cloned().collect::<BTreeMap<_, _>>(),
         notes: args.notes.clone(),
+        percentile_method: crate::quantile::METHOD,
         baseline: args.baseline.clone(),
         comparisons: results::comparisons(&figures, &args.baseline),
         runs: figures.clone(),
