@@ -13,6 +13,7 @@
 //!   example prompts.
 //! - [`lifecycle`]: a request's attempts around that decision: the entry ranks and attempts,
 //!   the serving node admits or declines, and every answer carries the engine's load back.
+//! - [`mix`]: the one 64-bit integer mixer, shared with the simulator.
 //!
 //! Nothing here does IO or reads a clock: time is always an argument, so the cluster simulator
 //! runs exactly the code the sidecar runs.
@@ -25,11 +26,13 @@ pub mod index;
 pub mod intent;
 pub mod kv_events;
 pub mod lifecycle;
+pub mod mix;
 pub mod route;
 pub mod summary;
 pub mod wire;
 
 pub use digest::{LoadDigest, LoraReadiness, LoraUse, Role};
 pub use hashing::{BlockHash, HashConfig, HashMode, RequestHashes};
+pub use mix::mix64;
 pub use route::{Candidate, Decision, RouteConfig, RouteReason, RouteRequest, decide};
 pub use summary::{PeerSummary, SummaryBuilder, SummaryConfig};
