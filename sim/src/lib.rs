@@ -8,8 +8,10 @@
 //! - [`load`] is the load generator.
 //! - [`simulate`] is the discrete-event cluster simulator (`kvmesh-sim simulate`).
 //! - [`report`] samples engines during a run and renders the demo's report.
-//! - [`quantile`] is the one percentile definition of both.
+//! - [`quantile`] is the one percentile definition of both, and [`chart`] draws the report's
+//!   and the simulator's charts.
 
+pub mod chart;
 pub mod engine;
 pub mod load;
 pub mod quantile;
