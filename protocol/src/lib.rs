@@ -4,6 +4,8 @@
 //! - [`hashing`]: a request is reduced to a chain of 64-bit block hashes, where each hash names
 //!   the whole prefix up to and including its block.
 //! - [`digest`]: the compact load report each node gossips about its engine.
+//! - [`engine_metrics`]: what kvmesh reads of vLLM's `/metrics`, in the text format
+//!   [`prometheus_text`] reads.
 //! - [`index`]: the approximate LRU index of a node's own engine cache.
 //! - [`kv_events`]: the exact state of an engine's cache, from vLLM's KV events.
 //! - [`summary`]: a bounded-size, sharded encoding of the set of chain hashes an engine holds.
@@ -21,12 +23,14 @@
 pub mod block_map;
 pub mod codec;
 pub mod digest;
+pub mod engine_metrics;
 pub mod hashing;
 pub mod index;
 pub mod intent;
 pub mod kv_events;
 pub mod lifecycle;
 pub mod mix;
+pub mod prometheus_text;
 pub mod route;
 pub mod summary;
 pub mod wire;
