@@ -7,7 +7,7 @@ use crate::front::intent::IntentRouting;
 use anyhow::{Context, bail};
 use kvmesh_protocol::Role;
 use kvmesh_protocol::hashing::{DEFAULT_BLOCK_TOKENS, HashMode};
-use kvmesh_protocol::route::{PdConfig, Policy};
+use kvmesh_protocol::route::{PdConfig, ScoreForm};
 use kvmesh_protocol::{HashConfig, RouteConfig, SummaryBuilder, SummaryConfig};
 use serde::Deserialize;
 use std::net::SocketAddr;
@@ -80,8 +80,8 @@ pub struct ServeArgs {
     pub join_wait_secs: Option<u64>,
     /// Routing policy: `score` (classic weighted score) or `cost` (estimated TTFT)
     /// [default: score].
-    #[arg(long, env = "KVMESH_POLICY")]
-    pub policy: Option<String>,
+    #[arg(long, env = "KVMESH_POLICY", value_parser = score_forms())]
+    pub policy: Option<ScoreForm>,
     /// How often the engine is polled and the load digest refreshed [default: 100 ms].
     #[arg(long, env = "KVMESH_DIGEST_INTERVAL_MS")]
     pub digest_interval_ms: Option<u64>,
@@ -141,6 +141,13 @@ pub struct ServeArgs {
     /// When requests are disaggregated, under a `[pd]` table (TOML file only).
     #[arg(skip)]
     pub pd: Option<PdConfig>,
+}
+
+/// `--policy`'s parser: the protocol's names, listed in the help and in errors.
+fn score_forms() -> impl clap::builder::TypedValueParser<Value = ScoreForm> {
+    use clap::builder::{PossibleValuesParser, TypedValueParser as _};
+    PossibleValuesParser::new(ScoreForm::ALL.map(ScoreForm::name))
+        .try_map(|name| name.parse::<ScoreForm>())
 }
 
 /// Where exact mode reads the engine's KV events.
@@ -215,11 +222,8 @@ impl ServeConfig {
             bail!("--node-id is required (no $HOSTNAME to default to)");
         };
         let mut route = cli.route.or(file.route).unwrap_or_default();
-        match cli.policy.or(file.policy).as_deref() {
-            None => {}
-            Some("score") => route.policy = Policy::Score,
-            Some("cost") => route.policy = Policy::Cost,
-            Some(other) => bail!("--policy must be `score` or `cost`, not `{other}`"),
+        if let Some(policy) = cli.policy.or(file.policy) {
+            route.policy = policy;
         }
         let role = match cli.role.or(file.role).as_deref() {
             None | Some("mixed") => Role::Mixed,
@@ -461,7 +465,7 @@ mod tests {
         assert_eq!(config.retries, 1);
         assert_eq!(config.cluster_id, "prod");
         assert_eq!(config.worker_threads, 2);
-        assert_eq!(config.route.policy, Policy::Cost);
+        assert_eq!(config.route.policy, ScoreForm::Cost);
         assert_eq!(config.route.alpha, 2.0);
     }
 
@@ -616,14 +620,22 @@ mod tests {
             let error = ServeConfig::resolve(cli).unwrap_err().to_string();
             assert!(error.contains(&format!("--{zero}-timeout-secs")), "{error}");
         }
-        let mut cli = args();
-        cli.policy = Some("fastest".into());
+        let policy = |value: &str| {
+            let command = <ServeArgs as clap::Args>::augment_args(clap::Command::new("serve"));
+            command.try_get_matches_from(["serve", "--policy", value])
+        };
+        assert!(policy("cost").is_ok());
+        let error = policy("fastest").unwrap_err().to_string();
         assert!(
-            ServeConfig::resolve(cli)
-                .unwrap_err()
-                .to_string()
-                .contains("--policy")
+            error.contains("--policy") && error.contains("[possible values: score, cost]"),
+            "{error}"
         );
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("policy.toml");
+        std::fs::write(&path, "policy = \"fastest\"\n").unwrap();
+        let mut cli = args();
+        cli.config = Some(path);
+        assert!(ServeConfig::resolve(cli).is_err());
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("bad.toml");
         std::fs::write(&path, "no-such-key = 1\n").unwrap();

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use kvmesh_protocol::route::{PdConfig, Policy as ScoreForm};
+use kvmesh_protocol::route::{PdConfig, ScoreForm};
 use kvmesh_protocol::{RouteConfig, SummaryConfig};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -30,12 +30,11 @@ pub enum SelfView {
     Digest,
 }
 
-/// Scoring form of `decide` (see `protocol::route::Policy`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ScoreFormArg {
-    Score,
-    Cost,
+/// `--route-form`'s parser: the protocol's names, listed in the help and in errors.
+fn score_forms() -> impl clap::builder::TypedValueParser<Value = ScoreForm> {
+    use clap::builder::{PossibleValuesParser, TypedValueParser as _};
+    PossibleValuesParser::new(ScoreForm::ALL.map(ScoreForm::name))
+        .try_map(|name| name.parse::<ScoreForm>())
 }
 
 /// `kvmesh-sim simulate`: a discrete-event cluster simulation of routing policies.
@@ -94,8 +93,8 @@ pub struct SimulateArgs {
     #[arg(long, value_enum, default_value_t = SelfView::Summary)]
     pub self_view: SelfView,
     /// Scoring form of `decide`.
-    #[arg(long, value_enum, default_value_t = ScoreFormArg::Score)]
-    pub route_form: ScoreFormArg,
+    #[arg(long, value_parser = score_forms(), default_value_t = RouteConfig::default().policy)]
+    pub route_form: ScoreForm,
     /// Spread band of `decide` (RouteConfig::spread_margin); 0 ranks near-equal candidates by
     /// score and node key alone.
     #[arg(long, default_value_t = RouteConfig::default().spread_margin)]
@@ -213,10 +212,7 @@ impl SimulateArgs {
     /// `decide`'s settings: the defaults, the form and spread margin flags, then `--route`.
     pub fn route_config(&self) -> Result<RouteConfig, String> {
         let base = RouteConfig {
-            policy: match self.route_form {
-                ScoreFormArg::Score => ScoreForm::Score,
-                ScoreFormArg::Cost => ScoreForm::Cost,
-            },
+            policy: self.route_form,
             spread_margin: self.spread_margin.max(0.0),
             ..RouteConfig::default()
         };
