@@ -3,7 +3,8 @@
 //!
 //! - [`hashing`]: a request is reduced to a chain of 64-bit block hashes, where each hash names
 //!   the whole prefix up to and including its block.
-//! - [`digest`]: the compact load report each node gossips about its engine.
+//! - [`digest`]: the compact load report each node gossips about its engine; [`cadence`]: how
+//!   often it is refreshed and gossiped.
 //! - [`engine_metrics`]: what kvmesh reads of vLLM's `/metrics`, in the text format
 //!   [`prometheus_text`] reads.
 //! - [`index`]: the approximate LRU index of a node's own engine cache.
@@ -21,6 +22,7 @@
 //! runs exactly the code the sidecar runs.
 
 pub mod block_map;
+pub mod cadence;
 pub mod codec;
 pub mod digest;
 pub mod engine_metrics;

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use kvmesh_protocol::route::{PdConfig, ScoreForm};
-use kvmesh_protocol::{RouteConfig, SummaryConfig};
+use kvmesh_protocol::{RouteConfig, SummaryConfig, cadence};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -65,7 +65,7 @@ pub struct SimulateArgs {
     #[arg(long, default_value_t = 1.0)]
     pub trace_speedup: f64,
     /// Gossip round interval, milliseconds (the sidecar's default).
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, default_value_t = cadence::GOSSIP_INTERVAL.as_millis() as u64)]
     pub gossip_interval: u64,
     /// Peers contacted per gossip round.
     #[arg(long, default_value_t = 3)]
@@ -76,18 +76,18 @@ pub struct SimulateArgs {
     /// One-way delay of a gossip message, milliseconds (default calibrated on the real mesh).
     #[arg(long, default_value_t = CALIBRATED_HOP_S * 1e3)]
     pub gossip_hop_ms: f64,
-    /// Digest refresh and summary publish interval, milliseconds.
-    #[arg(long, default_value_t = 100)]
+    /// Digest refresh and summary publish interval, milliseconds (the sidecar's default).
+    #[arg(long, default_value_t = cadence::DIGEST_INTERVAL.as_millis() as u64)]
     pub digest_interval: u64,
     /// Lag classes of the aggregate gossip model (more = finer staleness, more memory; at
     /// most 64).
     #[arg(long, default_value_t = 8)]
     pub lag_classes: usize,
     /// Summary shards per node.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = SummaryConfig::default().num_shards)]
     pub summary_shards: u16,
     /// Bytes of Bloom filter per shard.
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = SummaryConfig::default().shard_bytes)]
     pub summary_shard_bytes: u32,
     /// What a node knows of itself when routing.
     #[arg(long, value_enum, default_value_t = SelfView::Summary)]
