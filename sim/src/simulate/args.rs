@@ -26,7 +26,8 @@ const KV_LEASE_UNTIL_PULLED: std::time::Duration = std::time::Duration::from_sec
 pub enum SelfView {
     /// Its digest and its own summary, without lag.
     Summary,
-    /// Its digest only (the sidecar's routing.rs as of this writing).
+    /// Its digest only: no sidecar routes so since 709218e (its own candidate carries its
+    /// own summary); kept to measure what that summary is worth.
     Digest,
 }
 
