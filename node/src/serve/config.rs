@@ -420,6 +420,20 @@ mod tests {
         assert_eq!(config.route, RouteConfig::default());
         assert_eq!(config.role, Role::Mixed);
         assert_eq!(config.pd, PdConfig::default());
+        // What the simulator models by default (its test: `simulate::args`'s
+        // `defaults_are_the_sidecars`).
+        assert_eq!(
+            config.digest_interval,
+            kvmesh_protocol::cadence::DIGEST_INTERVAL
+        );
+        assert_eq!(
+            config.gossip_interval,
+            kvmesh_protocol::cadence::GOSSIP_INTERVAL
+        );
+        assert_eq!(
+            crate::mesh::GossipConfig::default().interval,
+            config.gossip_interval
+        );
     }
 
     #[test]

@@ -366,3 +366,35 @@ mod route_setting_tests {
         assert!(unknown.is_err_and(|e| e.starts_with("--pd min_tokens")));
     }
 }
+
+#[cfg(test)]
+mod defaults_tests {
+    use super::*;
+    use kvmesh_protocol::hashing::DEFAULT_BLOCK_TOKENS;
+
+    /// The simulator models the sidecar as it runs by default: the settings both read from
+    /// `protocol` must come out the same here as in `kvmesh serve` (whose own test,
+    /// `serve::config`'s `defaults_fill_what_is_not_given`, pins the node to the same values).
+    #[test]
+    fn defaults_are_the_sidecars() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: SimulateArgs,
+        }
+        let args = <Cli as clap::Parser>::parse_from(["simulate"]).args;
+        let route = args.route_config().unwrap();
+        assert_eq!(route, RouteConfig::default());
+        let config = args.cluster_config(16, route, None);
+        assert_eq!(config.summary, SummaryConfig::default());
+        assert_eq!(
+            config.gossip.interval_s,
+            cadence::GOSSIP_INTERVAL.as_secs_f64()
+        );
+        assert_eq!(
+            config.digest_interval_s,
+            cadence::DIGEST_INTERVAL.as_secs_f64()
+        );
+        assert_eq!(config.engine.block_size as usize, DEFAULT_BLOCK_TOKENS);
+    }
+}
