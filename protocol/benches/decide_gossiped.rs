@@ -24,7 +24,7 @@ use kvmesh_protocol::index::PrefixIndex;
 use kvmesh_protocol::route::{decide, node_key};
 use kvmesh_protocol::summary::{PeerSummary, SummaryBuilder, SummaryConfig};
 use kvmesh_protocol::{
-    Candidate, HashConfig, LoadDigest, RequestHashes, Role, RouteConfig, RouteRequest,
+    Candidate, HashConfig, LoadDigest, RequestHashes, Role, RouteConfig, RouteRequest, mix64,
 };
 use serde_json::{Value, json};
 use std::collections::HashMap;
@@ -37,12 +37,9 @@ const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
 /// Bytes of text per token, as the node's text-mode hashing estimates it.
 const BYTES_PER_TOKEN: usize = 4;
 
-/// splitmix64: deterministic content for a seed.
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
+/// One splitmix64 step from `z`: deterministic content for a seed.
+fn mix(z: u64) -> u64 {
+    mix64(z.wrapping_add(0x9e37_79b9_7f4a_7c15))
 }
 
 /// About `bytes` of English-looking text, different for every seed.

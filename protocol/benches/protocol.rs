@@ -13,10 +13,7 @@ fn uniform(seed: u64) -> impl Iterator<Item = u64> {
     let mut state = seed;
     std::iter::from_fn(move || {
         state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        Some(z ^ (z >> 31))
+        Some(kvmesh_protocol::mix64(state))
     })
 }
 

@@ -3,7 +3,10 @@
 //!
 //! - [`hashing`]: a request is reduced to a chain of 64-bit block hashes, where each hash names
 //!   the whole prefix up to and including its block.
-//! - [`digest`]: the compact load report each node gossips about its engine.
+//! - [`digest`]: the compact load report each node gossips about its engine; [`cadence`]: how
+//!   often it is refreshed and gossiped.
+//! - [`engine_metrics`]: what kvmesh reads of vLLM's `/metrics`, in the text format
+//!   [`prometheus_text`] reads.
 //! - [`index`]: the approximate LRU index of a node's own engine cache.
 //! - [`kv_events`]: the exact state of an engine's cache, from vLLM's KV events.
 //! - [`summary`]: a bounded-size, sharded encoding of the set of chain hashes an engine holds.
@@ -13,23 +16,29 @@
 //!   example prompts.
 //! - [`lifecycle`]: a request's attempts around that decision: the entry ranks and attempts,
 //!   the serving node admits or declines, and every answer carries the engine's load back.
+//! - [`mix`]: the one 64-bit integer mixer, shared with the simulator.
 //!
 //! Nothing here does IO or reads a clock: time is always an argument, so the cluster simulator
 //! runs exactly the code the sidecar runs.
 
 pub mod block_map;
+pub mod cadence;
 pub mod codec;
 pub mod digest;
+pub mod engine_metrics;
 pub mod hashing;
 pub mod index;
 pub mod intent;
 pub mod kv_events;
 pub mod lifecycle;
+pub mod mix;
+pub mod prometheus_text;
 pub mod route;
 pub mod summary;
 pub mod wire;
 
 pub use digest::{LoadDigest, LoraReadiness, LoraUse, Role};
 pub use hashing::{BlockHash, HashConfig, HashMode, RequestHashes};
+pub use mix::mix64;
 pub use route::{Candidate, Decision, RouteConfig, RouteReason, RouteRequest, decide};
 pub use summary::{PeerSummary, SummaryBuilder, SummaryConfig};

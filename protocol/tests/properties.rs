@@ -322,7 +322,7 @@ proptest! {
         let cands = candidates(&cluster, &order);
         let mut config = RouteConfig::default();
         if cost {
-            config.policy = kvmesh_protocol::route::Policy::Cost;
+            config.policy = kvmesh_protocol::route::ScoreForm::Cost;
         }
         config.bound_on = if bound_on_queue { BoundOn::Queued } else { BoundOn::InFlight };
         let request = RouteRequest { model: "m", chain: &chain, prompt_tokens: chain_len as u32 * 16, tokens_per_block: 16.0, session: None, role: Role::Mixed, spread };

@@ -2,14 +2,10 @@
 //!
 //! The engine model and the workloads must give the same answers for the same seed on every
 //! platform and every version of every dependency, so they use this generator instead of a
-//! crate whose algorithm may change between releases.
+//! crate whose algorithm may change between releases. Its finalizer is the protocol's
+//! [`mix64`], which the simulator also uses directly to hash ids.
 
-/// The SplitMix64 finaliser: a bijective 64-bit mix with good avalanche behaviour.
-pub fn mix64(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
+use kvmesh_protocol::mix64;
 
 /// SplitMix64 generator: one `u64` of state, deterministic from its seed.
 #[derive(Debug, Clone)]

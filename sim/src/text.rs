@@ -5,7 +5,8 @@
 //! mock engine, and cutting such a text at any piece boundary keeps token boundaries aligned.
 //! The engine uses the pieces for its output tokens; the load generator builds prompts from them.
 
-use crate::rng::{SplitMix64, mix64};
+use crate::rng::SplitMix64;
+use kvmesh_protocol::mix64;
 
 /// Bytes in one piece (equal to the pseudo-tokenizer's bytes per token).
 pub const PIECE_BYTES: usize = 4;

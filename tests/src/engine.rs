@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use crate::binaries::KVMESH_SIM;
 use crate::http::{Request, Response};
-use crate::metrics::metric_sum;
 use crate::process::ManagedProcess;
+use kvmesh_protocol::prometheus_text;
 
 /// Bound on the engine's start-up (readiness line on stdout).
 pub const ENGINE_READY_TIMEOUT: Duration = Duration::from_secs(20);
@@ -146,7 +146,7 @@ impl Engine {
             "engine /metrics: {}",
             response.describe()
         );
-        metric_sum(&response.text(), name, labels).unwrap_or(0.0)
+        prometheus_text::sum(&response.text(), name, labels).unwrap_or(0.0)
     }
 
     /// Requests the engine finished, by any reason (vLLM's `request_success_total`).

@@ -5,7 +5,8 @@
 //! - [`process`]: a child process killed on drop, with its output drained and kept.
 //! - [`certs`]: a cluster CA and node certificates from `kvmesh cert`.
 //! - [`engine`], [`sidecar`], [`cluster`]: the mock engine, `kvmesh serve`, and both together.
-//! - [`http`], [`sse`], [`openai`], [`metrics`]: talking to them and checking the answers.
+//! - [`http`], [`sse`], [`openai`]: talking to them and checking the answers (`/metrics` with
+//!   `kvmesh_protocol::prometheus_text`).
 //! - [`load`]: the real load generator and its JSON report.
 //! - [`traffic`]: inference calls through a sidecar, checked, with who served them.
 //! - [`wait`]: polling with a bound instead of sleeping.
@@ -18,7 +19,6 @@ pub mod cluster;
 pub mod engine;
 pub mod http;
 pub mod load;
-pub mod metrics;
 pub mod netfault;
 pub mod openai;
 pub mod process;

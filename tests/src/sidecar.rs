@@ -15,8 +15,8 @@ use serde_json::Value;
 use crate::binaries::KVMESH;
 use crate::certs::ClusterCa;
 use crate::http::{OpenResponse, Request, Response, SentRequest};
-use crate::metrics::metric_sum;
 use crate::process::ManagedProcess;
+use kvmesh_protocol::prometheus_text;
 
 /// Bound on the sidecar's start-up (readiness line on stdout).
 pub const SIDECAR_READY_TIMEOUT: Duration = Duration::from_secs(20);
@@ -343,7 +343,7 @@ impl Sidecar {
         if response.status != 200 {
             return Err(response.describe());
         }
-        Ok(metric_sum(&response.text(), name, labels))
+        Ok(prometheus_text::sum(&response.text(), name, labels))
     }
 }
 

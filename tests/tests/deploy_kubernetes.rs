@@ -16,9 +16,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use base64::Engine as _;
+use kvmesh_protocol::prometheus_text;
 use kvmesh_tests::binaries::{KVMESH, workspace_root};
 use kvmesh_tests::certs::ClusterCa;
-use kvmesh_tests::metrics::metric_sum;
 use kvmesh_tests::tools::skipped_for_lack_of;
 use kvmesh_tests::{Call, EngineConfig, SidecarConfig, call, wait_for};
 use serde::Deserialize as _;
@@ -556,7 +556,7 @@ fn check_live(m: &Manifests) {
     );
     wait_for(LIVE_TIMEOUT, "KV-event batches applied", || {
         let text = sidecar.get("/metrics").text();
-        match metric_sum(
+        match prometheus_text::sum(
             &text,
             "kvmesh_kv_event_batches_total",
             &[("outcome", "applied")],

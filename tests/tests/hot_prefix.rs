@@ -35,9 +35,9 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use kvmesh_protocol::prometheus_text;
 use kvmesh_tests::certs::ClusterCa;
 use kvmesh_tests::load::{number, run_load};
-use kvmesh_tests::metrics::metric_sum;
 use kvmesh_tests::{
     CONVERGENCE_TIMEOUT, Engine, EngineConfig, Request, Sidecar, SidecarConfig, Timing, wait_until,
 };
@@ -165,7 +165,7 @@ fn waiting(engine: SocketAddr) -> Option<f64> {
         .send(engine)
         .ok()?;
     (response.status == 200)
-        .then(|| metric_sum(&response.text(), "vllm:num_requests_waiting", &[]))
+        .then(|| prometheus_text::sum(&response.text(), "vllm:num_requests_waiting", &[]))
         .flatten()
 }
 

@@ -4,7 +4,7 @@
 //! that exists nowhere is still 404; a node with another intents file shows in
 //! `/debug/cluster`.
 
-use kvmesh_tests::metrics::metric_sum;
+use kvmesh_protocol::prometheus_text;
 use kvmesh_tests::openai::{
     CHAT_COMPLETIONS, COMPLETIONS, assert_completion, assert_openai_error, chat_body,
     completion_body, served_by,
@@ -125,7 +125,7 @@ fn auto_requests_reach_their_intents_model_through_any_node() {
 
         let metrics = sidecar.get("/metrics").text();
         let count = |intent: &str| {
-            metric_sum(
+            prometheus_text::sum(
                 &metrics,
                 "kvmesh_intent_requests_total",
                 &[("intent", intent)],

@@ -1,5 +1,5 @@
-//! `engine::metrics::parse`: the local engine's Prometheus text exposition (`/metrics`,
-//! scraped every ~100 ms), read as the poller reads it (bytes made text lossily).
+//! `engine_metrics::parse`: the local engine's Prometheus text exposition (`/metrics`,
+//! scraped every ~100 ms), read as the node's poller reads it (bytes made text lossily).
 //!
 //! Checks what the poller and the digest rely on: every figure is finite (they are
 //! differenced, divided and cast to the digest's integers and floats) and `kv_usage` lies in
@@ -7,7 +7,7 @@
 //! their views).
 
 use crate::samples;
-use kvmesh_node::engine::metrics::parse;
+use kvmesh_protocol::engine_metrics::parse;
 
 pub fn run(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
@@ -21,11 +21,15 @@ pub fn run(data: &[u8]) {
         ("prompt_tokens", m.prompt_tokens),
         ("ttft_sum", m.ttft_sum),
         ("ttft_count", m.ttft_count),
+        ("requests", m.requests),
         ("prefill_time_sum", m.prefill_time_sum.unwrap_or(0.0)),
         ("preemptions", m.preemptions),
     ];
     for (name, value) in figures {
         assert!(value.is_finite(), "{name} is {value}");
+    }
+    for &(le, count) in &m.ttft_buckets {
+        assert!(le.is_finite() && count.is_finite(), "bucket ({le}, {count})");
     }
 }
 

@@ -6,7 +6,6 @@
 
 pub mod client;
 pub mod local_tokenizer;
-pub mod metrics;
 pub mod models;
 pub mod poller;
 pub mod static_embedding;

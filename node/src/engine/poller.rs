@@ -7,8 +7,8 @@
 //! again.
 
 use super::client::{EngineClient, EngineError};
-use super::metrics::{self, EngineMetrics};
 use super::models::{self, ModelCard};
+use kvmesh_protocol::engine_metrics::{self, EngineMetrics};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -152,7 +152,7 @@ async fn poll_loop(client: EngineClient, interval: Duration, tx: watch::Sender<A
             match client.get_text("/metrics", timeout).await {
                 Ok(text) => {
                     let now = Instant::now();
-                    let current = metrics::parse(&text);
+                    let current = engine_metrics::parse(&text);
                     if let Some((before, _)) = &previous {
                         update_ewmas(&mut state, before, &current);
                     }

@@ -20,7 +20,6 @@ use crate::metrics::Outcome;
 use crate::serve::engine_queue::HandedOver;
 use crate::serve::state::{SharedState, lock};
 use bytes::Bytes;
-use futures::task::noop_waker_ref;
 use http::{HeaderName, HeaderValue, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::{Body, Frame as BodyFrame, SizeHint};
@@ -268,7 +267,7 @@ impl Drop for RelayBody {
             if complete {
                 // Take the peer's end-of-stream if it is here already, so dropping the stream
                 // does not ask the peer to stop a stream it has finished.
-                let mut cx = Context::from_waker(noop_waker_ref());
+                let mut cx = Context::from_waker(std::task::Waker::noop());
                 let _ = recv.poll_read(&mut cx, &mut [0u8; 1]);
             } else {
                 // Tell the serving peer at once, so it cancels the engine's request.

@@ -70,7 +70,7 @@ pub struct GossipConfig {
 impl Default for GossipConfig {
     fn default() -> Self {
         Self {
-            interval: Duration::from_millis(200),
+            interval: kvmesh_protocol::cadence::GOSSIP_INTERVAL,
             phi_threshold: 8.0,
             sampling_window_size: 200,
             max_heartbeat_interval: Duration::from_secs(2),

@@ -1,13 +1,14 @@
 //! `kvmesh serve` configuration: flags, `KVMESH_*` environment variables and an optional TOML
 //! file, in that order of precedence, resolved into one typed [`ServeConfig`]. Defaults are
-//! documented on each flag.
+//! defined once, in [`super::defaults`], which also shows them in each flag's help.
 
 use crate::engine::local_tokenizer::LocalTokenizer;
 use crate::front::intent::IntentRouting;
+use crate::serve::defaults;
 use anyhow::{Context, bail};
 use kvmesh_protocol::Role;
-use kvmesh_protocol::hashing::{DEFAULT_BLOCK_TOKENS, HashMode};
-use kvmesh_protocol::route::{PdConfig, Policy};
+use kvmesh_protocol::hashing::HashMode;
+use kvmesh_protocol::route::{PdConfig, ScoreForm};
 use kvmesh_protocol::{HashConfig, RouteConfig, SummaryBuilder, SummaryConfig};
 use serde::Deserialize;
 use std::net::SocketAddr;
@@ -19,6 +20,7 @@ use std::time::Duration;
 /// (keys in kebab-case, e.g. `backend = "http://127.0.0.1:8001"`; routing weights under a
 /// `[route]` table with the field names of `RouteConfig`).
 #[derive(clap::Args, Debug, Default, Deserialize)]
+#[command(mut_args(defaults::in_help))]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct ServeArgs {
     /// TOML configuration file.
@@ -28,10 +30,10 @@ pub struct ServeArgs {
     /// Base URL of the local vLLM server, e.g. http://127.0.0.1:8001 (required).
     #[arg(long, env = "KVMESH_BACKEND")]
     pub backend: Option<String>,
-    /// Client-facing HTTP address [default: 0.0.0.0:8000].
+    /// Client-facing HTTP address.
     #[arg(long, env = "KVMESH_LISTEN")]
     pub listen: Option<SocketAddr>,
-    /// UDP address of the QUIC mesh endpoint [default: 0.0.0.0:7946].
+    /// UDP address of the QUIC mesh endpoint.
     #[arg(long, env = "KVMESH_MESH")]
     pub mesh: Option<SocketAddr>,
     /// Address peers reach this node's mesh at, IP:PORT or HOST:PORT (a host name is resolved
@@ -44,7 +46,7 @@ pub struct ServeArgs {
     /// This node's id: its certificate NAME.pem/NAME.key in --tls-dir [default: $HOSTNAME].
     #[arg(long, env = "KVMESH_NODE_ID")]
     pub node_id: Option<String>,
-    /// Nodes of other clusters are ignored [default: kvmesh].
+    /// Nodes of other clusters are ignored.
     #[arg(long, env = "KVMESH_CLUSTER_ID")]
     pub cluster_id: Option<String>,
     /// Directory with ca.pem and this node's certificate and key (see `kvmesh cert`).
@@ -56,36 +58,34 @@ pub struct ServeArgs {
     /// Bearer token for the local engine, when vLLM runs with --api-key.
     #[arg(long, env = "KVMESH_BACKEND_API_KEY")]
     pub backend_api_key: Option<String>,
-    /// Largest request body accepted [default: 33554432, 32 MiB].
+    /// Largest request body accepted.
     #[arg(long, env = "KVMESH_MAX_BODY_BYTES")]
     pub max_body_bytes: Option<usize>,
-    /// Retries on the next candidate when an attempt fails before the response starts
-    /// [default: 2].
+    /// Retries on the next candidate when an attempt fails before the response starts.
     #[arg(long, env = "KVMESH_RETRIES")]
     pub retries: Option<usize>,
     /// Deadline of a request until its response head, and the longest a streamed answer may
-    /// then go without a byte [default: 600 s].
+    /// then go without a byte.
     #[arg(long, env = "KVMESH_REQUEST_TIMEOUT_SECS")]
     pub request_timeout_secs: Option<u64>,
     /// How long a client may take to send a request's headers, and then its body, before it
-    /// gets 408 [default: 60 s].
+    /// gets 408.
     #[arg(long, env = "KVMESH_CLIENT_TIMEOUT_SECS")]
     pub client_timeout_secs: Option<u64>,
-    /// On SIGTERM, how long in-flight requests may take to finish [default: 30 s].
+    /// On SIGTERM, how long in-flight requests may take to finish.
     #[arg(long, env = "KVMESH_DRAIN_TIMEOUT_SECS")]
     pub drain_timeout_secs: Option<u64>,
     /// How long `/ready` waits for a first live peer before it concludes this node is alone
-    /// (its seeds name only itself); without --seeds it does not wait [default: 15 s].
+    /// (its seeds name only itself); without --seeds it does not wait.
     #[arg(long, env = "KVMESH_JOIN_WAIT_SECS")]
     pub join_wait_secs: Option<u64>,
-    /// Routing policy: `score` (classic weighted score) or `cost` (estimated TTFT)
-    /// [default: score].
-    #[arg(long, env = "KVMESH_POLICY")]
-    pub policy: Option<String>,
-    /// How often the engine is polled and the load digest refreshed [default: 100 ms].
+    /// Routing policy: `score` (classic weighted score) or `cost` (estimated TTFT).
+    #[arg(long, env = "KVMESH_POLICY", value_parser = score_forms())]
+    pub policy: Option<ScoreForm>,
+    /// How often the engine is polled and the load digest refreshed.
     #[arg(long, env = "KVMESH_DIGEST_INTERVAL_MS")]
     pub digest_interval_ms: Option<u64>,
-    /// Gossip round period [default: 200 ms].
+    /// Gossip round period.
     #[arg(long, env = "KVMESH_GOSSIP_INTERVAL_MS")]
     pub gossip_interval_ms: Option<u64>,
     /// Exact mode: the local vLLM's KV-event publisher, e.g. tcp://127.0.0.1:5557 (vLLM's
@@ -104,26 +104,25 @@ pub struct ServeArgs {
     /// template). Needs a build with the `tokenizer` feature.
     #[arg(long, env = "KVMESH_TOKENIZER")]
     pub tokenizer: Option<PathBuf>,
-    /// Exact mode's hash block in tokens; must equal vLLM's `--block-size` [default: 16].
+    /// Exact mode's hash block in tokens; must equal vLLM's `--block-size`.
     #[arg(long, env = "KVMESH_BLOCK_TOKENS")]
     pub block_tokens: Option<usize>,
-    /// Prefix-summary shards gossiped per node, a power of two [default: 32].
+    /// Prefix-summary shards gossiped per node, a power of two.
     #[arg(long, env = "KVMESH_SUMMARY_SHARDS")]
     pub summary_shards: Option<u16>,
     /// Bytes of each summary shard's Bloom filter, a power of two; shards × bytes is the
-    /// summary's byte budget [default: 1024].
+    /// summary's byte budget.
     #[arg(long, env = "KVMESH_SUMMARY_SHARD_BYTES")]
     pub summary_shard_bytes: Option<u32>,
-    /// Threads serving requests [default: 1]. One thread forwards a request with the fewest
-    /// wake-ups and the least CPU (no hand-offs between threads); more raise the most one
-    /// sidecar can serve when it has cores to itself (figures in BENCHMARKS.md).
+    /// Threads serving requests. One thread forwards a request with the fewest wake-ups and the
+    /// least CPU (no hand-offs between threads); more raise the most one sidecar can serve
+    /// when it has cores to itself (figures in BENCHMARKS.md).
     #[arg(long, env = "KVMESH_WORKER_THREADS")]
     pub worker_threads: Option<usize>,
     /// What this node's engine is for: `mixed` (whole requests), `prefill` (prefill legs of
     /// disaggregated requests) or `decode` (decode legs, and whole requests not worth
     /// disaggregating). Prefill and decode engines must run vLLM with the NixlConnector
-    /// (`--kv-transfer-config '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'`)
-    /// [default: mixed].
+    /// (`--kv-transfer-config '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'`).
     #[arg(long, env = "KVMESH_ROLE")]
     pub role: Option<String>,
     /// Intent routing: a TOML file of intents (see docs/intents.md); a request whose `model` is
@@ -141,6 +140,13 @@ pub struct ServeArgs {
     /// When requests are disaggregated, under a `[pd]` table (TOML file only).
     #[arg(skip)]
     pub pd: Option<PdConfig>,
+}
+
+/// `--policy`'s parser: the protocol's names, listed in the help and in errors.
+fn score_forms() -> impl clap::builder::TypedValueParser<Value = ScoreForm> {
+    use clap::builder::{PossibleValuesParser, TypedValueParser as _};
+    PossibleValuesParser::new(ScoreForm::ALL.map(ScoreForm::name))
+        .try_map(|name| name.parse::<ScoreForm>())
 }
 
 /// Where exact mode reads the engine's KV events.
@@ -215,20 +221,20 @@ impl ServeConfig {
             bail!("--node-id is required (no $HOSTNAME to default to)");
         };
         let mut route = cli.route.or(file.route).unwrap_or_default();
-        match cli.policy.or(file.policy).as_deref() {
-            None => {}
-            Some("score") => route.policy = Policy::Score,
-            Some("cost") => route.policy = Policy::Cost,
-            Some(other) => bail!("--policy must be `score` or `cost`, not `{other}`"),
+        if let Some(policy) = cli.policy.or(file.policy) {
+            route.policy = policy;
         }
         let role = match cli.role.or(file.role).as_deref() {
-            None | Some("mixed") => Role::Mixed,
+            None => defaults::ROLE,
+            Some("mixed") => Role::Mixed,
             Some("prefill") => Role::Prefill,
             Some("decode") => Role::Decode,
             Some(other) => bail!("--role must be `mixed`, `prefill` or `decode`, not `{other}`"),
         };
-        let millis =
-            |v: Option<u64>, default: u64| Duration::from_millis(v.unwrap_or(default).max(1));
+        let millis = |v: Option<u64>, default: Duration| {
+            v.map_or(default, Duration::from_millis)
+                .max(Duration::from_millis(1))
+        };
         let kv_events = cli
             .kv_events
             .or(file.kv_events)
@@ -261,7 +267,7 @@ impl ServeConfig {
         let block_tokens = cli
             .block_tokens
             .or(file.block_tokens)
-            .unwrap_or(DEFAULT_BLOCK_TOKENS);
+            .unwrap_or(defaults::BLOCK_TOKENS);
         if block_tokens == 0 {
             bail!("--block-tokens must be positive");
         }
@@ -273,31 +279,34 @@ impl ServeConfig {
             },
             None => HashConfig::default(),
         };
-        let defaults = SummaryConfig::default();
+        let default_summary = SummaryConfig::default();
         let summary = SummaryConfig {
             num_shards: cli
                 .summary_shards
                 .or(file.summary_shards)
-                .unwrap_or(defaults.num_shards),
+                .unwrap_or(default_summary.num_shards),
             shard_bytes: cli
                 .summary_shard_bytes
                 .or(file.summary_shard_bytes)
-                .unwrap_or(defaults.shard_bytes),
+                .unwrap_or(default_summary.shard_bytes),
         };
-        let seconds = |value: Option<u64>, flag: &str, default: u64| match value.unwrap_or(default)
+        let seconds = |value: Option<u64>, flag: &str, default: Duration| match value
+            .map_or(default, Duration::from_secs)
         {
-            0 => bail!("--{flag} must be positive (a zero deadline would refuse every request)"),
-            secs => Ok(Duration::from_secs(secs)),
+            Duration::ZERO => {
+                bail!("--{flag} must be positive (a zero deadline would refuse every request)")
+            }
+            deadline => Ok(deadline),
         };
         let request_timeout = seconds(
             cli.request_timeout_secs.or(file.request_timeout_secs),
             "request-timeout-secs",
-            600,
+            defaults::REQUEST_TIMEOUT,
         )?;
         let client_timeout = seconds(
             cli.client_timeout_secs.or(file.client_timeout_secs),
             "client-timeout-secs",
-            60,
+            defaults::CLIENT_TIMEOUT,
         )?;
         if let Err(why) = SummaryBuilder::new(summary, 0) {
             bail!("--summary-shards / --summary-shard-bytes: {why}");
@@ -305,14 +314,8 @@ impl ServeConfig {
         let config = Self {
             backend,
             backend_api_key: cli.backend_api_key.or(file.backend_api_key),
-            listen: cli
-                .listen
-                .or(file.listen)
-                .unwrap_or(([0, 0, 0, 0], 8000).into()),
-            mesh: cli
-                .mesh
-                .or(file.mesh)
-                .unwrap_or(([0, 0, 0, 0], 7946).into()),
+            listen: cli.listen.or(file.listen).unwrap_or(defaults::LISTEN),
+            mesh: cli.mesh.or(file.mesh).unwrap_or(defaults::MESH),
             advertise: cli
                 .advertise
                 .or(file.advertise)
@@ -323,27 +326,36 @@ impl ServeConfig {
             cluster_id: cli
                 .cluster_id
                 .or(file.cluster_id)
-                .unwrap_or_else(|| "kvmesh".into()),
+                .unwrap_or_else(|| defaults::CLUSTER_ID.into()),
             tls_dir,
             api_key: cli.api_key.or(file.api_key).filter(|k| !k.is_empty()),
             max_body_bytes: cli
                 .max_body_bytes
                 .or(file.max_body_bytes)
-                .unwrap_or(32 * 1024 * 1024),
-            retries: cli.retries.or(file.retries).unwrap_or(2),
+                .unwrap_or(defaults::MAX_BODY_BYTES),
+            retries: cli.retries.or(file.retries).unwrap_or(defaults::RETRIES),
             request_timeout,
             client_timeout,
-            drain_timeout: Duration::from_secs(
-                cli.drain_timeout_secs
-                    .or(file.drain_timeout_secs)
-                    .unwrap_or(30),
+            drain_timeout: cli
+                .drain_timeout_secs
+                .or(file.drain_timeout_secs)
+                .map_or(defaults::DRAIN_TIMEOUT, Duration::from_secs),
+            join_wait: cli
+                .join_wait_secs
+                .or(file.join_wait_secs)
+                .map_or(defaults::JOIN_WAIT, Duration::from_secs),
+            digest_interval: millis(
+                cli.digest_interval_ms.or(file.digest_interval_ms),
+                defaults::DIGEST_INTERVAL,
             ),
-            join_wait: Duration::from_secs(
-                cli.join_wait_secs.or(file.join_wait_secs).unwrap_or(15),
+            gossip_interval: millis(
+                cli.gossip_interval_ms.or(file.gossip_interval_ms),
+                defaults::GOSSIP_INTERVAL,
             ),
-            digest_interval: millis(cli.digest_interval_ms.or(file.digest_interval_ms), 100),
-            gossip_interval: millis(cli.gossip_interval_ms.or(file.gossip_interval_ms), 200),
-            worker_threads: cli.worker_threads.or(file.worker_threads).unwrap_or(1),
+            worker_threads: cli
+                .worker_threads
+                .or(file.worker_threads)
+                .unwrap_or(defaults::WORKER_THREADS),
             role,
             route,
             pd: cli.pd.or(file.pd).unwrap_or_default(),
@@ -408,6 +420,20 @@ mod tests {
         assert_eq!(config.route, RouteConfig::default());
         assert_eq!(config.role, Role::Mixed);
         assert_eq!(config.pd, PdConfig::default());
+        // What the simulator models by default (its test: `simulate::args`'s
+        // `defaults_are_the_sidecars`).
+        assert_eq!(
+            config.digest_interval,
+            kvmesh_protocol::cadence::DIGEST_INTERVAL
+        );
+        assert_eq!(
+            config.gossip_interval,
+            kvmesh_protocol::cadence::GOSSIP_INTERVAL
+        );
+        assert_eq!(
+            crate::mesh::GossipConfig::default().interval,
+            config.gossip_interval
+        );
     }
 
     #[test]
@@ -461,7 +487,7 @@ mod tests {
         assert_eq!(config.retries, 1);
         assert_eq!(config.cluster_id, "prod");
         assert_eq!(config.worker_threads, 2);
-        assert_eq!(config.route.policy, Policy::Cost);
+        assert_eq!(config.route.policy, ScoreForm::Cost);
         assert_eq!(config.route.alpha, 2.0);
     }
 
@@ -616,14 +642,22 @@ mod tests {
             let error = ServeConfig::resolve(cli).unwrap_err().to_string();
             assert!(error.contains(&format!("--{zero}-timeout-secs")), "{error}");
         }
-        let mut cli = args();
-        cli.policy = Some("fastest".into());
+        let policy = |value: &str| {
+            let command = <ServeArgs as clap::Args>::augment_args(clap::Command::new("serve"));
+            command.try_get_matches_from(["serve", "--policy", value])
+        };
+        assert!(policy("cost").is_ok());
+        let error = policy("fastest").unwrap_err().to_string();
         assert!(
-            ServeConfig::resolve(cli)
-                .unwrap_err()
-                .to_string()
-                .contains("--policy")
+            error.contains("--policy") && error.contains("[possible values: score, cost]"),
+            "{error}"
         );
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("policy.toml");
+        std::fs::write(&path, "policy = \"fastest\"\n").unwrap();
+        let mut cli = args();
+        cli.config = Some(path);
+        assert!(ServeConfig::resolve(cli).is_err());
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("bad.toml");
         std::fs::write(&path, "no-such-key = 1\n").unwrap();

@@ -7,6 +7,7 @@
 //! requests finish up to the drain timeout, and leaves the mesh.
 
 pub mod config;
+pub mod defaults;
 pub mod engine_queue;
 pub mod publish;
 pub mod routing;

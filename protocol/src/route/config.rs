@@ -1,15 +1,50 @@
 //! Weights and thresholds of the decision, with their defaults.
 
-/// Which scoring form ranks candidates.
+/// Which scoring form ranks candidates (the node's `--policy`, `[route] policy`).
 #[derive(Copy, Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Policy {
+pub enum ScoreForm {
     /// `α·matched/len + β·(1 - kv_usage) - γ·queued/L`: highest wins (`queued`: see
     /// [`RouteConfig::running_weight`]).
     Score,
     /// Estimated time to first token, `queue_wait + prefill(uncached tokens)`: lowest wins.
     Cost,
 }
+
+impl ScoreForm {
+    /// Every form, in the order their names are listed.
+    pub const ALL: [ScoreForm; 2] = [ScoreForm::Score, ScoreForm::Cost];
+
+    /// The form's name in flags and configuration files (as serde spells it).
+    pub fn name(self) -> &'static str {
+        match self {
+            ScoreForm::Score => "score",
+            ScoreForm::Cost => "cost",
+        }
+    }
+}
+
+impl std::fmt::Display for ScoreForm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for ScoreForm {
+    type Err = UnknownScoreForm;
+
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|form| form.name() == name)
+            .ok_or_else(|| UnknownScoreForm(name.to_owned()))
+    }
+}
+
+/// A name that is no [`ScoreForm`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("expected `score` or `cost`, not `{0}`")]
+pub struct UnknownScoreForm(pub String);
 
 /// What the load bound counts per engine.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -26,8 +61,8 @@ pub enum BoundOn {
 #[derive(Copy, Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default)]
 pub struct RouteConfig {
-    /// Default [`Policy::Score`].
-    pub policy: Policy,
+    /// Default [`ScoreForm::Score`].
+    pub policy: ScoreForm,
     /// α, weight of the matched fraction of the prompt. Default 1.0.
     pub alpha: f64,
     /// β, weight of free KV cache. Default 0.1.
@@ -138,7 +173,7 @@ impl RouteConfig {
 impl Default for RouteConfig {
     fn default() -> Self {
         Self {
-            policy: Policy::Score,
+            policy: ScoreForm::Score,
             alpha: 1.0,
             beta: 0.1,
             gamma: 1.0,

@@ -1,6 +1,6 @@
 //! [`decide`]: filter, score, bound, rank.
 
-use super::config::{BoundOn, Policy, RouteConfig};
+use super::config::{BoundOn, RouteConfig, ScoreForm};
 use super::reason::RouteReason;
 use super::rendezvous::rendezvous_weight;
 use crate::digest::{LoadDigest, LoraReadiness, Role};
@@ -492,8 +492,8 @@ fn rank(
 fn band_floor(best: f64, config: &RouteConfig) -> f64 {
     let margin = config.spread_margin.max(0.0);
     match config.policy {
-        Policy::Score => best - margin,
-        Policy::Cost => best - margin * best.abs(),
+        ScoreForm::Score => best - margin,
+        ScoreForm::Cost => best - margin * best.abs(),
     }
 }
 
@@ -519,7 +519,7 @@ fn base_score(
     let queued = f64::from(gauges.waiting) + f64::from(candidate.pending);
     let adapter = adapter_readiness(candidate.digest, entry.ready, request.model);
     match config.policy {
-        Policy::Score => {
+        ScoreForm::Score => {
             let matched = match request.chain.len() {
                 0 => 0.0,
                 len => f64::from(entry.matched) / len as f64,
@@ -529,7 +529,7 @@ fn base_score(
                 - config.gamma * queued / config.waiting_threshold.max(1.0)
                 + config.lora_weight * adapter.unwrap_or(0.0)
         }
-        Policy::Cost => {
+        ScoreForm::Cost => {
             let loading = config.lora_load_ms.max(0.0) * (1.0 - adapter.unwrap_or(1.0));
             let ttft = estimated_ttft_ms(
                 candidate.digest,
@@ -608,8 +608,8 @@ fn service_ms(
 /// whole prompt's prefill time.
 fn session_bonus(request: &RouteRequest<'_>, config: &RouteConfig) -> f64 {
     match config.policy {
-        Policy::Score => config.session_weight,
-        Policy::Cost => {
+        ScoreForm::Score => config.session_weight,
+        ScoreForm::Cost => {
             config.session_weight * f64::from(request.prompt_tokens)
                 / config.default_prefill_tokens_per_s.max(1.0)
                 * 1000.0

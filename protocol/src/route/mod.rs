@@ -15,7 +15,7 @@ mod rendezvous;
 #[cfg(test)]
 pub(crate) mod tests;
 
-pub use config::{BoundOn, PdConfig, Policy, RouteConfig};
+pub use config::{BoundOn, PdConfig, RouteConfig, ScoreForm, UnknownScoreForm};
 pub use decide::{
     Candidate, DecideScratch, Decision, Estimate, Gauges, RouteError, RouteRequest, decide,
     decide_with,

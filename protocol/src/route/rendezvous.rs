@@ -2,6 +2,8 @@
 //! candidates for a key without talking to anyone, and removing a candidate only moves the
 //! keys that were on it.
 
+use crate::mix::mix64;
+
 /// A node's stable 64-bit identity, from its node id.
 pub fn node_key(node_id: &str) -> u64 {
     let digest = blake3::hash(node_id.as_bytes());
@@ -12,14 +14,6 @@ pub fn node_key(node_id: &str) -> u64 {
 #[inline]
 pub fn rendezvous_weight(key: u64, node: u64) -> u64 {
     mix64(key ^ mix64(node))
-}
-
-/// splitmix64's finalizer: a bijective, well-mixed 64-bit permutation.
-#[inline]
-fn mix64(mut x: u64) -> u64 {
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
 }
 
 #[cfg(test)]

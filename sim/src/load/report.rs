@@ -38,6 +38,8 @@ pub struct Report {
     pub tokens: TokenCounts,
     /// Rates over `duration_s`.
     pub throughput: Throughput,
+    /// How the summaries' percentiles are computed: always [`crate::quantile::METHOD`].
+    pub percentile_method: &'static str,
     /// Time to first token (streaming: first text chunk; otherwise the whole response).
     pub ttft_s: Summary,
     /// Gaps between text chunks over all streamed requests (empty without `--stream`).
@@ -303,6 +305,7 @@ pub fn build(
             output_tokens_per_s: rate(output as f64),
             total_tokens_per_s: rate((input + output) as f64),
         },
+        percentile_method: crate::quantile::METHOD,
         ttft_s: summarize(&mut ttft),
         itl_s: summarize(&mut itl),
         e2e_s: summarize(&mut e2e),

@@ -13,9 +13,9 @@ use super::records_file;
 use super::render::{BodySettings, RequestSpec};
 use super::report::{self, Report};
 use super::scrape::{self, EngineCounters};
-use crate::rng::mix64;
 use crate::workload::arrivals::Poisson;
 use crate::workload::{Workload, WorkloadKind};
+use kvmesh_protocol::mix64;
 
 /// One finished request.
 #[derive(Debug, Clone)]

@@ -1,5 +1,7 @@
 //! Reading the counters the report needs from an engine's `/metrics`.
 
+use kvmesh_protocol::engine_metrics;
+
 use super::client::LoadClient;
 
 /// Counters of one engine at one instant (summed over `engine` and other labels).
@@ -13,52 +15,14 @@ pub struct EngineCounters {
     pub requests: f64,
 }
 
-/// Extracts the counters from a Prometheus text exposition. Falls back to the names vLLM
-/// used before 0.12 (`vllm:gpu_prefix_cache_*`) when the current ones are absent.
+/// Extracts the counters from a Prometheus text exposition (the shared vLLM parser, which
+/// falls back to the names vLLM used before 0.12 when the current ones are absent).
 pub fn parse_counters(text: &str) -> EngineCounters {
-    let sum = |names: &[&str]| -> Option<f64> {
-        let mut total = None;
-        for line in text.lines() {
-            if line.starts_with('#') {
-                continue;
-            }
-            let name_end = line.find(['{', ' ']).unwrap_or(line.len());
-            if !names.contains(&&line[..name_end]) {
-                continue;
-            }
-            // The value follows the labels (which may contain spaces inside quotes).
-            let rest = match line[name_end..].strip_prefix('{') {
-                Some(r) => r.rfind('}').map(|i| &r[i + 1..]).unwrap_or(""),
-                None => &line[name_end..],
-            };
-            if let Some(v) = rest
-                .split_whitespace()
-                .next()
-                .and_then(|v| v.parse::<f64>().ok())
-            {
-                *total.get_or_insert(0.0) += v;
-            }
-        }
-        total
-    };
+    let m = engine_metrics::parse(text);
     EngineCounters {
-        prefix_cache_queries: sum(&["vllm:prefix_cache_queries_total"])
-            .or_else(|| {
-                sum(&[
-                    "vllm:gpu_prefix_cache_queries_total",
-                    "vllm:gpu_prefix_cache_queries",
-                ])
-            })
-            .unwrap_or(0.0),
-        prefix_cache_hits: sum(&["vllm:prefix_cache_hits_total"])
-            .or_else(|| {
-                sum(&[
-                    "vllm:gpu_prefix_cache_hits_total",
-                    "vllm:gpu_prefix_cache_hits",
-                ])
-            })
-            .unwrap_or(0.0),
-        requests: sum(&["vllm:request_success_total"]).unwrap_or(0.0),
+        prefix_cache_queries: m.prefix_queries,
+        prefix_cache_hits: m.prefix_hits,
+        requests: m.requests,
     }
 }
 

@@ -1,6 +1,8 @@
-//! Summary statistics (mean and linearly interpolated percentiles, like numpy's default).
+//! Summary statistics: mean and percentiles ([`crate::quantile`]'s definition).
 
 use serde::{Deserialize, Serialize};
+
+use crate::quantile::quantile;
 
 /// Distribution summary of one metric, in seconds. Fields are `null` when `count` is 0.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
@@ -36,20 +38,11 @@ pub fn summarize(values: &mut [f64]) -> Summary {
     Summary {
         count: values.len(),
         mean: Some(mean),
-        p50: Some(percentile(values, 50.0)),
-        p90: Some(percentile(values, 90.0)),
-        p99: Some(percentile(values, 99.0)),
+        p50: Some(quantile(values, 0.50)),
+        p90: Some(quantile(values, 0.90)),
+        p99: Some(quantile(values, 0.99)),
         max: values.last().copied(),
     }
-}
-
-/// The `q`-th percentile of sorted `v` with linear interpolation between closest ranks.
-pub fn percentile(v: &[f64], q: f64) -> f64 {
-    debug_assert!(!v.is_empty());
-    let pos = (q / 100.0) * (v.len() - 1) as f64;
-    let lo = pos.floor() as usize;
-    let hi = pos.ceil() as usize;
-    v[lo] + (v[hi] - v[lo]) * (pos - lo as f64)
 }
 
 #[cfg(test)]

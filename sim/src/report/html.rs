@@ -4,8 +4,10 @@ use std::fmt::Write;
 
 use super::results::Results;
 use super::run::Run;
-use super::svg::{BarChart, LineChart, PALETTE, Scale, Series, esc};
 use super::table;
+use crate::chart::bar::BarChart;
+use crate::chart::line::LineChart;
+use crate::chart::{self, Scale, Series, esc};
 
 const STYLE: &str = "body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1180px;\
 color:#222;padding:0 1em}h1{font-size:1.6em}h2{margin-top:2em;border-bottom:1px solid #ddd}\
@@ -23,7 +25,7 @@ pub fn render(results: &Results, runs: &[Run]) -> String {
     let policies = policies(runs);
     let color = |policy: &str| -> String {
         let i = policies.iter().position(|p| p == policy).unwrap_or(0);
-        PALETTE[i % PALETTE.len()].to_owned()
+        chart::color(i).to_owned()
     };
     let mut h = String::new();
     let _ = write!(
@@ -203,7 +205,7 @@ pub fn render(results: &Results, runs: &[Run]) -> String {
                 .enumerate()
                 .map(|(i, pts)| Series {
                     name: format!("engine {}", i + 1),
-                    color: PALETTE[(i + 4) % PALETTE.len()].to_owned(),
+                    color: chart::color(i + 4).to_owned(),
                     points: pts.clone(),
                 })
                 .collect();

@@ -4,14 +4,14 @@
 //!   so per-engine load over time and the engine-side TTFT histogram can be charted.
 //! - `report render` reads the load generator's JSON reports (one per workload × policy run,
 //!   each with its samples file next to it), prints the side-by-side table ([`table`]) and
-//!   writes `report.html` ([`html`], [`svg`]) and `results.json` ([`results`]).
+//!   writes `report.html` ([`html`], charts from [`crate::chart`]) and `results.json`
+//!   ([`results`]).
 
 pub mod html;
 pub mod results;
 pub mod run;
 pub mod sample;
 pub mod snapshot;
-pub mod svg;
 pub mod table;
 
 use std::collections::BTreeMap;
@@ -96,6 +96,7 @@ pub fn render(args: &RenderArgs) -> anyhow::Result<String> {
             .unwrap_or(0.0),
         meta: args.meta.iter().cloned().collect::<BTreeMap<_, _>>(),
         notes: args.notes.clone(),
+        percentile_method: crate::quantile::METHOD,
         baseline: args.baseline.clone(),
         comparisons: results::comparisons(&figures, &args.baseline),
         runs: figures.clone(),

@@ -21,6 +21,9 @@ pub struct Results {
     pub meta: BTreeMap<String, String>,
     /// Remarks (e.g. why a policy was skipped), from `--note`.
     pub notes: Vec<String>,
+    /// How the runs' percentiles were computed (by the load generator): always
+    /// [`crate::quantile::METHOD`].
+    pub percentile_method: &'static str,
     /// The policy others are compared with.
     pub baseline: String,
     /// One entry per run, in the order given.

@@ -1,9 +1,10 @@
 //! One engine's `/metrics` at one instant: the gauges and counters the report charts.
 //!
-//! The load generator's own scrape (`load::scrape`) reads only the three counters its report
+//! The load generator's own scrape (`load::scrape`) keeps only the three counters its report
 //! needs, before and after a run; the report also wants queue depth over time and the
-//! engine-side TTFT histogram, so it reads them here from the same Prometheus text.
+//! engine-side TTFT histogram. Both read the text with the protocol's `engine_metrics`.
 
+use kvmesh_protocol::engine_metrics;
 use serde::{Deserialize, Serialize};
 
 /// What the report keeps of one engine's exposition.
@@ -28,108 +29,20 @@ pub struct EngineSnapshot {
     pub ttft_count: f64,
 }
 
-/// Parses the series the report needs, summing over label sets (engines of a DP group,
-/// finish reasons). Falls back to the pre-0.12 `vllm:gpu_prefix_cache_*` names.
+/// Reads the series the report needs with the shared vLLM parser, summed over label sets
+/// (engines of a DP group, finish reasons); `kv_usage` is the engines' mean.
 pub fn parse(text: &str) -> EngineSnapshot {
-    let mut s = EngineSnapshot::default();
-    let (mut hits_old, mut queries_old) = (0.0, 0.0);
-    let (mut saw_hits, mut saw_queries) = (false, false);
-    for line in text.lines() {
-        if line.starts_with('#') || line.trim().is_empty() {
-            continue;
-        }
-        let Some((name, labels, value)) = split_sample(line) else {
-            continue;
-        };
-        match name {
-            "vllm:num_requests_running" => s.running += value,
-            "vllm:num_requests_waiting" => s.waiting += value,
-            "vllm:kv_cache_usage_perc" | "vllm:gpu_cache_usage_perc" => {
-                s.kv_usage = s.kv_usage.max(value);
-            }
-            "vllm:request_success_total" => s.requests += value,
-            "vllm:prefix_cache_hits_total" => {
-                saw_hits = true;
-                s.hits += value;
-            }
-            "vllm:prefix_cache_queries_total" => {
-                saw_queries = true;
-                s.queries += value;
-            }
-            "vllm:gpu_prefix_cache_hits_total" | "vllm:gpu_prefix_cache_hits" => {
-                hits_old += value;
-            }
-            "vllm:gpu_prefix_cache_queries_total" | "vllm:gpu_prefix_cache_queries" => {
-                queries_old += value;
-            }
-            "vllm:time_to_first_token_seconds_count" => s.ttft_count += value,
-            "vllm:time_to_first_token_seconds_bucket" => {
-                let Some(le) = label(labels, "le") else {
-                    continue;
-                };
-                let Ok(le) = le.parse::<f64>() else { continue };
-                if !le.is_finite() {
-                    continue;
-                }
-                match s.ttft_buckets.iter_mut().find(|(b, _)| *b == le) {
-                    Some((_, n)) => *n += value,
-                    None => s.ttft_buckets.push((le, value)),
-                }
-            }
-            _ => {}
-        }
+    let m = engine_metrics::parse(text);
+    EngineSnapshot {
+        running: m.running,
+        waiting: m.waiting,
+        kv_usage: m.kv_usage,
+        requests: m.requests,
+        hits: m.prefix_hits,
+        queries: m.prefix_queries,
+        ttft_buckets: m.ttft_buckets,
+        ttft_count: m.ttft_count,
     }
-    if !saw_hits {
-        s.hits = hits_old;
-    }
-    if !saw_queries {
-        s.queries = queries_old;
-    }
-    s.ttft_buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
-    s
-}
-
-/// Splits `name{labels} value [timestamp]` into its parts (labels may hold spaces in quotes).
-fn split_sample(line: &str) -> Option<(&str, &str, f64)> {
-    let name_end = line.find(['{', ' '])?;
-    let name = &line[..name_end];
-    let (labels, rest) = match line[name_end..].strip_prefix('{') {
-        Some(r) => {
-            let close = r.rfind('}')?;
-            (&r[..close], &r[close + 1..])
-        }
-        None => ("", &line[name_end..]),
-    };
-    let value = rest.split_whitespace().next()?.parse::<f64>().ok()?;
-    Some((name, labels, value))
-}
-
-/// The value of `key="..."` in a label set.
-fn label<'a>(labels: &'a str, key: &str) -> Option<&'a str> {
-    let mut rest = labels;
-    while let Some(eq) = rest.find("=\"") {
-        let k = rest[..eq].trim_start_matches([',', ' ']).trim();
-        let after = &rest[eq + 2..];
-        // Values escape `"` as `\"`; find the closing quote that is not escaped.
-        let mut end = None;
-        let mut escaped = false;
-        for (i, c) in after.char_indices() {
-            match (c, escaped) {
-                ('\\', false) => escaped = true,
-                ('"', false) => {
-                    end = Some(i);
-                    break;
-                }
-                _ => escaped = false,
-            }
-        }
-        let end = end?;
-        if k == key {
-            return Some(&after[..end]);
-        }
-        rest = &after[end + 1..];
-    }
-    None
 }
 
 #[cfg(test)]

@@ -2,8 +2,8 @@
 
 use std::path::PathBuf;
 
-use kvmesh_protocol::route::{PdConfig, Policy as ScoreForm};
-use kvmesh_protocol::{RouteConfig, SummaryConfig};
+use kvmesh_protocol::route::{PdConfig, ScoreForm};
+use kvmesh_protocol::{RouteConfig, SummaryConfig, cadence};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -26,16 +26,16 @@ const KV_LEASE_UNTIL_PULLED: std::time::Duration = std::time::Duration::from_sec
 pub enum SelfView {
     /// Its digest and its own summary, without lag.
     Summary,
-    /// Its digest only (the sidecar's routing.rs as of this writing).
+    /// Its digest only: no sidecar routes so since 709218e (its own candidate carries its
+    /// own summary); kept to measure what that summary is worth.
     Digest,
 }
 
-/// Scoring form of `decide` (see `protocol::route::Policy`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ScoreFormArg {
-    Score,
-    Cost,
+/// `--route-form`'s parser: the protocol's names, listed in the help and in errors.
+fn score_forms() -> impl clap::builder::TypedValueParser<Value = ScoreForm> {
+    use clap::builder::{PossibleValuesParser, TypedValueParser as _};
+    PossibleValuesParser::new(ScoreForm::ALL.map(ScoreForm::name))
+        .try_map(|name| name.parse::<ScoreForm>())
 }
 
 /// `kvmesh-sim simulate`: a discrete-event cluster simulation of routing policies.
@@ -66,7 +66,7 @@ pub struct SimulateArgs {
     #[arg(long, default_value_t = 1.0)]
     pub trace_speedup: f64,
     /// Gossip round interval, milliseconds (the sidecar's default).
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, default_value_t = cadence::GOSSIP_INTERVAL.as_millis() as u64)]
     pub gossip_interval: u64,
     /// Peers contacted per gossip round.
     #[arg(long, default_value_t = 3)]
@@ -77,25 +77,25 @@ pub struct SimulateArgs {
     /// One-way delay of a gossip message, milliseconds (default calibrated on the real mesh).
     #[arg(long, default_value_t = CALIBRATED_HOP_S * 1e3)]
     pub gossip_hop_ms: f64,
-    /// Digest refresh and summary publish interval, milliseconds.
-    #[arg(long, default_value_t = 100)]
+    /// Digest refresh and summary publish interval, milliseconds (the sidecar's default).
+    #[arg(long, default_value_t = cadence::DIGEST_INTERVAL.as_millis() as u64)]
     pub digest_interval: u64,
     /// Lag classes of the aggregate gossip model (more = finer staleness, more memory; at
     /// most 64).
     #[arg(long, default_value_t = 8)]
     pub lag_classes: usize,
     /// Summary shards per node.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = SummaryConfig::default().num_shards)]
     pub summary_shards: u16,
     /// Bytes of Bloom filter per shard.
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = SummaryConfig::default().shard_bytes)]
     pub summary_shard_bytes: u32,
     /// What a node knows of itself when routing.
     #[arg(long, value_enum, default_value_t = SelfView::Summary)]
     pub self_view: SelfView,
     /// Scoring form of `decide`.
-    #[arg(long, value_enum, default_value_t = ScoreFormArg::Score)]
-    pub route_form: ScoreFormArg,
+    #[arg(long, value_parser = score_forms(), default_value_t = RouteConfig::default().policy)]
+    pub route_form: ScoreForm,
     /// Spread band of `decide` (RouteConfig::spread_margin); 0 ranks near-equal candidates by
     /// score and node key alone.
     #[arg(long, default_value_t = RouteConfig::default().spread_margin)]
@@ -213,10 +213,7 @@ impl SimulateArgs {
     /// `decide`'s settings: the defaults, the form and spread margin flags, then `--route`.
     pub fn route_config(&self) -> Result<RouteConfig, String> {
         let base = RouteConfig {
-            policy: match self.route_form {
-                ScoreFormArg::Score => ScoreForm::Score,
-                ScoreFormArg::Cost => ScoreForm::Cost,
-            },
+            policy: self.route_form,
             spread_margin: self.spread_margin.max(0.0),
             ..RouteConfig::default()
         };
@@ -367,5 +364,37 @@ mod route_setting_tests {
         );
         let unknown = with_settings(PdConfig::default(), &[set("min_tokens=1")], "--pd");
         assert!(unknown.is_err_and(|e| e.starts_with("--pd min_tokens")));
+    }
+}
+
+#[cfg(test)]
+mod defaults_tests {
+    use super::*;
+    use kvmesh_protocol::hashing::DEFAULT_BLOCK_TOKENS;
+
+    /// The simulator models the sidecar as it runs by default: the settings both read from
+    /// `protocol` must come out the same here as in `kvmesh serve` (whose own test,
+    /// `serve::config`'s `defaults_fill_what_is_not_given`, pins the node to the same values).
+    #[test]
+    fn defaults_are_the_sidecars() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: SimulateArgs,
+        }
+        let args = <Cli as clap::Parser>::parse_from(["simulate"]).args;
+        let route = args.route_config().unwrap();
+        assert_eq!(route, RouteConfig::default());
+        let config = args.cluster_config(16, route, None);
+        assert_eq!(config.summary, SummaryConfig::default());
+        assert_eq!(
+            config.gossip.interval_s,
+            cadence::GOSSIP_INTERVAL.as_secs_f64()
+        );
+        assert_eq!(
+            config.digest_interval_s,
+            cadence::DIGEST_INTERVAL.as_secs_f64()
+        );
+        assert_eq!(config.engine.block_size as usize, DEFAULT_BLOCK_TOKENS);
     }
 }

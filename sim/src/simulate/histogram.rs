@@ -1,6 +1,8 @@
 //! [`LogHistogram`]: latencies too many to keep one by one (every inter-token gap of a run),
 //! counted in buckets 1 % wide, so a percentile is off by at most 1 %.
 
+use crate::quantile;
+
 /// Smallest value told apart, seconds (a smaller one counts in the first bucket).
 const FLOOR_S: f64 = 1e-5;
 /// Relative width of a bucket.
@@ -70,17 +72,24 @@ impl LogHistogram {
         }
     }
 
-    /// Nearest-rank percentile (as [`super::results::percentile`]): the upper bound of the
-    /// bucket holding it, so never below the true value and at most 1 % above.
+    /// The `q`-quantile by [`crate::quantile`]'s definition, approximated: each value stands
+    /// as the upper bound of its bucket, so the result is never below the exact quantile of
+    /// the values counted and at most 1 % above it.
     pub fn percentile(&self, q: f64) -> f64 {
-        if self.total == 0 {
+        let Some(rank) = quantile::rank(self.total, q) else {
             return 0.0;
-        }
-        let rank = ((q * self.total as f64).ceil() as u64).clamp(1, self.total);
+        };
+        let (lo, hi, weight) = rank.bounds();
+        let (lo, hi) = (self.value_at(lo), self.value_at(hi));
+        lo + (hi - lo) * weight
+    }
+
+    /// The upper bound of the bucket holding the value of 0-based rank `rank`.
+    fn value_at(&self, rank: u64) -> f64 {
         let mut seen = 0;
         for (index, &count) in self.counts.iter().enumerate() {
             seen += count;
-            if seen >= rank {
+            if seen > rank {
                 return FLOOR_S * GROWTH.powi(index as i32);
             }
         }
@@ -99,8 +108,8 @@ mod tests {
         for &v in values.iter().rev() {
             h.observe(v);
         }
-        for (q, exact) in [(0.5, 0.5), (0.99, 0.99), (1.0, 1.0), (0.001, 0.001)] {
-            let got = h.percentile(q);
+        for q in [0.5, 0.99, 1.0, 0.001, 0.0] {
+            let (got, exact) = (h.percentile(q), quantile::quantile(&values, q));
             assert!(
                 got >= exact * (1.0 - 1e-9) && got <= exact * 1.01,
                 "{q}: {got}"
@@ -119,7 +128,7 @@ mod tests {
         b.observe(1e12);
         a.merge(&b);
         assert_eq!(a.len(), 4);
-        assert_eq!(a.percentile(0.25), FLOOR_S, "NaN counts as zero");
+        assert_eq!(a.percentile(0.0), FLOOR_S, "NaN counts as zero");
         assert!(
             a.percentile(1.0) > 1e6,
             "a huge value lands in the last bucket"

@@ -15,7 +15,7 @@
 
 pub use crate::workload::segment::{Segment, tokens};
 
-use crate::rng::mix64;
+use kvmesh_protocol::mix64;
 
 /// Tokens per KV block (vLLM's default, and the engine model's).
 pub const BLOCK_TOKENS: usize = 16;

@@ -3,8 +3,9 @@
 use std::collections::BTreeMap;
 
 use super::histogram::LogHistogram;
+use crate::quantile::quantile;
 
-/// Mean and percentiles of a latency, seconds.
+/// Mean and percentiles of a latency, seconds ([`crate::quantile`]'s definition).
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
 pub struct Latency {
     pub mean: f64,
@@ -14,7 +15,7 @@ pub struct Latency {
 }
 
 impl Latency {
-    /// From a histogram's counts (percentiles within 1 %).
+    /// From a histogram's counts (percentiles within 1 % above the exact ones).
     pub fn of_histogram(histogram: &LogHistogram) -> Self {
         Self {
             mean: histogram.mean(),
@@ -32,20 +33,11 @@ impl Latency {
         samples.sort_by(f64::total_cmp);
         Self {
             mean: samples.iter().sum::<f64>() / samples.len() as f64,
-            p50: percentile(samples, 0.50),
-            p90: percentile(samples, 0.90),
-            p99: percentile(samples, 0.99),
+            p50: quantile(samples, 0.50),
+            p90: quantile(samples, 0.90),
+            p99: quantile(samples, 0.99),
         }
     }
-}
-
-/// Nearest-rank percentile of sorted samples.
-pub fn percentile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let rank = (q * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
 /// ITL objectives, milliseconds, at which every run also reports goodput.
@@ -133,7 +125,7 @@ pub struct PolicyResult {
     pub ttft_cdf: Vec<(f64, f64)>,
 }
 
-/// `points` evenly spaced quantiles of sorted samples.
+/// `points` + 1 evenly spaced quantiles of sorted samples, from the smallest to the largest.
 pub fn cdf(sorted: &[f64], points: usize) -> Vec<(f64, f64)> {
     if sorted.is_empty() {
         return Vec::new();
@@ -141,7 +133,7 @@ pub fn cdf(sorted: &[f64], points: usize) -> Vec<(f64, f64)> {
     (0..=points)
         .map(|i| {
             let q = i as f64 / points as f64;
-            (q, percentile(sorted, q.max(1.0 / sorted.len() as f64)))
+            (q, quantile(sorted, q))
         })
         .collect()
 }
@@ -151,12 +143,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn nearest_rank_percentiles() {
+    fn latency_sorts_then_interpolates() {
         let mut v: Vec<f64> = (1..=100).rev().map(f64::from).collect();
         assert_eq!(Latency::of(&mut []), Latency::default());
         let l = Latency::of(&mut v);
-        assert_eq!((l.p50, l.p90, l.p99), (50.0, 90.0, 99.0));
+        for (got, want) in [(l.p50, 50.5), (l.p90, 90.1), (l.p99, 99.01)] {
+            assert!((got - want).abs() < 1e-9, "{got} vs {want}");
+        }
         assert!((l.mean - 50.5).abs() < 1e-9);
-        assert_eq!(percentile(&[3.0], 0.99), 3.0);
+    }
+
+    #[test]
+    fn the_cdf_runs_from_the_smallest_to_the_largest() {
+        let c = cdf(&[1.0, 2.0, 4.0], 4);
+        assert_eq!(c.first(), Some(&(0.0, 1.0)));
+        assert_eq!(c[2], (0.5, 2.0));
+        assert_eq!(c.last(), Some(&(1.0, 4.0)));
+        assert!(cdf(&[], 10).is_empty());
     }
 }

@@ -38,6 +38,8 @@ pub struct SizeRun {
 pub struct Report {
     pub args: SimulateArgs,
     pub workload: String,
+    /// How the latencies' percentiles are computed: always [`crate::quantile::METHOD`].
+    pub percentile_method: &'static str,
     pub runs: Vec<SizeRun>,
 }
 
@@ -89,6 +91,7 @@ pub fn simulate(args: &SimulateArgs) -> Result<Report, SimulateError> {
             }
             kind => kind.name().to_owned(),
         },
+        percentile_method: crate::quantile::METHOD,
         runs,
     })
 }

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 pub use segment::Segment;
 
-use crate::rng::mix64;
+use kvmesh_protocol::mix64;
 
 /// Request `index` of a workload.
 #[derive(Debug, Clone, PartialEq, Eq)]

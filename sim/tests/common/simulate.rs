@@ -24,3 +24,11 @@ pub fn by_policy<'a>(report: &'a Report, name: &str) -> &'a PolicyResult {
         .find(|r| r.policy == name)
         .unwrap_or_else(|| panic!("no result for {name}"))
 }
+
+/// The fastest and the slowest TTFT of a result: the ends of its CDF.
+pub fn ttft_min_max(result: &PolicyResult) -> (f64, f64) {
+    match (result.ttft_cdf.first(), result.ttft_cdf.last()) {
+        (Some(&(_, min)), Some(&(_, max))) => (min, max),
+        _ => panic!("{} completed nothing", result.policy),
+    }
+}

@@ -37,8 +37,8 @@ use super::request::{
 use super::stats::{EngineStats, FinishReason};
 use super::timing::StepShape;
 use super::tokenizer::token_id;
-use crate::rng::mix64;
 use crate::text;
+use kvmesh_protocol::mix64;
 
 mod disagg;
 mod lora;

@@ -3,7 +3,7 @@
 //! **Tokenizer.** The UTF-8 bytes of a text are cut into consecutive chunks of
 //! [`BYTES_PER_TOKEN`] (= 4) bytes; the last chunk may be shorter. Each chunk becomes one
 //! token whose id is `mix64(le_u32(chunk zero-padded) | len << 32) mod VOCAB_SIZE`, where
-//! `mix64` is the SplitMix64 finaliser (see `crate::rng::mix64`). So a text of `n` bytes has
+//! `mix64` is the SplitMix64 finaliser (see `kvmesh_protocol::mix64`). So a text of `n` bytes has
 //! `ceil(n / 4)` tokens, the same text always gives the same ids, and a text that extends
 //! another (at a 4-byte boundary) extends its token ids. There is no BOS token.
 //!
@@ -13,7 +13,7 @@
 //! and each image part as `<|image|>{url}`. `/tokenize` with `messages` and the chat endpoint
 //! use this same function, so the token ids `/tokenize` returns are the ids the engine caches.
 
-use crate::rng::mix64;
+use kvmesh_protocol::mix64;
 
 /// Bytes per token of the pseudo-tokenizer.
 pub const BYTES_PER_TOKEN: usize = 4;

@@ -29,7 +29,7 @@ use crate::engine::model::{
     EngineConfig, EngineRequest, FinishReason, Finished, KvTransfer, validate,
 };
 use crate::engine::nixl::params::{self, Leg};
-use crate::rng::mix64;
+use kvmesh_protocol::mix64;
 
 /// Everything handlers share.
 pub struct AppState {

@@ -30,7 +30,7 @@ use self::openai::Models;
 use super::config::EngineArgs;
 use super::model::{Engine, KvCacheEvent};
 use super::nixl::puller::PullerConfig;
-use crate::rng::mix64;
+use kvmesh_protocol::mix64;
 
 /// Builds the shared state and starts the engine driver on the current runtime.
 /// `side_channel` is the NIXL side channel's address, with `--kv-connector nixl`.

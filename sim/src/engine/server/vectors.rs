@@ -5,7 +5,7 @@
 //! normalised, so texts that share tokens point the same way and the same text always gives
 //! the same vector.
 
-use crate::rng::mix64;
+use kvmesh_protocol::mix64;
 
 /// Length of the mock's embeddings (its "hidden size"); `dimensions` may shorten them.
 pub const EMBEDDING_DIM: usize = 256;

@@ -28,13 +28,13 @@ use kvmesh_protocol::summary::ShardWire;
 use kvmesh_protocol::{Role, RouteRequest};
 
 use super::{Gossip, Leg, Prepared, Router, Sim};
-use crate::rng::mix64;
 use crate::simulate::gossip::view::{LagClasses, Published};
 use crate::simulate::node::{EngineEvent, MODEL, SimNode};
 use crate::simulate::policy::PolicyKind;
 use crate::simulate::policy::kvmesh::{Kvmesh, View};
 use crate::simulate::prompt::BLOCK_TOKENS;
 use crate::simulate::workload::SimRequest;
+use kvmesh_protocol::mix64;
 
 /// What happens at an instant, in the order events at one instant run.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]

@@ -19,7 +19,7 @@ mod transfer;
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::rng::mix64;
+use kvmesh_protocol::mix64;
 
 use kvmesh_protocol::{Decision, Role, RouteConfig, RouteRequest, SummaryConfig};
 

@@ -121,14 +121,10 @@ impl DelayDistribution {
         }
     }
 
-    /// The delay by which a fraction `q` of the other nodes has the update.
+    /// The delay by which a fraction `q` of the reached nodes has the update
+    /// ([`crate::quantile`]'s definition; 0 when none was reached).
     pub fn quantile(&self, q: f64) -> f64 {
-        if self.sorted.is_empty() {
-            return 0.0;
-        }
-        let i =
-            ((q.clamp(0.0, 1.0) * self.sorted.len() as f64) as usize).min(self.sorted.len() - 1);
-        self.sorted[i]
+        crate::quantile::quantile(&self.sorted, q)
     }
 
     pub fn mean(&self) -> f64 {

@@ -16,7 +16,7 @@ use kvmesh_protocol::PeerSummary;
 use kvmesh_protocol::summary::DecodedShard;
 
 use super::epidemic::DelayDistribution;
-use crate::rng::mix64;
+use kvmesh_protocol::mix64;
 
 /// The lags of the classes, ascending, plus a final zero-lag class for the publisher itself.
 #[derive(Debug, Clone)]

@@ -2,7 +2,7 @@
 //! the prompt's first block: walk the ring clockwise from the key and take the first engine
 //! whose load, with this request, stays within `ceil((1 + ε) × mean)`.
 
-use crate::rng::mix64;
+use kvmesh_protocol::mix64;
 
 /// Virtual points per engine on the ring.
 const POINTS_PER_NODE: u32 = 100;

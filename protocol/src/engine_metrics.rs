@@ -1,10 +1,14 @@
-//! Reading vLLM's Prometheus text exposition: only the series the router uses, summed over the
-//! `engine` label (data-parallel engines behind one server), with the removed pre-0.12 names
-//! accepted as fallbacks. See `vllm-interfaces.md` §1.
+//! vLLM's `/metrics`: the series kvmesh reads, summed over the `engine` label (data-parallel
+//! engines behind one server) and other label sets (finish reasons), with the removed pre-0.12
+//! names accepted as fallbacks. See `vllm-interfaces.md` §1.
+//!
+//! One parser for the node's engine poller, the load generator's scrape, the demo report's
+//! sampler and the end-to-end tests; the text format itself is [`crate::prometheus_text`].
 
-use kvmesh_protocol::LoraUse;
+use crate::LoraUse;
+use crate::prometheus_text::{Sample, samples};
 
-/// The router's view of one `/metrics` scrape.
+/// What kvmesh reads of one `/metrics` scrape.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct EngineMetrics {
     pub running: f64,
@@ -13,11 +17,18 @@ pub struct EngineMetrics {
     pub kv_usage: f64,
     pub block_size: Option<u32>,
     pub num_gpu_blocks: Option<u64>,
+    /// `vllm:prefix_cache_queries_total` (tokens).
     pub prefix_queries: f64,
+    /// `vllm:prefix_cache_hits_total` (tokens).
     pub prefix_hits: f64,
     pub prompt_tokens: f64,
+    /// `vllm:request_success_total`, all finish reasons.
+    pub requests: f64,
     pub ttft_sum: f64,
     pub ttft_count: f64,
+    /// Cumulative `vllm:time_to_first_token_seconds` buckets: (upper bound, count), ascending,
+    /// without `+Inf`.
+    pub ttft_buckets: Vec<(f64, f64)>,
     /// `vllm:request_prefill_time_seconds` (real vLLM V1), when exposed.
     pub prefill_time_sum: Option<f64>,
     pub preemptions: f64,
@@ -25,32 +36,30 @@ pub struct EngineMetrics {
     pub lora_use: Option<(f64, LoraUse)>,
 }
 
-/// Parses the text format. Unknown series are ignored; a malformed line is skipped (a scrape
-/// must not fail because an engine added an exotic series).
+/// Parses the text format. Unknown series are ignored; a malformed line, or a sample that is
+/// not finite, is skipped (a scrape must not fail because an engine added an exotic series).
 pub fn parse(text: &str) -> EngineMetrics {
     let mut m = EngineMetrics::default();
     let mut kv_samples = 0u32;
     let mut legacy_kv = (0.0, 0u32);
+    // Pre-0.12 prefix-cache counters (queries, hits), used when the current ones are absent.
     let mut legacy_prefix = (0.0, 0.0);
-    let mut have_prefix = false;
-    for line in text.lines() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let Some((name, labels, value)) = split_sample(line) else {
-            continue;
-        };
-        match name {
+    let (mut have_queries, mut have_hits) = (false, false);
+    for sample in samples(text).filter(|s| s.value.is_finite()) {
+        let value = sample.value;
+        match sample.name {
             "vllm:num_requests_running" => add(&mut m.running, value),
             "vllm:num_requests_waiting" => add(&mut m.waiting, value),
             "vllm:kv_cache_usage_perc" => kv_samples += u32::from(added(&mut m.kv_usage, value)),
             "vllm:gpu_cache_usage_perc" => legacy_kv.1 += u32::from(added(&mut legacy_kv.0, value)),
             "vllm:prefix_cache_queries_total" => {
                 add(&mut m.prefix_queries, value);
-                have_prefix = true;
+                have_queries = true;
             }
-            "vllm:prefix_cache_hits_total" => add(&mut m.prefix_hits, value),
+            "vllm:prefix_cache_hits_total" => {
+                add(&mut m.prefix_hits, value);
+                have_hits = true;
+            }
             "vllm:gpu_prefix_cache_queries_total" | "vllm:gpu_prefix_cache_queries" => {
                 add(&mut legacy_prefix.0, value)
             }
@@ -58,8 +67,22 @@ pub fn parse(text: &str) -> EngineMetrics {
                 add(&mut legacy_prefix.1, value)
             }
             "vllm:prompt_tokens_total" => add(&mut m.prompt_tokens, value),
+            "vllm:request_success_total" => add(&mut m.requests, value),
             "vllm:time_to_first_token_seconds_sum" => add(&mut m.ttft_sum, value),
             "vllm:time_to_first_token_seconds_count" => add(&mut m.ttft_count, value),
+            "vllm:time_to_first_token_seconds_bucket" => {
+                let Some(le) = sample
+                    .label("le")
+                    .and_then(|le| le.parse::<f64>().ok())
+                    .filter(|le| le.is_finite())
+                else {
+                    continue;
+                };
+                match m.ttft_buckets.iter_mut().find(|(bound, _)| *bound == le) {
+                    Some((_, count)) => add(count, value),
+                    None => m.ttft_buckets.push((le, value)),
+                }
+            }
             "vllm:request_prefill_time_seconds_sum" => {
                 add(m.prefill_time_sum.get_or_insert(0.0), value)
             }
@@ -67,14 +90,15 @@ pub fn parse(text: &str) -> EngineMetrics {
             // A gauge whose labels say the adapters in use and whose value is when: vLLM
             // sets a new label set at each change and keeps the old ones, so the latest wins.
             "vllm:lora_requests_info" if m.lora_use.as_ref().is_none_or(|(at, _)| value >= *at) => {
-                m.lora_use = Some((value, lora_use(labels)));
+                m.lora_use = Some((value, lora_use(&sample)));
             }
             "vllm:cache_config_info" => {
-                if let Some(size) = label(labels, "block_size").and_then(|v| v.parse().ok()) {
+                if let Some(size) = sample.label("block_size").and_then(|v| v.parse().ok()) {
                     m.block_size = Some(size);
                 }
-                if let Some(blocks) =
-                    label(labels, "num_gpu_blocks").and_then(|v| v.parse::<u64>().ok())
+                if let Some(blocks) = sample
+                    .label("num_gpu_blocks")
+                    .and_then(|v| v.parse::<u64>().ok())
                 {
                     // Saturating: an absurd count must not overflow (a panic in debug builds,
                     // a wrapped, tiny capacity in release ones).
@@ -90,18 +114,21 @@ pub fn parse(text: &str) -> EngineMetrics {
     } else if legacy_kv.1 > 0 {
         m.kv_usage = legacy_kv.0 / f64::from(legacy_kv.1);
     }
-    if !have_prefix {
+    if !have_queries {
         m.prefix_queries = legacy_prefix.0;
+    }
+    if !have_hits {
         m.prefix_hits = legacy_prefix.1;
     }
     m.kv_usage = m.kv_usage.clamp(0.0, 1.0);
+    m.ttft_buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
     m
 }
 
 /// Adds a sample to a sum, unless the sum would no longer be finite: then the sample is
-/// skipped like a malformed line. Values are finite (see [`split_sample`]), but summed over
-/// engines, two huge ones overflow, and an infinite figure poisons what the poller derives from
-/// it (an infinite or NaN EWMA makes every peer reject this node's digest).
+/// skipped like a malformed line. Samples are finite, but summed over engines, two huge ones
+/// overflow, and an infinite figure poisons what the poller derives from it (an infinite or
+/// NaN EWMA makes every peer reject this node's digest).
 fn add(sum: &mut f64, value: f64) {
     added(sum, value);
 }
@@ -115,46 +142,11 @@ fn added(sum: &mut f64, value: f64) -> bool {
     total.is_finite()
 }
 
-/// `name{labels} value [timestamp]` → (name, labels, value).
-fn split_sample(line: &str) -> Option<(&str, &str, f64)> {
-    let (name, labels, rest) = match line.find('{') {
-        Some(open) => {
-            let close = line[open..].find('}')? + open;
-            (&line[..open], &line[open + 1..close], &line[close + 1..])
-        }
-        None => {
-            let space = line.find(' ')?;
-            (&line[..space], "", &line[space..])
-        }
-    };
-    let value = rest.split_whitespace().next()?;
-    let value = match value {
-        "+Inf" => f64::INFINITY,
-        "-Inf" => f64::NEG_INFINITY,
-        v => v.parse().ok()?,
-    };
-    value.is_finite().then_some((name.trim(), labels, value))
-}
-
-/// The value of `key` in a label set like `a="1",b="x,y"` (values may hold commas, not
-/// escaped quotes).
-fn label<'a>(labels: &'a str, key: &str) -> Option<&'a str> {
-    let mut rest = labels;
-    loop {
-        let (name, after) = rest.split_once('=')?;
-        let after = after.trim_start().strip_prefix('"')?;
-        let (value, after) = after.split_once('"')?;
-        if name.trim().trim_start_matches(',').trim() == key {
-            return Some(value);
-        }
-        rest = after;
-    }
-}
-
 /// `vllm:lora_requests_info`'s labels: comma-separated adapter names.
-fn lora_use(labels: &str) -> LoraUse {
+fn lora_use(sample: &Sample) -> LoraUse {
     let names = |key| {
-        label(labels, key)
+        sample
+            .label(key)
             .unwrap_or_default()
             .split(',')
             .map(str::trim)
@@ -165,7 +157,8 @@ fn lora_use(labels: &str) -> LoraUse {
     LoraUse {
         running: names("running_lora_adapters"),
         waiting: names("waiting_lora_adapters"),
-        max_loras: label(labels, "max_lora")
+        max_loras: sample
+            .label("max_lora")
             .and_then(|v| v.parse().ok())
             .unwrap_or(0),
     }
