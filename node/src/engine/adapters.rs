@@ -22,10 +22,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// A name loaded here counts as loaded for this long even when the engine's `/v1/models`,
-/// polled every digest interval, does not list it yet.
-const RECENTLY_LOADED: Duration = Duration::from_secs(2);
-
 /// How a load ended (the `outcome` label of `kvmesh_lora_loads_total`).
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum LoadOutcome {
@@ -60,10 +56,24 @@ impl LoadOutcome {
 type Load = Shared<BoxFuture<'static, Result<(), String>>>;
 
 /// The loads in flight, by adapter name, and the names loaded lately.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct AdapterLoader {
     loading: Arc<Mutex<HashMap<String, Load>>>,
     loaded: Arc<Mutex<HashMap<String, Instant>>>,
+    /// How long a name loaded here counts as loaded though the engine's `/v1/models`, read
+    /// every few polls, does not list it yet.
+    remember: Duration,
+}
+
+impl AdapterLoader {
+    /// `models_period`: how often the poller reads the engine's `/v1/models`.
+    pub fn new(models_period: Duration) -> Self {
+        Self {
+            loading: Default::default(),
+            loaded: Default::default(),
+            remember: models_period * 2 + Duration::from_secs(1),
+        }
+    }
 }
 
 /// The base model `model` has to be loaded onto before this node's engine can serve it, if it
@@ -100,7 +110,7 @@ impl AdapterLoader {
         };
         if lock(&self.loaded)
             .get(model)
-            .is_some_and(|at| at.elapsed() < RECENTLY_LOADED)
+            .is_some_and(|at| at.elapsed() < self.remember)
         {
             return Ok(());
         }
@@ -129,7 +139,8 @@ impl AdapterLoader {
         base: &str,
     ) -> Load {
         let (client, metrics) = (client.clone(), metrics.clone());
-        let (loading, loaded) = (self.loading.clone(), self.loaded.clone());
+        let (loading, loaded, remember) =
+            (self.loading.clone(), self.loaded.clone(), self.remember);
         let (name, path, timeout) = (
             adapter.to_owned(),
             config.path_of(adapter, base),
@@ -151,8 +162,9 @@ impl AdapterLoader {
             match &result {
                 Ok(()) => {
                     tracing::info!(adapter = %name, %path, ms, outcome = outcome.as_str(), "LoRA adapter loaded");
-                    lock(&loaded).retain(|_, at| at.elapsed() < RECENTLY_LOADED);
-                    lock(&loaded).insert(name.clone(), Instant::now());
+                    let mut loaded = lock(&loaded);
+                    loaded.retain(|_, at| at.elapsed() < remember);
+                    loaded.insert(name.clone(), Instant::now());
                 }
                 Err(why) => {
                     tracing::warn!(adapter = %name, %path, ms, %why, "loading a LoRA adapter failed")

@@ -98,7 +98,9 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         peer_seen: AtomicBool::new(false),
         recent: Default::default(),
         response_homes: Default::default(),
-        adapters: Default::default(),
+        adapters: crate::engine::adapters::AdapterLoader::new(
+            config.digest_interval * crate::engine::poller::MODELS_EVERY as u32,
+        ),
         config,
     });
     mesh.gossip().set(HTTP_KEY, &http_addr.to_string()).await?;

@@ -116,7 +116,9 @@ pub struct AdapterPlacement {
 /// Where `adapter`, which no live engine serves, should be loaded: among the healthy engines
 /// that take whole requests, announce a rule for it and serve its base model (the fresh ones,
 /// when any is), those with a free LoRA slot first, each group by rendezvous weight on the
-/// adapter's name. `None`: no engine can load it (the name is then unknown to the cluster).
+/// adapter's name. An engine whose `vllm:lora_requests_info` already names the adapter (it was
+/// just loaded there, and its `/v1/models` has not been read since) goes before them all.
+/// `None`: no engine can load it (the name is then unknown to the cluster).
 pub fn place_adapter(adapter: &str, hosts: &[AdapterHost<'_>]) -> Option<AdapterPlacement> {
     let eligible = |host: &AdapterHost<'_>| {
         let digest = host.digest;
@@ -129,17 +131,21 @@ pub fn place_adapter(adapter: &str, hosts: &[AdapterHost<'_>]) -> Option<Adapter
     };
     let any_fresh = hosts.iter().any(|host| host.fresh && eligible(host));
     let key = node_key(adapter);
-    let mut ranked: Vec<(bool, u64, usize)> = hosts
+    let mut ranked: Vec<(u8, u64, usize)> = hosts
         .iter()
         .enumerate()
         .filter(|(_, host)| eligible(host) && (host.fresh || !any_fresh))
         .map(|(index, host)| {
-            let free = host.digest.lora_use.readiness(adapter) == LoraReadiness::FreeSlot;
-            (free, rendezvous_weight(key, host.node_key), index)
+            let tier = match host.digest.lora_use.readiness(adapter) {
+                LoraReadiness::Running | LoraReadiness::Waiting => 2u8,
+                LoraReadiness::FreeSlot => 1,
+                LoraReadiness::NoSlot => 0,
+            };
+            (tier, rendezvous_weight(key, host.node_key), index)
         })
         .collect();
     // Best first; the weight (a permutation of the node key) breaks every tie.
-    ranked.sort_unstable_by_key(|&(free, weight, _)| std::cmp::Reverse((free, weight)));
+    ranked.sort_unstable_by_key(|&(tier, weight, _)| std::cmp::Reverse((tier, weight)));
     let first = hosts[ranked.first()?.2];
     let base = first.loadable.base_of(adapter)?.to_owned();
     Some(AdapterPlacement {
@@ -319,5 +325,16 @@ mod tests {
             },
         ];
         assert_eq!(place_adapter(&name, &both_full).unwrap().ranked, [0, 1]);
+        // Just loaded on the full one (its requests run there; /v1/models not read since):
+        // it stays first, though the other has a free slot.
+        let running = digest(&["model-b"], &["x", name.as_str()], 2);
+        let loaded = [
+            AdapterHost {
+                digest: &running,
+                ..hosts[0]
+            },
+            hosts[1],
+        ];
+        assert_eq!(place_adapter(&name, &loaded).unwrap().ranked, [0, 1]);
     }
 }
