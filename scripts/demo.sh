@@ -11,7 +11,13 @@
 # runs them as half prefill and half decode engines (`kvmesh serve --role`), against the same
 # engines as mixed ones (fresh per policy) and, when available, vllm-router's PD mode.
 #
-# Needs only the Rust toolchain (plus python3 for --with-vllm-router and --pd). Every process
+# --models: a multi-model, multi-adapter cluster instead: half the engines serve model-a (the
+# first also as alias-a), half model-b with LoRA adapters, one loaded and two that kvmesh loads
+# where its placement puts them; one load stream per model at once, with a result block per
+# model, against round-robin over the engines serving each model (every adapter registered
+# on every engine of model-b).
+#
+# Needs only the Rust toolchain (plus python3 for --with-vllm-router, --pd and --models). Every process
 # started here runs in its own process group and is killed on exit, error or Ctrl-C.
 set -euo pipefail
 
@@ -31,6 +37,11 @@ Usage: scripts/demo.sh [options]
                         --role), against the same engines as mixed ones and, when available,
                         vllm-router --vllm-pd-disaggregation (cache_aware prefill policy,
                         power_of_two decode policy); needs python3 for its summary
+  --models              many models and LoRA adapters: engines 1..N/2 serve model-a (engine 1
+                        also as alias-a), the rest model-b with adapter sql loaded on the
+                        first and chat-support, chat-billing loadable on all (kvmesh loads
+                        them on first use); gsp streams per model at once, one result block
+                        per model, against model-aware round-robin; needs python3
   --kv-blocks N         KV cache blocks of every engine instead of the workload's own (to put
                         the engines under KV pressure)
   --engine-arg ARG      one more argument for every engine, e.g. --engine-arg=--max-num-seqs=8
@@ -67,6 +78,7 @@ BIN_DIR=
 QUICK=0
 PROMETHEUS=0
 PD=0
+MODELS=0
 PD_CONFIG=
 KV_BLOCKS=
 EXTRA_ENGINE_ARGS=()
@@ -83,6 +95,7 @@ while [[ $# -gt 0 ]]; do
         --quick) QUICK=1; shift ;;
         --prometheus) PROMETHEUS=1; shift ;;
         --pd) PD=1; shift ;;
+        --models) MODELS=1; shift ;;
         --pd-config) PD_CONFIG=$2; shift 2 ;;
         --kv-blocks) KV_BLOCKS=$2; shift 2 ;;
         --engine-arg) EXTRA_ENGINE_ARGS+=("$2"); shift 2 ;;
@@ -94,12 +107,21 @@ done
 if [[ -z $WORKLOADS ]]; then
     if [[ $PD == 1 ]]; then
         WORKLOADS=pd-burst
+    elif [[ $MODELS == 1 ]]; then
+        WORKLOADS=gsp
     elif [[ $QUICK == 1 ]]; then WORKLOADS=gsp; else WORKLOADS=gsp,trace; fi
 fi
 if [[ $PD == 1 ]]; then
     [[ $NODES =~ ^[0-9]+$ && $((NODES % 2)) -eq 0 ]] ||
         { echo "demo.sh: --pd needs an even --nodes (half prefill, half decode)" >&2; exit 2; }
     command -v python3 >/dev/null 2>&1 || { echo "demo.sh: --pd needs python3" >&2; exit 2; }
+fi
+if [[ $MODELS == 1 ]]; then
+    [[ $PD == 0 ]] || { echo "demo.sh: --models and --pd do not mix" >&2; exit 2; }
+    [[ $WORKLOADS == gsp ]] || { echo "demo.sh: --models runs gsp streams only" >&2; exit 2; }
+    [[ $NODES =~ ^[0-9]+$ && $NODES -ge 4 && $((NODES % 2)) -eq 0 ]] ||
+        { echo "demo.sh: --models needs an even --nodes >= 4 (half model-a, half model-b)" >&2; exit 2; }
+    command -v python3 >/dev/null 2>&1 || { echo "demo.sh: --models needs python3" >&2; exit 2; }
 fi
 [[ -z $KV_BLOCKS || $KV_BLOCKS =~ ^[1-9][0-9]*$ ]] || { echo "demo.sh: --kv-blocks must be a positive integer" >&2; exit 2; }
 if [[ -n $PD_CONFIG ]]; then
@@ -276,6 +298,9 @@ configure() {
         ENGINE_ARGS+=("${EXTRA_ENGINE_ARGS[@]}")
         ENGINE_NOTE+="; every engine with ${EXTRA_ENGINE_ARGS[*]}"
     fi
+    if [[ $MODELS == 1 ]]; then
+        ENGINE_NOTE="models: one gsp stream per model at once (2048-token system prompts, 8 questions each, 128-token questions, 64 output tokens, Poisson) for $DURATION s; engines: 4096 KV blocks x 16 tokens, real-time model"
+    fi
     if [[ $PD == 1 ]]; then
         # Every engine speaks the NixlConnector (it ignores kv_role: the router decides who
         # prefills). A first contact between a decode and a prefill engine costs a tenth of
@@ -293,11 +318,12 @@ SIDECAR_PIDS=()
 SIDECAR_ADDRS=()
 
 start_engines() {
-    local tag=$1 i line
+    local tag=$1 i line models
     ENGINE_URLS=()
     ENGINE_PIDS=()
     for ((i = 1; i <= NODES; i++)); do
-        spawn "$tag-engine-$i" "$SIM" engine --port 0 --model mock-model --engine-index "$i" \
+        read -r -a models <<<"$(engine_models "$i")"
+        spawn "$tag-engine-$i" "$SIM" engine --port 0 "${models[@]}" --engine-index "$i" \
             --seed "$i" --enable-prompt-tokens-details "${ENGINE_ARGS[@]}"
         ENGINE_PIDS+=("$SPAWNED_PID")
     done
@@ -307,6 +333,21 @@ start_engines() {
         ENGINE_URLS+=("${line##* }")
     done
     prometheus_targets
+}
+
+# The model flags of engine $1 (1-based): mock-model, or under --models its share of the
+# models and adapters (see run_models_workload).
+engine_models() {
+    local i=$1
+    if [[ $MODELS == 0 ]]; then
+        echo --model mock-model
+    elif ((i <= NODES / 2)); then
+        if ((i == 1)); then echo --model model-a --model alias-a; else echo --model model-a; fi
+    elif ((i == NODES / 2 + 1)); then
+        echo --model model-b --lora sql --allow-runtime-lora-updating --max-loras 2
+    else
+        echo --model model-b --allow-runtime-lora-updating --max-loras 2
+    fi
 }
 
 TLS_DIR="$WORK/tls"
@@ -331,6 +372,10 @@ start_sidecars() {
         [[ -n $seed ]] && args+=(--seeds "$seed")
         [[ $mode == pd ]] && args+=(--role "$(pd_role "$i")")
         [[ $mode == pd && -n $PD_CONFIG ]] && args+=(--config "$PD_CONFIG")
+        # Under --models, the sidecars of model-b's engines may load its adapters there.
+        if [[ $MODELS == 1 ]] && ((i > NODES / 2)); then
+            args+=(--lora-adapter "sql=model-b,chat-*=model-b" --lora-path-template "/adapters/{name}")
+        fi
         spawn "$tag-node-$i" "$KVMESH" "${args[@]}"
         SIDECAR_PIDS+=("$SPAWNED_PID")
         line=$(wait_line "$WORK/logs/$tag-node-$i.log" 'kvmesh listening on http://' 30 "$SPAWNED_PID") ||
@@ -643,7 +688,135 @@ run_pd_workload() {
     done < <(python3 "$ROOT/scripts/lib/pd-summary.py" --conclude "${specs[@]}" || true)
 }
 
+# --models: which models the load asks for, at what rate (req/s), and the seed of its gsp
+# prompts. alias-a shares model-a's seed: the same system prompts under the other name.
+MODEL_MIX=(model-a:4:11 alias-a:2:11 model-b:3:12 sql:1:13 chat-support:1:14 chat-billing:1:15)
+
+# The engines (1-based indexes) serving model $1 under --models, for the round-robin baseline.
+model_engines() {
+    local model=$1 i out=()
+    for ((i = 1; i <= NODES; i++)); do
+        case $model in
+            model-a) ((i <= NODES / 2)) && out+=("$i") ;;
+            alias-a) ((i == 1)) && out+=("$i") ;;
+            *) ((i > NODES / 2)) && out+=("$i") ;;
+        esac
+    done
+    echo "${out[@]}"
+}
+
+# run_models_load POLICY: one load generator per model of MODEL_MIX at once; through random
+# sidecars (kvmesh) or round-robin over the engines serving the model. Each report is renamed
+# to its model, so that the table has a block per model.
+run_models_load() {
+    local policy=$1 slug=${1// /-} spec model rate seed pids=() jsons=() models=() i
+    for spec in "${MODEL_MIX[@]}"; do
+        IFS=: read -r model rate seed <<<"$spec"
+        local groups=$((rate * DURATION / 8))
+        ((groups < 2)) && groups=2
+        local targets pick
+        if [[ $policy == kvmesh ]]; then
+            targets=$(IFS=,; echo "${SIDECAR_URLS[*]}")
+            pick=random
+        else
+            local urls=()
+            for i in $(model_engines "$model"); do urls+=("${ENGINE_URLS[i - 1]}"); done
+            targets=$(IFS=,; echo "${urls[*]}")
+            pick=round-robin
+        fi
+        local json="$RUNS_DIR/models-$model-$slug.json"
+        rm -f "$json"
+        # --no-scrape: engines serve several models at once, so their counters cannot say
+        # one model's hit rate; the answers' cached_tokens can.
+        spawn "models-$model-$slug-load" "$SIM" load --targets "$targets" --pick "$pick" \
+            --json "$json" --records "$RUNS_DIR/models-$model-$slug.records.jsonl" --no-scrape \
+            --model "$model" --workload gsp --stream --seed "$seed" --timeout 120 --threads 1 \
+            --rate "$rate" --gsp-groups "$groups" --gsp-prompts-per-group 8 \
+            --gsp-system-len 2048 --gsp-question-len 128 --gsp-output-len 64
+        pids+=("$SPAWNED_PID")
+        jsons+=("$json")
+        models+=("$model")
+    done
+    local start
+    start=$(date +%s)
+    for ((i = 0; i < ${#pids[@]}; i++)); do
+        while kill -0 "${pids[i]}" 2>/dev/null; do
+            sleep 1
+            local el=$(($(date +%s) - start))
+            ((el % 10 == 0)) && log "  models / $policy: ${el} s of about ${DURATION} s"
+        done
+        local rc=0
+        wait "${pids[i]}" || rc=$?
+        kill_groups "${pids[i]}"
+        if [[ $rc -ne 0 || ! -s ${jsons[i]} ]]; then
+            tail -n 20 "$WORK/logs/models-${models[i]}-$slug-load.log" >&2
+            die "the load generator failed on ${models[i]} / $policy (exit $rc)"
+        fi
+        python3 - "${jsons[i]}" "${models[i]}" <<'PY' || die "cannot rename the workload in ${jsons[i]}"
+import json, sys
+path, model = sys.argv[1], sys.argv[2]
+doc = json.load(open(path))
+doc["config"]["workload"] = f"model {model}"
+json.dump(doc, open(path, "w"))
+PY
+        RUN_FLAGS+=(--run "$policy=${jsons[i]}")
+        local line
+        line=$(python3 - "${jsons[i]}" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+where = ", ".join(f"{k} {v}" for k, v in sorted(d.get("placements", {}).items()))
+print(f"{d['requests']['ok']}/{d['requests']['sent']} ok" + (f"; served by {where}" if where else ""))
+PY
+        )
+        log "    ${models[i]} / $policy: $line"
+        if [[ $policy == kvmesh ]]; then NOTES+=(--note "${models[i]} / $policy: $line"); fi
+    done
+}
+
+# --models: the kvmesh cluster, then fresh engines round-robin per model.
+run_models_workload() {
+    local half=$((NODES / 2)) i
+    log "[models / kvmesh] $NODES engines (1-$half model-a, engine 1 also alias-a; $((half + 1))-$NODES model-b, sql loaded on $((half + 1)), chat-* loadable) and $NODES sidecars"
+    start_engines models-kvmesh
+    start_sidecars models-kvmesh
+    wait_converged
+    show_mesh
+    run_models_load kvmesh
+    local loads=()
+    for ((i = 0; i < NODES; i++)); do
+        local n
+        n=$(http_get "${SIDECAR_ADDRS[i]}" /metrics 2>/dev/null |
+            sed -nE 's/^kvmesh_lora_loads_total\{outcome="loaded"\} ([0-9.e+]+).*/\1/p' | head -1)
+        [[ -n $n && $n != 0 ]] && loads+=("node-$((i + 1)) $n")
+    done
+    local line="adapters kvmesh loaded (kvmesh_lora_loads_total{outcome=\"loaded\"}): ${loads[*]:-none}"
+    log "  $line"
+    NOTES+=(--note "$line")
+    stop_cluster
+
+    log "[models / round-robin] $NODES fresh engines, every adapter registered on every model-b engine; round-robin over the engines of each model"
+    start_engines models-rr
+    for ((i = half + 1; i <= NODES; i++)); do
+        local adapter
+        for adapter in sql chat-support chat-billing; do
+            [[ $i == $((half + 1)) && $adapter == sql ]] && continue
+            python3 - "${ENGINE_URLS[i - 1]}" "$adapter" <<'PY' || die "cannot load $adapter on engine $i"
+import json, sys, urllib.request
+url, name = sys.argv[1], sys.argv[2]
+body = json.dumps({"lora_name": name, "lora_path": f"/adapters/{name}"}).encode()
+request = urllib.request.Request(f"{url}/v1/load_lora_adapter", body, {"content-type": "application/json"})
+urllib.request.urlopen(request, timeout=10).read()
+PY
+        done
+    done
+    run_models_load round-robin
+    stop_cluster
+}
+
 BASELINE=round-robin
+if [[ $MODELS == 1 ]]; then
+    META+=(--meta "models=engines 1-$((NODES / 2)) model-a (engine 1 also alias-a), $((NODES / 2 + 1))-$NODES model-b (--max-loras 2; sql loaded on $((NODES / 2 + 1)); kvmesh sidecars may load sql and chat-*); load per model (req/s): ${MODEL_MIX[*]}; hit rate from the answers' cached_tokens")
+fi
 if [[ $PD == 1 ]]; then
     BASELINE="kvmesh mixed"
     META+=(--meta "pd=engines 1-$((NODES / 2)) prefill, $((NODES / 2 + 1))-$NODES decode (kvmesh serve --role, vllm-router --prefill/--decode); kvmesh mixed: the same engines, every sidecar mixed")
@@ -659,6 +832,10 @@ for w in "${WORKLOAD_LIST[@]}"; do
     log "== workload $w: $ENGINE_NOTE"
     if [[ $PD == 1 ]]; then
         run_pd_workload "$w"
+        continue
+    fi
+    if [[ $MODELS == 1 ]]; then
+        run_models_workload
         continue
     fi
 

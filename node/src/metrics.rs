@@ -134,6 +134,8 @@ pub struct NodeMetrics {
     /// Copies of a new prefix held back until an earlier copy had its first token, by how
     /// the hold ended.
     pub copies_held: Family<OutcomeLabels, Counter>,
+    /// LoRA adapters this node loaded into its engine for a request, by outcome.
+    pub lora_loads: Family<OutcomeLabels, Counter>,
     /// Requests this node declined (late binding), by reason.
     pub declined: Family<ReasonLabels, Counter>,
     /// Attempts of requests that entered here that their serving node declined.
@@ -190,6 +192,7 @@ impl Default for NodeMetrics {
             new_prefixes_in_flight: Gauge::default(),
             engine_queued: Gauge::default(),
             copies_held: Family::default(),
+            lora_loads: Family::default(),
             declined: Family::default(),
             attempts_declined: Counter::default(),
             load_reports: Counter::default(),
@@ -212,6 +215,14 @@ impl NodeMetrics {
             outcome: outcome.as_str().to_owned(),
         };
         self.requests.get_or_create(&labels).inc();
+    }
+
+    /// One adapter load ended.
+    pub fn lora_load(&self, outcome: crate::engine::adapters::LoadOutcome) {
+        let labels = OutcomeLabels {
+            outcome: outcome.as_str().to_owned(),
+        };
+        self.lora_loads.get_or_create(&labels).inc();
     }
 
     pub fn target_labels(local: bool) -> TargetLabels {
@@ -245,6 +256,11 @@ impl NodeMetrics {
         for cause in PD_FALLBACK_CAUSES {
             let _ = self.pd_fallbacks.get_or_create(&ReasonLabels {
                 reason: cause.to_owned(),
+            });
+        }
+        for outcome in crate::engine::adapters::LoadOutcome::ALL {
+            let _ = self.lora_loads.get_or_create(&OutcomeLabels {
+                outcome: outcome.as_str().to_owned(),
             });
         }
         for outcome in KV_EVENT_OUTCOMES {
@@ -385,6 +401,11 @@ impl NodeMetrics {
             self.copies_held.clone(),
         );
         registry.register(
+            "lora_loads",
+            "LoRA adapters this node loaded into its engine (vLLM's /v1/load_lora_adapter) for a request placed here, by outcome: loaded, already_loaded, failed or timeout",
+            self.lora_loads.clone(),
+        );
+        registry.register(
             "engine_queued",
             "Requests this node handed to its engine that have not started, as this node counts them (streamed ones until their first byte; others from the engine's waiting gauge)",
             self.engine_queued.clone(),
@@ -441,6 +462,7 @@ mod tests {
             "kvmesh_served_total{target=\"peer\"} 0\n",
             "kvmesh_forward_latency_seconds_count{target=\"local\"} 0\n",
             "kvmesh_engine_healthy 0\n",
+            "kvmesh_lora_loads_total{outcome=\"failed\"} 0\n",
         ] {
             assert!(text.contains(series), "no {series:?} in\n{text}");
         }

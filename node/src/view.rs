@@ -7,7 +7,7 @@ use crate::metrics::NodeMetrics;
 use crate::prefix::{OFFLOAD_KEY_PREFIX, SHARD_KEY_PREFIX, decode_shard_value};
 use base64::Engine as _;
 use kvmesh_protocol::LoadDigest;
-use kvmesh_protocol::route::node_key;
+use kvmesh_protocol::route::{LoadableAdapters, node_key};
 use kvmesh_protocol::summary::PeerSummary;
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -23,6 +23,9 @@ pub const VERSION_KEY: &str = "version";
 /// Gossip key of the hash of the node's intents file and embedding (`--intents`): nodes whose
 /// hashes differ give `model: "auto"` different models.
 pub const INTENTS_KEY: &str = "intents";
+/// Gossip key of the LoRA adapters the node's engine may load at run time (JSON of
+/// [`LoadableAdapters`]); absent when it may load none.
+pub const LORA_KEY: &str = "lora";
 
 /// One live peer.
 #[derive(Clone, Debug)]
@@ -45,9 +48,12 @@ pub struct PeerView {
     pub offload: Arc<PeerSummary>,
     /// Its engine's model cards (empty until valid ones arrive).
     pub models: Arc<Vec<ModelCard>>,
+    /// The adapters its engine may load at run time (empty: none, or invalid ones sent).
+    pub loadable: Arc<LoadableAdapters>,
     generation: u64,
     digest_raw: String,
     models_raw: String,
+    loadable_raw: String,
     shards_raw: BTreeMap<String, String>,
     offload_raw: BTreeMap<String, String>,
 }
@@ -98,6 +104,11 @@ impl SharedView {
                     Some(old) if old.models_raw == models_raw => old.models.clone(),
                     _ => Arc::new(decode_models(&peer.name, &models_raw)),
                 };
+                let loadable_raw = peer.key_values.get(LORA_KEY).cloned().unwrap_or_default();
+                let loadable = match old {
+                    Some(old) if old.loadable_raw == loadable_raw => old.loadable.clone(),
+                    _ => Arc::new(decode_loadable(&peer.name, &loadable_raw)),
+                };
                 let shards_raw = keys_with_prefix(peer, SHARD_KEY_PREFIX);
                 let offload_raw = keys_with_prefix(peer, OFFLOAD_KEY_PREFIX);
                 let summary = updated_summary(
@@ -126,9 +137,11 @@ impl SharedView {
                     summary,
                     offload,
                     models,
+                    loadable,
                     generation: peer.generation,
                     digest_raw: raw,
                     models_raw,
+                    loadable_raw,
                     shards_raw,
                     offload_raw,
                 }
@@ -147,6 +160,26 @@ fn decode_models(peer: &str, raw: &str) -> Vec<ModelCard> {
         tracing::warn!(%peer, %error, "ignoring invalid model cards");
         Vec::new()
     })
+}
+
+/// The adapters a peer's engine may load, as gossiped; none when it gossips none or
+/// something invalid.
+fn decode_loadable(peer: &str, raw: &str) -> LoadableAdapters {
+    if raw.is_empty() {
+        return LoadableAdapters::default();
+    }
+    let decoded = serde_json::from_str::<LoadableAdapters>(raw)
+        .map_err(|e| e.to_string())
+        .and_then(|loadable| loadable.check().map(|()| loadable));
+    decoded.unwrap_or_else(|error| {
+        tracing::warn!(%peer, %error, "ignoring invalid loadable adapters");
+        LoadableAdapters::default()
+    })
+}
+
+/// What this node gossips under [`LORA_KEY`].
+pub fn encode_loadable(loadable: &LoadableAdapters) -> String {
+    serde_json::to_string(loadable).expect("plain strings serialize")
 }
 
 /// A peer's gossip values under one key prefix.

@@ -18,7 +18,8 @@ use tokio::task::JoinHandle;
 const EWMA_WEIGHT: f64 = 0.3;
 const HEALTH_EVERY: u64 = 5;
 const HEALTH_PATH: &str = "/health";
-const MODELS_EVERY: u64 = 20;
+/// Polls between two reads of the engine's `/v1/models`.
+pub const MODELS_EVERY: u64 = 20;
 /// Failed polls in a row a reachable engine may have and stay a target: a vLLM busy with a
 /// large batch can be slow to answer `/metrics` once in a while, and dropping out of every
 /// node's candidates for that would move its traffic for nothing.

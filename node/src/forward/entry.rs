@@ -158,6 +158,11 @@ async fn attempt_local(
             message: format!("local engine declined it ({})", reason.as_str()),
         })?;
     handed.after_earlier_copy().await;
+    // An adapter placed here that the engine lacks is loaded first (see `serving`).
+    state
+        .ensure_adapter(&head.model)
+        .await
+        .map_err(|why| AttemptError::retryable(format!("local engine: {why}")))?;
     let method = Method::from_bytes(head.method.as_bytes()).unwrap_or(Method::POST);
     let response = state
         .engine

@@ -88,6 +88,16 @@ async fn handle(
         _ = handed.after_earlier_copy() => {}
         _ = send.stopped() => return Err("entry gave up while its request was held".into()),
     }
+    // An adapter the entry placed here that the engine lacks is loaded first, once for all
+    // the requests that need it; the load goes on if this one's entry gives up.
+    let loaded = tokio::select! {
+        loaded = state.ensure_adapter(&head.model) => loaded,
+        _ = send.stopped() => return Err("entry gave up while its adapter loaded".into()),
+    };
+    if let Err(why) = loaded {
+        let error = wire_error(WireErrorCode::EngineUnavailable, &why);
+        return reply_error(&mut send, error).await;
+    }
     let method = Method::from_bytes(head.method.as_bytes()).unwrap_or(Method::POST);
     let body_for_index = body.clone();
     // The entry may give up while the engine works on the answer (its client hung up):

@@ -138,7 +138,7 @@ impl Disaggregated {
                     );
                     match placement {
                         Ok(Placement::Split { prefill: again }) => prefill = again,
-                        Ok(Placement::Whole { .. }) | Err(_) => {
+                        Ok(Placement::Whole { .. } | Placement::LoadAdapter { .. }) | Err(_) => {
                             return self.fallback("decode_failed").await;
                         }
                     }

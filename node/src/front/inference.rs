@@ -28,6 +28,10 @@ use kvmesh_protocol::{RequestHashes, RouteReason};
 use std::sync::atomic::{AtomicU64, Ordering};
 use tracing::Instrument as _;
 
+/// The reason a request for an adapter no engine served is reported with: it went to the
+/// engine chosen to load it.
+pub const LOAD_ADAPTER_REASON: &str = "lora-load";
+
 /// Header a client may set to keep a conversation on one engine (a soft preference).
 pub const SESSION_HEADER: &str = "x-session-id";
 
@@ -141,6 +145,10 @@ async fn answer(
     match placement {
         Placement::Whole { routed, pd } => {
             let label = pd.map(PdReason::as_str);
+            forward_whole(state, routed, head, body, hashes.chain, label, leg).await
+        }
+        Placement::LoadAdapter { routed } => {
+            let label = Some(LOAD_ADAPTER_REASON);
             forward_whole(state, routed, head, body, hashes.chain, label, leg).await
         }
         Placement::Split { prefill } => {

@@ -8,7 +8,7 @@ use crate::serve::defaults;
 use anyhow::{Context, bail};
 use kvmesh_protocol::Role;
 use kvmesh_protocol::hashing::HashMode;
-use kvmesh_protocol::route::{PdConfig, ScoreForm};
+use kvmesh_protocol::route::{AdapterRule, LoadableAdapters, PdConfig, ScoreForm};
 use kvmesh_protocol::{HashConfig, RouteConfig, SummaryBuilder, SummaryConfig};
 use serde::Deserialize;
 use std::net::SocketAddr;
@@ -134,6 +134,32 @@ pub struct ServeArgs {
     /// build with the `tokenizer` feature.
     #[arg(long, env = "KVMESH_EMBEDDING_MODEL")]
     pub embedding_model: Option<PathBuf>,
+    /// LoRA adapters this node's engine may load at run time, PATTERN=BASE_MODEL (repeatable
+    /// or comma-separated; `*` in PATTERN matches any run of characters): a request for a
+    /// matching name that no engine serves is placed on one engine of BASE_MODEL, the same
+    /// from every entry node, whose sidecar loads it through vLLM's `/v1/load_lora_adapter`
+    /// first. The engine must allow it (`VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`). Also
+    /// `adapters = [{ pattern, base }]` under `[lora]` in the file.
+    #[arg(
+        long = "lora-adapter",
+        env = "KVMESH_LORA_ADAPTERS",
+        value_delimiter = ','
+    )]
+    #[serde(skip)]
+    pub lora_adapters: Option<Vec<String>>,
+    /// The `lora_path` given to the engine for an adapter: `{name}` is replaced by the
+    /// adapter's name, `{base}` by its base model's. Also `path_template` under `[lora]`.
+    #[arg(long, env = "KVMESH_LORA_PATH_TEMPLATE")]
+    #[serde(skip)]
+    pub lora_path_template: Option<String>,
+    /// How long loading one adapter may take before the requests waiting on it fail. Also
+    /// `load_timeout_secs` under `[lora]`.
+    #[arg(long, env = "KVMESH_LORA_LOAD_TIMEOUT_SECS")]
+    #[serde(skip)]
+    pub lora_load_timeout_secs: Option<u64>,
+    /// Adapters loaded at run time, under a `[lora]` table (TOML file only).
+    #[arg(skip)]
+    pub lora: Option<LoraFile>,
     /// Routing weights (TOML file only).
     #[arg(skip)]
     pub route: Option<RouteConfig>,
@@ -147,6 +173,45 @@ fn score_forms() -> impl clap::builder::TypedValueParser<Value = ScoreForm> {
     use clap::builder::{PossibleValuesParser, TypedValueParser as _};
     PossibleValuesParser::new(ScoreForm::ALL.map(ScoreForm::name))
         .try_map(|name| name.parse::<ScoreForm>())
+}
+
+/// The `[lora]` table of the configuration file.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoraFile {
+    #[serde(default)]
+    pub adapters: Vec<AdapterRule>,
+    pub path_template: Option<String>,
+    pub load_timeout_secs: Option<u64>,
+}
+
+/// Loading LoRA adapters at run time (see `--lora-adapter`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoraConfig {
+    /// What this node's engine may load, and onto which base model (gossiped).
+    pub loadable: LoadableAdapters,
+    /// The engine's `lora_path` for an adapter, with `{name}` and `{base}` to fill in.
+    pub path_template: String,
+    pub load_timeout: Duration,
+}
+
+impl LoraConfig {
+    /// The `lora_path` of `adapter` onto `base`.
+    pub fn path_of(&self, adapter: &str, base: &str) -> String {
+        self.path_template
+            .replace("{name}", adapter)
+            .replace("{base}", base)
+    }
+}
+
+impl Default for LoraConfig {
+    fn default() -> Self {
+        Self {
+            loadable: LoadableAdapters::default(),
+            path_template: defaults::LORA_PATH_TEMPLATE.into(),
+            load_timeout: defaults::LORA_LOAD_TIMEOUT,
+        }
+    }
 }
 
 /// Where exact mode reads the engine's KV events.
@@ -191,6 +256,8 @@ pub struct ServeConfig {
     pub tokenizer: Option<Arc<LocalTokenizer>>,
     /// Intent routing (`--intents`), loaded at startup.
     pub intents: Option<Arc<IntentRouting>>,
+    /// LoRA adapters loaded at run time.
+    pub lora: LoraConfig,
 }
 
 impl ServeConfig {
@@ -308,6 +375,12 @@ impl ServeConfig {
             "client-timeout-secs",
             defaults::CLIENT_TIMEOUT,
         )?;
+        let lora = lora_config(
+            cli.lora_adapters,
+            cli.lora_path_template,
+            cli.lora_load_timeout_secs,
+            file.lora.unwrap_or_default(),
+        )?;
         if let Err(why) = SummaryBuilder::new(summary, 0) {
             bail!("--summary-shards / --summary-shard-bytes: {why}");
         }
@@ -364,6 +437,7 @@ impl ServeConfig {
             kv_events,
             tokenizer,
             intents,
+            lora,
         };
         if config.max_body_bytes == 0 {
             bail!("--max-body-bytes must be positive");
@@ -373,6 +447,47 @@ impl ServeConfig {
         }
         Ok(config)
     }
+}
+
+/// The `--lora-*` flags over the `[lora]` table over the defaults. Rules from the flags
+/// replace the file's.
+fn lora_config(
+    adapters: Option<Vec<String>>,
+    path_template: Option<String>,
+    load_timeout_secs: Option<u64>,
+    file: LoraFile,
+) -> anyhow::Result<LoraConfig> {
+    let rules = match adapters {
+        Some(texts) => texts
+            .iter()
+            .map(|text| AdapterRule::parse(text))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|why| anyhow::anyhow!("--lora-adapter {why}"))?,
+        None => file.adapters,
+    };
+    let loadable = LoadableAdapters { rules };
+    if let Err(why) = loadable.check() {
+        bail!("[lora] adapters: {why}");
+    }
+    let defaults = LoraConfig::default();
+    let path_template = path_template
+        .or(file.path_template)
+        .unwrap_or(defaults.path_template);
+    if !path_template.contains("{name}") {
+        bail!(
+            "--lora-path-template `{path_template}` has no `{{name}}`: every adapter would load the same path"
+        );
+    }
+    let load_timeout = match load_timeout_secs.or(file.load_timeout_secs) {
+        Some(0) => bail!("--lora-load-timeout-secs must be positive"),
+        Some(secs) => Duration::from_secs(secs),
+        None => defaults.load_timeout,
+    };
+    Ok(LoraConfig {
+        loadable,
+        path_template,
+        load_timeout,
+    })
 }
 
 /// `--advertise` as a socket address: an IP address as given, a host name resolved now (an IPv4
@@ -605,6 +720,47 @@ mod tests {
             .unwrap_err()
         );
         assert!(error.contains("intents.toml"), "{error}");
+    }
+
+    #[test]
+    fn loadable_adapters_come_from_the_flags_or_the_lora_table() {
+        assert_eq!(
+            ServeConfig::resolve(args()).unwrap().lora,
+            LoraConfig::default()
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kvmesh.toml");
+        std::fs::write(
+            &path,
+            "[lora]\npath_template = \"/adapters/{base}/{name}\"\nload_timeout_secs = 5\n\
+             adapters = [{ pattern = \"sql-*\", base = \"model-b\" }]\n",
+        )
+        .unwrap();
+        let mut cli = args();
+        cli.config = Some(path.clone());
+        let lora = ServeConfig::resolve(cli).unwrap().lora;
+        assert_eq!(lora.loadable.base_of("sql-v2"), Some("model-b"));
+        assert_eq!(
+            lora.path_of("sql-v2", "model-b"),
+            "/adapters/model-b/sql-v2"
+        );
+        assert_eq!(lora.load_timeout, Duration::from_secs(5));
+        let mut cli = args();
+        cli.config = Some(path);
+        cli.lora_adapters = Some(vec!["chat=model-a".into(), "*=model-c".into()]);
+        let lora = ServeConfig::resolve(cli).unwrap().lora;
+        assert_eq!(lora.loadable.base_of("sql-v2"), Some("model-c"));
+        assert_eq!(lora.loadable.base_of("chat"), Some("model-a"));
+        for (flags, template, expected) in [
+            (vec!["chat"], None, "--lora-adapter"),
+            (vec!["a=b"], Some("/adapters/x"), "--lora-path-template"),
+        ] {
+            let mut cli = args();
+            cli.lora_adapters = Some(flags.into_iter().map(String::from).collect());
+            cli.lora_path_template = template.map(String::from);
+            let error = ServeConfig::resolve(cli).unwrap_err().to_string();
+            assert!(error.contains(expected), "{error}");
+        }
     }
 
     #[test]

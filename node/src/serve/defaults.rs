@@ -26,6 +26,9 @@ pub const GOSSIP_INTERVAL: Duration = cadence::GOSSIP_INTERVAL;
 pub const WORKER_THREADS: usize = 1;
 pub const BLOCK_TOKENS: usize = DEFAULT_BLOCK_TOKENS;
 pub const ROLE: Role = Role::Mixed;
+/// An adapter's `lora_path` is its name.
+pub const LORA_PATH_TEMPLATE: &str = "{name}";
+pub const LORA_LOAD_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The default a flag's help shows, by argument id; `None` for a flag without one here.
 fn shown(id: &str) -> Option<String> {
@@ -50,6 +53,8 @@ fn shown(id: &str) -> Option<String> {
         "summary_shard_bytes" => summary.shard_bytes.to_string(),
         "worker_threads" => WORKER_THREADS.to_string(),
         "role" => ROLE.as_str().to_owned(),
+        "lora_path_template" => format!("`{LORA_PATH_TEMPLATE}`"),
+        "lora_load_timeout_secs" => secs(LORA_LOAD_TIMEOUT),
         _ => return None,
     })
 }
@@ -106,7 +111,7 @@ mod tests {
                 ),
             }
         }
-        assert_eq!(shown_count, 17, "a default of `shown` names no flag");
+        assert_eq!(shown_count, 19, "a default of `shown` names no flag");
         assert_eq!(shown("policy").as_deref(), Some("score"));
         assert_eq!(shown("gossip_interval_ms").as_deref(), Some("200 ms"));
         assert_eq!(shown("listen").as_deref(), Some("0.0.0.0:8000"));

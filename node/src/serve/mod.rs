@@ -19,7 +19,7 @@ use crate::mesh::{Mesh, MeshConfig};
 use crate::metrics::NodeMetrics;
 use crate::prefix::{IndexMode, LocalPrefixes};
 use crate::tls::NodeIdentity;
-use crate::view::{HTTP_KEY, INTENTS_KEY, SharedView, VERSION_KEY};
+use crate::view::{HTTP_KEY, INTENTS_KEY, LORA_KEY, SharedView, VERSION_KEY, encode_loadable};
 use anyhow::Context;
 use config::ServeConfig;
 use engine_queue::EngineQueue;
@@ -99,6 +99,9 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         peer_seen: AtomicBool::new(false),
         recent: Default::default(),
         response_homes: Default::default(),
+        adapters: crate::engine::adapters::AdapterLoader::new(
+            config.digest_interval * crate::engine::poller::MODELS_EVERY as u32,
+        ),
         config,
     });
     mesh.gossip().set(HTTP_KEY, &http_addr.to_string()).await?;
@@ -111,6 +114,21 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         mesh.gossip().set(INTENTS_KEY, &intents.hash).await?;
         let path = intents.path.display();
         tracing::info!(%path, hash = %intents.hash, "intent routing");
+    }
+
+    let loadable = &state.config.lora.loadable;
+    if !loadable.is_empty() {
+        // Every entry node places an adapter no engine serves among the engines that may
+        // load it: it must know which those are.
+        mesh.gossip()
+            .set(LORA_KEY, &encode_loadable(loadable))
+            .await?;
+        let rules: Vec<String> = loadable
+            .rules
+            .iter()
+            .map(|rule| format!("{}={}", rule.pattern, rule.base))
+            .collect();
+        tracing::info!(?rules, "LoRA adapters loadable here at run time");
     }
 
     let mut tasks = vec![

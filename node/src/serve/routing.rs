@@ -7,7 +7,9 @@ use crate::forward::entry::Target;
 use crate::serve::state::{AppState, lock};
 use crate::view::ClusterView;
 use kvmesh_protocol::lifecycle::{PdReason, PdRoute, PeerInput, Plan};
-use kvmesh_protocol::route::{Gauges, RouteConfig, RouteError, node_key};
+use kvmesh_protocol::route::{
+    AdapterHost, Gauges, RouteConfig, RouteError, node_key, place_adapter,
+};
 use kvmesh_protocol::summary::PeerSummary;
 use kvmesh_protocol::{LoadDigest, RequestHashes, Role, RouteRequest};
 use std::sync::Arc;
@@ -28,6 +30,9 @@ pub enum Placement {
     },
     /// Its prefill leg first; the decode leg is placed when that answers.
     Split { prefill: Routed },
+    /// On the engine chosen to load the adapter it names, which no engine serves yet (its
+    /// sidecar loads it first).
+    LoadAdapter { routed: Routed },
 }
 
 pub enum RouteFailure {
@@ -59,6 +64,30 @@ impl Snapshot {
             own_offload,
             live: state.engine_queue.gauges(),
         }
+    }
+
+    /// Where an adapter no engine serves is to be loaded, and its base model: the same
+    /// engine every entry node with this view picks (see `place_adapter`).
+    fn adapter_home(&self, state: &AppState, adapter: &str, now_ms: u64) -> Option<(u64, String)> {
+        let fresh =
+            |received: u64| now_ms.saturating_sub(received) <= state.config.route.max_digest_age_ms;
+        let own = self.own.as_ref().map(|(digest, received)| AdapterHost {
+            node_key: state.node_key,
+            digest,
+            loadable: &state.config.lora.loadable,
+            fresh: fresh(*received),
+        });
+        let peers = self.view.peers.iter().filter_map(|peer| {
+            Some(AdapterHost {
+                node_key: peer.key,
+                digest: peer.digest.as_deref()?,
+                loadable: &peer.loadable,
+                fresh: fresh(peer.digest_received_ms),
+            })
+        });
+        let hosts: Vec<AdapterHost<'_>> = own.into_iter().chain(peers).collect();
+        let placed = place_adapter(adapter, &hosts)?;
+        Some((hosts[placed.ranked[0]].node_key, placed.base))
     }
 
     /// The lifecycle's peers that `filter` keeps, and where each is reached.
@@ -153,6 +182,24 @@ pub fn route(
     let (peers, targets) = snapshot.peers(state, filter);
     let request = route_request(hashes, session, request_id);
     let now = state.now_ms();
+    if !peers.iter().any(|peer| peer.digest.serves(request.model))
+        && let Some((home, base)) = snapshot.adapter_home(state, request.model, now)
+    {
+        // Decided on its base model, on that engine alone: it has no adapter to match.
+        let (peers, targets) = snapshot.peers(state, Filter::Only(home));
+        let request = RouteRequest {
+            model: &base,
+            ..request
+        };
+        let plan = lock(&state.entry).route(&peers, &request, &state.config.route, now);
+        let plan = plan.map_err(|error| failure(error, &peers))?;
+        return Ok(Placement::LoadAdapter {
+            routed: Routed {
+                plan: plan.with_retries(state.config.retries as u32),
+                targets,
+            },
+        });
+    }
     let mut entry = lock(&state.entry);
     let placed = match disaggregate {
         true => entry.route_pd(&peers, &request, &state.config.route, &state.config.pd, now),

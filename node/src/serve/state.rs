@@ -47,6 +47,8 @@ pub struct AppState {
     pub recent: crate::front::recent::RecentRequests,
     /// Which node's engine stored each Responses API answer this node relayed.
     pub response_homes: Arc<crate::front::responses::ResponseHomes>,
+    /// LoRA adapters being loaded into this node's engine for requests placed here.
+    pub adapters: crate::engine::adapters::AdapterLoader,
 }
 
 impl AppState {
@@ -87,6 +89,21 @@ impl AppState {
             .filter_map(|card| card.root.as_deref())
             .min()
             .map(str::to_owned)
+    }
+
+    /// Makes sure this node's engine has the adapter `model` names before a request for it is
+    /// handed over, loading it when this node may (see [`crate::engine::adapters`]).
+    pub async fn ensure_adapter(&self, model: &str) -> Result<(), String> {
+        let engine = self.engine.state();
+        self.adapters
+            .ensure(
+                &engine,
+                &self.engine.client,
+                &self.config.lora,
+                &self.metrics,
+                model,
+            )
+            .await
     }
 
     /// This node's engine accepted a request with `chain`: its blocks are now cached there.

@@ -5,6 +5,7 @@
 //! inputs give the identical decision on every node, whatever order the candidates come in.
 //! The node feeds it from gossip; the simulator feeds it from a model.
 
+mod adapter;
 mod config;
 mod decide;
 mod decode;
@@ -15,6 +16,9 @@ mod rendezvous;
 #[cfg(test)]
 pub(crate) mod tests;
 
+pub use adapter::{
+    AdapterHost, AdapterPlacement, AdapterRule, LoadableAdapters, glob_match, place_adapter,
+};
 pub use config::{BoundOn, PdConfig, RouteConfig, ScoreForm, UnknownScoreForm};
 pub use decide::{
     Candidate, DecideScratch, Decision, Estimate, Gauges, RouteError, RouteRequest, decide,

@@ -157,6 +157,11 @@ pub struct ClusterReport {
     pub prefix_cache_hits: f64,
     /// Σ hits / Σ queries (null when nothing was queried or nothing scraped).
     pub hit_rate: Option<f64>,
+    /// The answers' own hit rate: their `usage.prompt_tokens_details.cached_tokens` over the
+    /// prompt tokens of the requests whose answer reported it (null when none did). Unlike
+    /// `hit_rate` it counts only this run's requests, not whatever else the engines served
+    /// meanwhile: the figure for one model of several sharing engines.
+    pub reported_hit_rate: Option<f64>,
     /// Σ Δ requests finished by the engines.
     pub requests: f64,
     /// Spread of Δ requests over engines.
@@ -200,6 +205,7 @@ pub fn build(
         .collect();
     let (mut ttft, mut itl, mut e2e) = (Vec::new(), Vec::new(), Vec::new());
     let (mut ok, mut input, mut output) = (0u64, 0u64, 0u64);
+    let (mut reported_cached, mut reported_prompt) = (0u64, 0u64);
     for r in &records {
         per_target[r.target].sent += 1;
         if let Some(e) = &r.outcome.error {
@@ -208,6 +214,10 @@ pub fn build(
         }
         ok += 1;
         per_target[r.target].ok += 1;
+        if let Some(cached) = r.outcome.cached_tokens {
+            reported_cached += cached;
+            reported_prompt += r.input_tokens;
+        }
         input += r.input_tokens;
         output += r.outcome.output_tokens;
         if let Some(t) = r.outcome.ttft {
@@ -316,6 +326,8 @@ pub fn build(
             prefix_cache_queries: q,
             prefix_cache_hits: h,
             hit_rate: (q > 0.0).then(|| h / q),
+            reported_hit_rate: (reported_prompt > 0)
+                .then(|| (reported_cached as f64 / reported_prompt as f64).min(1.0)),
             requests: reqs.iter().sum(),
             request_spread: spread(&reqs),
         },
@@ -394,6 +406,13 @@ pub fn table(r: &Report) -> String {
         None => {
             let _ = writeln!(s, "cluster prefix-cache hit rate: n/a");
         }
+    }
+    if let Some(h) = r.cluster.reported_hit_rate {
+        let _ = writeln!(
+            s,
+            "hit rate the answers reported (cached_tokens): {:.1}%",
+            h * 100.0
+        );
     }
     for e in &r.engines {
         match (&e.error, e.requests, e.hit_rate) {

@@ -95,6 +95,9 @@ pub struct LoadDocEngine {
 pub struct LoadDocCluster {
     /// Σ hits / Σ queries.
     pub hit_rate: Option<f64>,
+    /// Cached tokens the answers reported over their prompt tokens (older reports lack it).
+    #[serde(default)]
+    pub reported_hit_rate: Option<f64>,
     /// Σ Δ hits (tokens).
     pub prefix_cache_hits: f64,
     /// Σ Δ queries (tokens).
@@ -198,7 +201,8 @@ pub fn from_parts(policy: &str, load_json: &Path, doc: &LoadDoc, samples: &[Samp
         ttft_s: doc.ttft_s,
         itl_s: doc.itl_s,
         e2e_s: doc.e2e_s,
-        hit_rate: doc.cluster.hit_rate,
+        // Without the engines' counters (not scraped), what the answers said.
+        hit_rate: doc.cluster.hit_rate.or(doc.cluster.reported_hit_rate),
         imbalance: imbalance(&engine_requests),
         engine_requests,
         placements: doc.placements.clone(),
