@@ -6,7 +6,7 @@
 
 use kvmesh_protocol::route::{node_key, rendezvous_weight};
 use kvmesh_tests::cluster::{Cluster, NodeSpec};
-use kvmesh_tests::openai::assert_openai_error;
+use kvmesh_tests::openai::{assert_openai_error, chat_body, completion_body};
 use kvmesh_tests::{CONVERGENCE_TIMEOUT, Request, wait_until};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
@@ -41,8 +41,9 @@ fn cluster() -> Cluster {
     cluster
 }
 
+/// A small non-streamed completion body.
 fn completion(model: &str, prompt: &str) -> Value {
-    json!({"model": model, "prompt": prompt, "max_tokens": 2})
+    completion_body(model, prompt, 2, false)
 }
 
 /// The engine of model B every entry node should load `adapter` onto: both have a free slot,
@@ -91,8 +92,7 @@ fn every_request_lands_on_an_engine_serving_what_it_asked_for() {
                 ),
                 (
                     "/v1/chat/completions",
-                    json!({"model": model, "max_tokens": 2,
-                        "messages": [{"role": "user", "content": format!("{entry} {i} hi")}]}),
+                    chat_body(model, &format!("{entry} {i} hi"), 2, false),
                 ),
             ] {
                 let answer = cluster.sidecar(entry).post_json(path, &body);
