@@ -275,14 +275,19 @@ impl Sidecar {
         Ok((nodes, blocks))
     }
 
-    /// Whether this node's view lists `owner` as holding every block of `body`'s chain.
-    pub fn sees_whole_prefix_at(&self, body: &Value, owner: &str) -> Result<(), String> {
+    /// Whether this node's view lists `owner` as holding every block of `body`'s chain; the
+    /// blocks each node holds when it does.
+    pub fn sees_whole_prefix_at(
+        &self,
+        body: &Value,
+        owner: &str,
+    ) -> Result<Vec<(String, u64)>, String> {
         let (nodes, blocks) = self.debug_match(body)?;
         match nodes
             .iter()
             .any(|(node, matched)| node == owner && *matched == blocks)
         {
-            true => Ok(()),
+            true => Ok(nodes),
             false => Err(format!(
                 "{} sees {nodes:?} of {blocks} blocks, not all at {owner}",
                 self.node_id()

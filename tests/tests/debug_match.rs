@@ -35,15 +35,7 @@ fn every_node_learns_who_holds_a_new_prefix() {
     for entry in ["a", "b", "c"] {
         let what = format!("{entry} lists {owner} as holding the whole prefix");
         let (seen, _) = wait_for(CONVERGENCE_TIMEOUT, &what, || {
-            let (nodes, blocks) = cluster.sidecar(entry).debug_match(&body)?;
-            let held = nodes
-                .iter()
-                .any(|(node, matched)| *node == owner && *matched == blocks);
-            if held {
-                Ok(nodes)
-            } else {
-                Err(format!("{nodes:?} of {blocks} blocks"))
-            }
+            cluster.sidecar(entry).sees_whole_prefix_at(&body, &owner)
         });
         assert!(
             seen.iter()

@@ -68,9 +68,12 @@ fn wait_prefix_known(cluster: &Cluster, entries: &[&str], body: &Value, owner: &
         CONVERGENCE_TIMEOUT,
         &format!("{entries:?} know {owner}'s prefix"),
         || {
-            entries
-                .iter()
-                .try_for_each(|entry| cluster.sidecar(entry).sees_whole_prefix_at(body, owner))
+            entries.iter().try_for_each(|entry| {
+                cluster
+                    .sidecar(entry)
+                    .sees_whole_prefix_at(body, owner)
+                    .map(drop)
+            })
         },
     );
 }
