@@ -10,7 +10,7 @@ use serde_json::json;
 
 #[test]
 fn hash_version_is_pinned() {
-    assert_eq!(HASH_VERSION, 1);
+    assert_eq!(HASH_VERSION, 2);
 }
 
 #[test]
@@ -82,7 +82,27 @@ fn digest_encoding_is_stable() {
 const GOLDEN_SEEDS: [u64; 2] = [0x99e194e7ca716cc2, 0x48145b7f4e771a22];
 const GOLDEN_TEXT: [u64; 3] = [0x8c1213e252f045ce, 0xf2299099c67b213e, 0x3aa7a32c850f57e5];
 const GOLDEN_TOKENS: [u64; 2] = [0x7cffe45fecce7de7, 0x4d6cf606c0201801];
-const GOLDEN_CHAT: [u64; 3] = [0x9eda2e81ee6a820c, 0x17a8f72bdb8b584b, 0xabc0e81fea13372d];
-/// Envelope format version 5 (`codec::FORMAT_VERSION`): the digest gained `lora_use`.
+/// Version 2: the image (a PNG signature without a header: 256 tokens assumed) is 16 blocks.
+const GOLDEN_CHAT: [u64; 18] = [
+    0x9eda2e81ee6a820c,
+    0x17a8f72bdb8b584b,
+    0x03752f4ef167b468,
+    0xa8c8c7176d300df7,
+    0x4e5594dc0b44fe74,
+    0xe97ebabe37af14f5,
+    0xb8d6de74c48f9ca6,
+    0x52275d1ce52e4896,
+    0x2623903b259b6742,
+    0x36e579afe6d7d59f,
+    0xdff7d8108de69eca,
+    0xb4d98a1a1c4b909b,
+    0x14b5520c86cedbc4,
+    0xc2f5a0b5621224a8,
+    0xc5c092809853172f,
+    0x04b1bb035adb9b0b,
+    0x52d0c68af3068259,
+    0x00697991a6255f34,
+];
+/// Envelope format version 5 (`codec::FORMAT_VERSION`), hash version 2.
 const GOLDEN_DIGEST_BLAKE3: &str =
-    "9185344d40c08642194878e2a869c0cc7cb34e5ad46427401d13f5a2bb701c87";
+    "56a229f5ec90410cb4e3c50a8121d9b62a92ca8e9cf290d5deb1c5d330126d45";

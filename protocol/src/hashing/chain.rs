@@ -1,6 +1,7 @@
 //! The chained block hash itself.
 
 use super::BlockHash;
+use super::media::MediaId;
 
 /// What a block holds; part of the key so a text block can never collide with a media block
 /// or a token block of the same bytes.
@@ -10,6 +11,8 @@ enum BlockKind {
     Text = 1,
     Media = 2,
     Tokens = 3,
+    /// A token block that overlaps media placeholders: its ids and the items' identities.
+    MediaTokens = 4,
 }
 
 /// Domain-separation tag mixed into every key.
@@ -56,10 +59,12 @@ fn link(prev: u64, kind: BlockKind, block: &[u8]) -> BlockHash {
 
 /// Builds a chain incrementally from text, media and token pieces, in order.
 ///
-/// Text accumulates into blocks of `block_bytes`. A media part first closes the text block in
-/// progress (so the media block sits at the same position whatever text length preceded it),
-/// then adds one block of its own. A trailing partial text block is dropped: only whole blocks
-/// count, as in vLLM's prefix cache.
+/// Text accumulates into blocks of `block_bytes`. A media item first closes the text block in
+/// progress (so its blocks sit at the same position whatever text length preceded it), then
+/// adds as many blocks as its tokens fill, each keyed by the item's identity and its offset
+/// within the item: an image worth a thousand tokens weighs in a match as a thousand tokens
+/// of text would. A trailing partial text block is dropped: only whole blocks count, as in
+/// vLLM's prefix cache.
 #[derive(Debug)]
 pub struct ChainBuilder {
     prev: u64,
@@ -67,6 +72,7 @@ pub struct ChainBuilder {
     pending: Vec<u8>,
     chain: Vec<BlockHash>,
     total_bytes: usize,
+    media_tokens: u64,
 }
 
 impl ChainBuilder {
@@ -79,6 +85,7 @@ impl ChainBuilder {
             pending: Vec::with_capacity(block_bytes),
             chain: Vec::new(),
             total_bytes: 0,
+            media_tokens: 0,
         }
     }
 
@@ -102,14 +109,29 @@ impl ChainBuilder {
         self.pending.extend_from_slice(&bytes[whole..]);
     }
 
-    /// Appends one media block (an image or audio part) identified by its content digest.
-    pub fn push_media(&mut self, digest: &[u8; 32]) {
+    /// Appends a media item of about `tokens` prompt tokens: one block per
+    /// [`Self::tokens_per_block`] of them (at least one).
+    pub fn push_media(&mut self, id: &MediaId, tokens: u32) {
         if !self.pending.is_empty() {
             self.emit_pending();
         }
-        self.total_bytes += digest.len();
-        self.prev = link(self.prev, BlockKind::Media, digest);
-        self.chain.push(self.prev);
+        self.media_tokens += u64::from(tokens);
+        let blocks = (tokens as usize).div_ceil(self.tokens_per_block()).max(1);
+        let mut block = [0u8; 36];
+        block[..32].copy_from_slice(&id.0);
+        self.chain.reserve(blocks);
+        for offset in 0..blocks as u32 {
+            block[32..].copy_from_slice(&offset.to_le_bytes());
+            self.prev = link(self.prev, BlockKind::Media, &block);
+            self.chain.push(self.prev);
+        }
+    }
+
+    /// Prompt tokens a text block stands for (at the usual 4 bytes per token).
+    pub fn tokens_per_block(&self) -> usize {
+        (self.block_bytes as f32 / super::BYTES_PER_TOKEN_ESTIMATE)
+            .ceil()
+            .max(1.0) as usize
     }
 
     fn emit_pending(&mut self) {
@@ -118,9 +140,14 @@ impl ChainBuilder {
         self.pending.clear();
     }
 
-    /// Bytes pushed so far, whether or not they completed a block.
+    /// Text bytes pushed so far, whether or not they completed a block.
     pub fn total_bytes(&self) -> usize {
         self.total_bytes
+    }
+
+    /// Tokens of the media items pushed so far.
+    pub fn media_tokens(&self) -> u64 {
+        self.media_tokens
     }
 
     /// The chain of whole blocks; a trailing partial text block is dropped.
@@ -158,11 +185,63 @@ pub fn chain_from_tokens(seed: ChainSeed, tokens: &[u32], block_tokens: usize) -
 /// Extends a chain by one token block: what exact mode uses to follow vLLM's `BlockStored`
 /// events, which name a parent and carry the new block's token ids.
 pub fn extend_with_tokens(parent: u64, tokens: &[u32]) -> BlockHash {
-    let mut bytes = Vec::with_capacity(tokens.len() * 4);
+    extend_with_media_tokens(parent, tokens, &[])
+}
+
+/// Extends a chain by one token block that overlaps the placeholders of `media` (in prompt
+/// order), as vLLM keys such a block by the items' identifiers besides its ids. With no
+/// media it is [`extend_with_tokens`].
+pub fn extend_with_media_tokens(parent: u64, tokens: &[u32], media: &[MediaId]) -> BlockHash {
+    let mut bytes = Vec::with_capacity(tokens.len() * 4 + media.len() * 32);
     for token in tokens {
         bytes.extend_from_slice(&token.to_le_bytes());
     }
-    link(parent, BlockKind::Tokens, &bytes)
+    if media.is_empty() {
+        return link(parent, BlockKind::Tokens, &bytes);
+    }
+    for id in media {
+        bytes.extend_from_slice(&id.0);
+    }
+    link(parent, BlockKind::MediaTokens, &bytes)
+}
+
+/// Where a media item's placeholder tokens sit in a tokenized prompt.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct MediaSpan {
+    pub offset: usize,
+    pub length: usize,
+    pub id: MediaId,
+}
+
+/// [`chain_from_tokens`] for a prompt with media placeholders: a block overlapping any of
+/// `spans` (sorted by offset, not overlapping) is keyed by those items' identities, exactly
+/// where vLLM's `_gen_mm_extra_hash_keys` puts them, so the chain equals the one exact mode
+/// builds from the engine's events for the same prompt.
+pub fn chain_from_media_tokens(
+    seed: ChainSeed,
+    tokens: &[u32],
+    block_tokens: usize,
+    spans: &[MediaSpan],
+) -> Vec<BlockHash> {
+    assert!(block_tokens > 0, "block size must be positive");
+    let mut prev = seed.0;
+    let mut media = Vec::new();
+    tokens
+        .chunks_exact(block_tokens)
+        .enumerate()
+        .map(|(index, block)| {
+            let (start, end) = (index * block_tokens, (index + 1) * block_tokens);
+            media.clear();
+            media.extend(
+                spans
+                    .iter()
+                    .filter(|s| s.offset < end && start < s.offset + s.length)
+                    .map(|s| s.id),
+            );
+            prev = extend_with_media_tokens(prev, block, &media);
+            prev
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -199,9 +278,41 @@ mod tests {
         let seed = ChainSeed::new("m", None);
         let mut builder = ChainBuilder::new(seed, 64);
         builder.push_text(b"describe:");
-        builder.push_media(&[7; 32]);
+        builder.push_media(&MediaId([7; 32]), 40);
+        assert_eq!(builder.media_tokens(), 40);
         let chain = builder.finish();
-        assert_eq!(chain.len(), 2, "partial text block, then the media block");
+        assert_eq!(
+            chain.len(),
+            4,
+            "partial text block, then 40 tokens' worth of media blocks"
+        );
+    }
+
+    #[test]
+    fn media_token_blocks_are_keyed_by_the_items_they_overlap() {
+        let seed = ChainSeed::new("m", None);
+        let tokens: Vec<u32> = (0..64).collect();
+        let plain = chain_from_tokens(seed, &tokens, 16);
+        let span = |offset, id| MediaSpan {
+            offset,
+            length: 20,
+            id: MediaId([id; 32]),
+        };
+        // Tokens 18..38 overlap blocks 1 and 2; blocks 0 and 3 are plain token blocks.
+        let a = chain_from_media_tokens(seed, &tokens, 16, &[span(18, 1)]);
+        assert_eq!(a[0], plain[0]);
+        assert_ne!(a[1], plain[1]);
+        assert_eq!(
+            a[1],
+            extend_with_media_tokens(a[0], &tokens[16..32], &[MediaId([1; 32])])
+        );
+        assert_eq!(a[3], extend_with_tokens(a[2], &tokens[48..64]));
+        let b = chain_from_media_tokens(seed, &tokens, 16, &[span(18, 2)]);
+        assert_eq!(a[0], b[0]);
+        assert!(a[1..].iter().zip(&b[1..]).all(|(x, y)| x != y));
+        // An item ending exactly where a block starts does not key that block.
+        let edge = chain_from_media_tokens(seed, &tokens, 16, &[span(12, 1)]);
+        assert_eq!(edge[2], extend_with_tokens(edge[1], &tokens[32..48]));
     }
 
     #[test]

@@ -21,8 +21,14 @@ mod chain;
 mod media;
 mod request;
 
-pub use chain::{ChainBuilder, ChainSeed, chain_from_text, chain_from_tokens, extend_with_tokens};
-pub use media::media_digest;
+pub use chain::{
+    ChainBuilder, ChainSeed, MediaSpan, chain_from_media_tokens, chain_from_text,
+    chain_from_tokens, extend_with_media_tokens, extend_with_tokens,
+};
+pub use media::{
+    DEFAULT_MEDIA_TOKENS, MediaId, VERIFIED_UUID_PREFIX, data_url_bytes, image_dimensions,
+    media_token_estimate,
+};
 pub use request::{
     Endpoint, HashError, RequestHashes, hash_request, hash_request_seeded, hash_tokenized,
     hash_tokenized_seeded,
@@ -32,7 +38,7 @@ pub use request::{
 pub type BlockHash = u64;
 
 /// Bumped whenever the bytes fed to the hash change; nodes with different versions never match.
-pub const HASH_VERSION: u16 = 1;
+pub const HASH_VERSION: u16 = 2;
 
 /// Default text block: 64 bytes, about 16 tokens, vLLM's default KV block.
 pub const DEFAULT_BLOCK_BYTES: usize = 64;

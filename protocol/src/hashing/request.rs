@@ -8,7 +8,7 @@
 
 use super::canonical_json::write_canonical;
 use super::chain::{ChainBuilder, ChainSeed, chain_from_tokens};
-use super::media::{base64_media_digest, media_digest};
+use super::media::{DEFAULT_MEDIA_TOKENS, MediaId, data_url_bytes, media_token_estimate};
 use super::{BYTES_PER_TOKEN_ESTIMATE, BlockHash, HashConfig, HashMode};
 use serde_json::Value;
 
@@ -213,7 +213,8 @@ fn chat_has_media(object: &serde_json::Map<String, Value>) -> bool {
 }
 
 fn text_result(builder: ChainBuilder, block_bytes: usize) -> (Vec<BlockHash>, u32, f32) {
-    let tokens = (builder.total_bytes() as f32 / BYTES_PER_TOKEN_ESTIMATE).ceil() as u32;
+    let text_tokens = (builder.total_bytes() as f32 / BYTES_PER_TOKEN_ESTIMATE).ceil() as u64;
+    let tokens = u32::try_from(text_tokens + builder.media_tokens()).unwrap_or(u32::MAX);
     (
         builder.finish(),
         tokens,
@@ -333,15 +334,30 @@ fn render_part(part: &Value, builder: &mut ChainBuilder) {
         },
         "image_url" | "video_url" | "audio_url" | "input_image" => {
             match url_of(kind).or_else(|| url_of("image_url")) {
-                Some(url) => builder.push_media(&media_digest(url)),
+                Some(url) => {
+                    let (id, tokens) = reference_identity(url);
+                    builder.push_media(&id, tokens);
+                }
                 None => push_canonical(part, builder),
             }
         }
         "input_audio" => match part.pointer("/input_audio/data").and_then(Value::as_str) {
-            Some(data) => builder.push_media(&base64_media_digest(data)),
+            Some(data) => builder.push_media(&MediaId::of_base64(data), DEFAULT_MEDIA_TOKENS),
             None => push_canonical(part, builder),
         },
         _ => push_canonical(part, builder),
+    }
+}
+
+/// The identity of a media reference and its estimated tokens: a data URL's bytes are decoded
+/// once for both; a plain URL is named by its text and assumed a mid-sized picture.
+fn reference_identity(url: &str) -> (MediaId, u32) {
+    match data_url_bytes(url) {
+        Some(bytes) => (
+            MediaId::of_bytes(&bytes),
+            media_token_estimate(&bytes).unwrap_or(DEFAULT_MEDIA_TOKENS),
+        ),
+        None => (MediaId::of_reference(url), DEFAULT_MEDIA_TOKENS),
     }
 }
 
@@ -418,7 +434,16 @@ mod tests {
         assert_eq!(a, with("https://example.com/a.png"));
         let b = with("https://example.com/b.png");
         assert_eq!(a.chain[0], b.chain[0], "text before the image is shared");
-        assert_ne!(a.chain[1], b.chain[1], "the image block differs");
+        assert_ne!(a.chain[1], b.chain[1], "the image blocks differ");
+        assert!(
+            a.chain[1..].iter().zip(&b.chain[1..]).all(|(x, y)| x != y),
+            "and so does every block after them"
+        );
+        assert!(
+            a.prompt_tokens >= DEFAULT_MEDIA_TOKENS,
+            "{}",
+            a.prompt_tokens
+        );
     }
 
     #[test]
