@@ -5,7 +5,7 @@
 //! KV-event targets needs an encoder of its own. It writes what vLLM writes: positional arrays
 //! with the tag first, or maps with a `type` key; hashes as integers or as raw bytes.
 
-use kvmesh_protocol::kv_events::{KvEvent, Medium};
+use kvmesh_protocol::kv_events::{BlockExtraKeys, KvEvent, Medium};
 use rmpv::Value;
 
 /// Which of vLLM's two encodings.
@@ -96,18 +96,22 @@ fn medium_value(medium: Medium, shape: Shape) -> Value {
     }
 }
 
-/// Per block: `nil` when vLLM folded nothing in, a list holding a non-adapter key otherwise
-/// (an integer, which can never be mistaken for the adapter's name).
-fn extra_keys_value(extra_keys: &[bool]) -> Value {
+/// Per block: `nil` when vLLM folded nothing in, the verified identifiers of its media, or a
+/// key the mesh cannot reproduce (an integer, which can never be mistaken for the adapter's
+/// name or an identifier).
+fn extra_keys_value(extra_keys: &[BlockExtraKeys]) -> Value {
     if extra_keys.is_empty() {
         return Value::Nil;
     }
     Value::Array(
         extra_keys
             .iter()
-            .map(|&extra| match extra {
-                true => Value::Array(vec![Value::from(7)]),
-                false => Value::Nil,
+            .map(|keys| match keys {
+                BlockExtraKeys::None => Value::Nil,
+                BlockExtraKeys::Media(ids) => {
+                    Value::Array(ids.iter().map(|id| Value::from(id.uuid())).collect())
+                }
+                BlockExtraKeys::Opaque => Value::Array(vec![Value::from(7)]),
             })
             .collect(),
     )

@@ -2,7 +2,7 @@
 //! a peer or a vLLM engine actually sends, so the fuzzers start from messages that decode.
 
 use kvmesh_protocol::hashing::HASH_VERSION;
-use kvmesh_protocol::kv_events::{KvEvent, Medium};
+use kvmesh_protocol::kv_events::{BlockExtraKeys, KvEvent, Medium};
 use kvmesh_protocol::lifecycle::LoadReport;
 use kvmesh_protocol::route::RouteReason;
 use kvmesh_protocol::summary::{SummaryBuilder, SummaryConfig};
@@ -197,7 +197,7 @@ pub fn kv_events(block_size: u32) -> Vec<Vec<KvEvent>> {
                 block_size,
                 lora_name: None,
                 medium: Medium::Gpu,
-                extra_keys: vec![false],
+                extra_keys: vec![BlockExtraKeys::None],
             },
             KvEvent::BlockStored {
                 block_hashes: vec![0x1111, 0x2222],
@@ -215,7 +215,7 @@ pub fn kv_events(block_size: u32) -> Vec<Vec<KvEvent>> {
                 block_size,
                 lora_name: Some("sql-lora".into()),
                 medium: Medium::Gpu,
-                extra_keys: vec![false, true],
+                extra_keys: vec![BlockExtraKeys::None, BlockExtraKeys::Opaque],
             },
         ],
         vec![

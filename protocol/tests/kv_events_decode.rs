@@ -1,6 +1,7 @@
 //! vLLM's KV-event payloads, in both shapes, as vLLM's msgspec encoder writes them.
 
-use kvmesh_protocol::kv_events::{DecodeError, KvEvent, Medium, decode_batch};
+use kvmesh_protocol::hashing::MediaId;
+use kvmesh_protocol::kv_events::{BlockExtraKeys, DecodeError, KvEvent, Medium, decode_batch};
 use proptest::prelude::*;
 use rmpv::Value;
 
@@ -153,14 +154,16 @@ fn byte_hashes_take_the_last_eight_bytes_big_endian() {
 }
 
 #[test]
-fn extra_keys_other_than_the_adapter_name_mark_their_block() {
+fn extra_keys_keep_verified_media_and_mark_what_the_mesh_cannot_reproduce() {
+    let image = MediaId::of_bytes(b"a picture");
+    let uuid = image.uuid();
     let batch = Value::Array(vec![
         Value::F64(0.0),
         Value::Array(vec![map(vec![
             ("type", s("BlockStored")),
-            ("block_hashes", ints(&[1, 2, 3])),
+            ("block_hashes", ints(&[1, 2, 3, 4, 5, 6])),
             ("parent_block_hash", Value::Nil),
-            ("token_ids", ints(&[0; 12])),
+            ("token_ids", ints(&[0; 24])),
             ("block_size", Value::from(4)),
             ("lora_name", s("sql")),
             (
@@ -168,6 +171,11 @@ fn extra_keys_other_than_the_adapter_name_mark_their_block() {
                 Value::Array(vec![
                     Value::Array(vec![s("sql")]),
                     Value::Nil,
+                    Value::Array(vec![s("sql"), s(&uuid)]),
+                    // The adapter also applies to the vision tower: vLLM prefixes its name.
+                    Value::Array(vec![s(&format!("sql:{uuid}"))]),
+                    // Older vLLM: (identifier, offset in the block).
+                    Value::Array(vec![Value::Array(vec![s(&uuid), Value::from(-3)])]),
                     Value::Array(vec![s("sql"), s("salt")]),
                 ]),
             ),
@@ -183,7 +191,41 @@ fn extra_keys_other_than_the_adapter_name_mark_their_block() {
         panic!("not a BlockStored: {:?}", decoded.events[0]);
     };
     assert_eq!(lora_name.as_deref(), Some("sql"));
-    assert_eq!(extra_keys, &vec![false, false, true]);
+    let media = BlockExtraKeys::Media(vec![image]);
+    assert_eq!(
+        extra_keys,
+        &vec![
+            BlockExtraKeys::None,
+            BlockExtraKeys::None,
+            media.clone(),
+            media.clone(),
+            media,
+            BlockExtraKeys::Opaque,
+        ]
+    );
+}
+
+#[test]
+fn a_media_hash_the_engine_computed_itself_is_opaque() {
+    let batch = Value::Array(vec![
+        Value::F64(0.0),
+        Value::Array(vec![map(vec![
+            ("type", s("BlockStored")),
+            ("block_hashes", ints(&[1])),
+            ("parent_block_hash", Value::Nil),
+            ("token_ids", ints(&[0; 4])),
+            ("block_size", Value::from(4)),
+            (
+                "extra_keys",
+                Value::Array(vec![Value::Array(vec![s("3f2a9c0d5e")])]),
+            ),
+        ])]),
+    ]);
+    let decoded = decode_batch(&encode(&batch)).unwrap();
+    let KvEvent::BlockStored { extra_keys, .. } = &decoded.events[0] else {
+        panic!("not a BlockStored");
+    };
+    assert_eq!(extra_keys, &vec![BlockExtraKeys::Opaque]);
 }
 
 fn batch_of(events: Vec<Value>) -> Vec<u8> {

@@ -13,7 +13,8 @@
 use crate::cache_model::CheckedCache;
 use crate::msgpack::{Shape, encode_batch};
 use arbitrary::{Arbitrary, Unstructured};
-use kvmesh_protocol::kv_events::{KvEvent, Medium, decode_batch};
+use kvmesh_protocol::hashing::MediaId;
+use kvmesh_protocol::kv_events::{BlockExtraKeys, KvEvent, Medium, decode_batch};
 
 /// The mesh's token block size here: small, so a few token ids make several blocks.
 const BLOCK_TOKENS: u32 = 2;
@@ -30,7 +31,8 @@ enum Step {
         block_size: u8,
         lora: bool,
         medium: ArbMedium,
-        extra_keys: Vec<bool>,
+        /// Per block: 0 none, 1 a key the mesh cannot reproduce, n an image of a small set.
+        extra_keys: Vec<u8>,
     },
     /// A token-less store: an offload connector's report.
     Offload {
@@ -72,6 +74,14 @@ fn vllm_hash(index: u8) -> u64 {
     u64::from(index % 32).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1
 }
 
+fn block_extra_keys(code: u8) -> BlockExtraKeys {
+    match code % 4 {
+        0 => BlockExtraKeys::None,
+        1 => BlockExtraKeys::Opaque,
+        image => BlockExtraKeys::Media(vec![MediaId([image; 32])]),
+    }
+}
+
 fn event(step: Step) -> Option<KvEvent> {
     let hashes = |blocks: Vec<u8>| blocks.into_iter().map(vllm_hash).collect::<Vec<_>>();
     Some(match step {
@@ -93,7 +103,7 @@ fn event(step: Step) -> Option<KvEvent> {
             },
             lora_name: lora.then(|| "sql-lora".to_owned()),
             medium: medium.into(),
-            extra_keys,
+            extra_keys: extra_keys.into_iter().map(block_extra_keys).collect(),
         },
         Step::Offload {
             blocks,

@@ -11,6 +11,7 @@
 //! how exact mode recognises an image in `BlockStored.extra_keys` (see `pin`).
 
 use base64::Engine as _;
+use serde_json::Value;
 
 /// The content identity of one media item: blake3 of its bytes (or of its URL's text).
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
@@ -89,6 +90,48 @@ pub fn data_url_bytes(url: &str) -> Option<Vec<u8>> {
     base64::engine::general_purpose::STANDARD
         .decode(payload.trim())
         .ok()
+}
+
+/// Where a chat content part keeps its media, if it is a media part.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum MediaPart<'a> {
+    /// `image_url`, `video_url`, `audio_url` or `input_image`: a URL, possibly a `data:` URL.
+    Url(&'a str),
+    /// `input_audio.data`: bare base64.
+    Base64(&'a str),
+}
+
+impl<'a> MediaPart<'a> {
+    /// The media of a content part; `None` for text and for parts of unknown shape.
+    pub fn of(part: &'a Value) -> Option<Self> {
+        let kind = part.get("type")?.as_str()?;
+        let url_of = |key: &str| {
+            let field = part.get(key)?;
+            field
+                .as_str()
+                .or_else(|| field.get("url").and_then(Value::as_str))
+        };
+        match kind {
+            "image_url" | "video_url" | "audio_url" | "input_image" => {
+                url_of(kind).or_else(|| url_of("image_url")).map(Self::Url)
+            }
+            "input_audio" => part
+                .pointer("/input_audio/data")
+                .and_then(Value::as_str)
+                .map(Self::Base64),
+            _ => None,
+        }
+    }
+
+    /// The item's bytes, when the part carries them (a base64 `data:` URL or audio data).
+    pub fn bytes(self) -> Option<Vec<u8>> {
+        match self {
+            Self::Url(url) => data_url_bytes(url),
+            Self::Base64(data) => base64::engine::general_purpose::STANDARD
+                .decode(data.trim())
+                .ok(),
+        }
+    }
 }
 
 /// Tokens assumed for an item whose size cannot be read from its bytes (a URL, audio, an

@@ -19,6 +19,7 @@
 mod canonical_json;
 mod chain;
 mod media;
+mod pin;
 mod request;
 
 pub use chain::{
@@ -26,9 +27,10 @@ pub use chain::{
     chain_from_tokens, extend_with_media_tokens, extend_with_tokens,
 };
 pub use media::{
-    DEFAULT_MEDIA_TOKENS, MediaId, VERIFIED_UUID_PREFIX, data_url_bytes, image_dimensions,
-    media_token_estimate,
+    DEFAULT_MEDIA_TOKENS, MediaId, MediaPart, VERIFIED_UUID_PREFIX, data_url_bytes,
+    image_dimensions, media_token_estimate,
 };
+pub use pin::{MOVED_UUID_PREFIX, PinReport, pin_media_uuids};
 pub use request::{
     Endpoint, HashError, RequestHashes, hash_request, hash_request_seeded, hash_tokenized,
     hash_tokenized_seeded,

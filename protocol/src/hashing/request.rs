@@ -7,8 +7,12 @@
 //! whenever two conversations share a message prefix, which is what prefix routing needs.
 
 use super::canonical_json::write_canonical;
-use super::chain::{ChainBuilder, ChainSeed, chain_from_tokens};
-use super::media::{DEFAULT_MEDIA_TOKENS, MediaId, data_url_bytes, media_token_estimate};
+use super::chain::{
+    ChainBuilder, ChainSeed, MediaSpan, chain_from_media_tokens, chain_from_tokens,
+};
+use super::media::{
+    DEFAULT_MEDIA_TOKENS, MediaId, MediaPart, data_url_bytes, media_token_estimate,
+};
 use super::{BYTES_PER_TOKEN_ESTIMATE, BlockHash, HashConfig, HashMode};
 use serde_json::Value;
 
@@ -115,38 +119,65 @@ pub fn hash_request_seeded(
 /// the chain of those ids in blocks of `block_tokens`, seeded like every chain, so it matches
 /// the chains exact mode builds from the engine's KV events.
 ///
-/// A chat with media parts gets an empty chain: its placeholder tokens are the same for every
-/// image, vLLM tells images apart by extra keys the events do not carry, so any match would be
-/// a false one. Such requests are routed by load.
+/// A chat with media is chained as vLLM hashes it ([`chain_from_media_tokens`]): each item's
+/// placeholder tokens (ids in `placeholders`, one run per item, in order) key the blocks they
+/// overlap by the item's identity, read from the `uuid` the entry pinned
+/// (`pin_media_uuids`). The chain stops before the first block the mesh cannot reproduce: one
+/// overlapping an item without a verified identity, or, when the runs of placeholders do not
+/// pair up with the items (no placeholder ids configured, or a template that renders them
+/// otherwise), the first placeholder at all; before a verified item, text blocks still match.
 pub fn hash_tokenized(
     endpoint: Endpoint,
     body: &Value,
     tokens: &[u32],
     block_tokens: usize,
 ) -> Result<RequestHashes, HashError> {
-    hash_tokenized_seeded(endpoint, body, tokens, block_tokens, None)
+    hash_tokenized_seeded(endpoint, body, tokens, block_tokens, None, &[])
 }
 
-/// [`hash_tokenized`], seeded by `seed_model` (see [`hash_request_seeded`]).
+/// [`hash_tokenized`], seeded by `seed_model` (see [`hash_request_seeded`]), with the media
+/// placeholder token ids of the model.
 pub fn hash_tokenized_seeded(
     endpoint: Endpoint,
     body: &Value,
     tokens: &[u32],
     block_tokens: usize,
     seed_model: Option<&str>,
+    placeholders: &[u32],
 ) -> Result<RequestHashes, HashError> {
     let object = body.as_object().ok_or(HashError::NotAnObject)?;
     let meta = Meta::parse(object)?;
     let block_tokens = block_tokens.max(1);
-    let has_media = endpoint == Endpoint::ChatCompletions && chat_has_media(object);
-    let chain = if has_media {
-        Vec::new()
+    let seed = ChainSeed::new(seed_model.unwrap_or(&meta.model), meta.cache_salt);
+    let media = match endpoint {
+        Endpoint::ChatCompletions => chat_media_identities(object),
+        Endpoint::Completions => Vec::new(),
+    };
+    let chain = if media.is_empty() {
+        chain_from_tokens(seed, tokens, block_tokens)
     } else {
-        chain_from_tokens(
-            ChainSeed::new(seed_model.unwrap_or(&meta.model), meta.cache_salt),
-            tokens,
-            block_tokens,
-        )
+        let runs = placeholder_runs(tokens, placeholders);
+        let reproducible = match runs.len() == media.len() {
+            true => runs
+                .iter()
+                .zip(&media)
+                .find(|(_, id)| id.is_none())
+                .map_or(tokens.len(), |(run, _)| run.0),
+            false => runs.first().map_or(0, |run| run.0),
+        };
+        let spans: Vec<MediaSpan> = runs
+            .iter()
+            .zip(&media)
+            .filter_map(|(&(offset, length), id)| {
+                Some(MediaSpan {
+                    offset,
+                    length,
+                    id: (*id)?,
+                })
+            })
+            .collect();
+        let whole_blocks = reproducible / block_tokens * block_tokens;
+        chain_from_media_tokens(seed, &tokens[..whole_blocks], block_tokens, &spans)
     };
     Ok(RequestHashes {
         model: meta.model,
@@ -155,6 +186,42 @@ pub fn hash_tokenized_seeded(
         tokens_per_block: block_tokens as f32,
         user: meta.user,
     })
+}
+
+/// Per media part of a chat, in order: the identity its pinned `uuid` names, if verified.
+fn chat_media_identities(object: &serde_json::Map<String, Value>) -> Vec<Option<MediaId>> {
+    let Some(Value::Array(messages)) = object.get("messages") else {
+        return Vec::new();
+    };
+    messages
+        .iter()
+        .filter_map(|message| message.get("content")?.as_array())
+        .flatten()
+        .filter(|part| MediaPart::of(part).is_some())
+        .map(|part| {
+            part.get("uuid")
+                .and_then(Value::as_str)
+                .and_then(MediaId::from_uuid)
+        })
+        .collect()
+}
+
+/// Maximal runs of placeholder ids as `(offset, length)`, in order.
+fn placeholder_runs(tokens: &[u32], placeholders: &[u32]) -> Vec<(usize, usize)> {
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    let mut previous = None;
+    for (at, token) in tokens.iter().enumerate() {
+        if !placeholders.contains(token) {
+            previous = None;
+            continue;
+        }
+        match runs.last_mut() {
+            Some(run) if previous == Some(*token) => run.1 += 1,
+            _ => runs.push((at, 1)),
+        }
+        previous = Some(*token);
+    }
+    runs
 }
 
 /// The fields of a body every chain depends on.
@@ -196,20 +263,6 @@ impl<'a> Meta<'a> {
             user,
         })
     }
-}
-
-fn chat_has_media(object: &serde_json::Map<String, Value>) -> bool {
-    let Some(Value::Array(messages)) = object.get("messages") else {
-        return false;
-    };
-    messages
-        .iter()
-        .filter_map(|message| message.get("content")?.as_array())
-        .flatten()
-        .any(|part| {
-            let kind = part.get("type").and_then(Value::as_str).unwrap_or("");
-            !matches!(kind, "text" | "")
-        })
 }
 
 fn text_result(builder: ChainBuilder, block_bytes: usize) -> (Vec<BlockHash>, u32, f32) {
@@ -320,31 +373,18 @@ fn render_content(content: Option<&Value>, builder: &mut ChainBuilder) {
 }
 
 fn render_part(part: &Value, builder: &mut ChainBuilder) {
-    let kind = part.get("type").and_then(Value::as_str).unwrap_or("");
-    let url_of = |key: &str| {
-        let field = part.get(key)?;
-        field
-            .as_str()
-            .or_else(|| field.get("url").and_then(Value::as_str))
-    };
-    match kind {
-        "text" => match part.get("text").and_then(Value::as_str) {
-            Some(text) => builder.push_text(text.as_bytes()),
-            None => push_canonical(part, builder),
-        },
-        "image_url" | "video_url" | "audio_url" | "input_image" => {
-            match url_of(kind).or_else(|| url_of("image_url")) {
-                Some(url) => {
-                    let (id, tokens) = reference_identity(url);
-                    builder.push_media(&id, tokens);
-                }
-                None => push_canonical(part, builder),
-            }
+    if let Some(media) = MediaPart::of(part) {
+        let (id, tokens) = match media {
+            MediaPart::Url(url) => reference_identity(url),
+            MediaPart::Base64(data) => (MediaId::of_base64(data), DEFAULT_MEDIA_TOKENS),
+        };
+        builder.push_media(&id, tokens);
+        return;
+    }
+    match part.get("text").and_then(Value::as_str) {
+        Some(text) if part.get("type").and_then(Value::as_str) == Some("text") => {
+            builder.push_text(text.as_bytes())
         }
-        "input_audio" => match part.pointer("/input_audio/data").and_then(Value::as_str) {
-            Some(data) => builder.push_media(&MediaId::of_base64(data), DEFAULT_MEDIA_TOKENS),
-            None => push_canonical(part, builder),
-        },
         _ => push_canonical(part, builder),
     }
 }
@@ -377,7 +417,7 @@ mod tests {
     }
 
     #[test]
-    fn tokenized_requests_chain_their_tokens_and_media_chats_get_none() {
+    fn tokenized_requests_chain_their_tokens() {
         let tokens: Vec<u32> = (0..40).collect();
         let body = json!({"model": "m", "cache_salt": "s", "user": "u",
             "messages": [{"role": "user", "content": "hi"}]});
@@ -390,12 +430,6 @@ mod tests {
             (hashes.prompt_tokens, hashes.user.as_deref()),
             (40, Some("u"))
         );
-        let with_image = json!({"model": "m", "messages": [{"role": "user", "content": [
-            {"type": "text", "text": "what is this"},
-            {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}},
-        ]}]});
-        let media = hash_tokenized(Endpoint::ChatCompletions, &with_image, &tokens, 16).unwrap();
-        assert!(media.chain.is_empty());
         assert_eq!(
             hash_tokenized(Endpoint::Completions, &json!({"prompt": "x"}), &tokens, 16),
             Err(HashError::Missing("model"))
@@ -443,6 +477,67 @@ mod tests {
             a.prompt_tokens >= DEFAULT_MEDIA_TOKENS,
             "{}",
             a.prompt_tokens
+        );
+    }
+
+    const IMAGE: u32 = 900_000;
+
+    /// 20 text tokens, `image_tokens` placeholders, 20 text tokens.
+    fn tokens_with_image(image_tokens: usize) -> Vec<u32> {
+        let mut tokens: Vec<u32> = (0..20).collect();
+        tokens.extend(std::iter::repeat_n(IMAGE, image_tokens));
+        tokens.extend(100..120);
+        tokens
+    }
+
+    fn image_chat(uuid: Option<&str>) -> Value {
+        let mut part = json!({"type": "image_url", "image_url": {"url": "https://x/a.png"}});
+        if let Some(uuid) = uuid {
+            part["uuid"] = json!(uuid);
+        }
+        json!({"model": "m", "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "what is this"}, part,
+        ]}]})
+    }
+
+    #[test]
+    fn tokenized_media_chats_key_the_blocks_their_placeholders_overlap() {
+        let tokens = tokens_with_image(30);
+        let id = MediaId::of_bytes(b"a picture");
+        let hash = |body: &Value, placeholders: &[u32]| {
+            hash_tokenized_seeded(
+                Endpoint::ChatCompletions,
+                body,
+                &tokens,
+                16,
+                None,
+                placeholders,
+            )
+            .unwrap()
+            .chain
+        };
+        let pinned = hash(&image_chat(Some(&id.uuid())), &[IMAGE]);
+        let span = MediaSpan {
+            offset: 20,
+            length: 30,
+            id,
+        };
+        let seed = ChainSeed::new("m", None);
+        assert_eq!(pinned, chain_from_media_tokens(seed, &tokens, 16, &[span]));
+        assert_eq!(pinned.len(), 4);
+        // Without a verified identity, or without knowing the placeholders, the chain stops
+        // at the last whole block before the image: block 0 (tokens 0..16).
+        let before_image = chain_from_tokens(seed, &tokens[..16], 16);
+        assert_eq!(hash(&image_chat(None), &[IMAGE]), before_image);
+        assert_eq!(
+            hash(&image_chat(Some("client-chosen")), &[IMAGE]),
+            before_image
+        );
+        // Placeholders unknown, or not found: where the image starts is unknown, so no chain.
+        assert_eq!(hash(&image_chat(Some(&id.uuid())), &[]), Vec::<u64>::new());
+        assert_eq!(
+            hash(&image_chat(Some(&id.uuid())), &[12345]),
+            Vec::<u64>::new()
         );
     }
 
@@ -582,7 +677,7 @@ mod tests {
         let tokens: Vec<u32> = (0..64).collect();
         let body = json!({"model": "llama-8b", "prompt": prompt});
         let tokenized =
-            hash_tokenized_seeded(Endpoint::Completions, &body, &tokens, 16, weights).unwrap();
+            hash_tokenized_seeded(Endpoint::Completions, &body, &tokens, 16, weights, &[]).unwrap();
         assert_eq!(
             tokenized.chain,
             chain_from_tokens(ChainSeed::new("/models/llama-3.1-8b", None), &tokens, 16)

@@ -2,11 +2,14 @@
 //!
 //! vLLM's own block hashes are seeded per process and cannot be reproduced, so each stored
 //! block gets the mesh's chain hash instead, computed from its token ids and its parent's mesh
-//! hash ([`extend_with_tokens`]); the map from vLLM's hash to the mesh hash is kept only to
-//! apply `BlockRemoved`. A block vLLM hashed with extra keys the mesh cannot see (media,
-//! `cache_salt`, prompt embeddings), or whose parent is unknown (events lost before this
-//! sidecar subscribed), is skipped rather than guessed: skipping costs a missed match,
-//! guessing would advertise a prefix the engine does not hold.
+//! hash ([`extend_with_media_tokens`]); the map from vLLM's hash to the mesh hash is kept only
+//! to apply `BlockRemoved`. A block overlapping media placeholders is hashed with the items'
+//! identities from its `extra_keys`, as the entry hashes the same prompt
+//! (`hashing::chain_from_media_tokens`). A block vLLM hashed with extra keys the mesh cannot
+//! reproduce (`cache_salt`, prompt embeddings, a media hash the engine computed itself), or
+//! whose parent is unknown (events lost before this sidecar subscribed), is skipped rather
+//! than guessed: skipping costs a missed match, guessing would advertise a prefix the engine
+//! does not hold.
 //!
 //! A `BlockStored` without token ids re-labels blocks vLLM already stored with them: vLLM's
 //! `OffloadingConnector` reports a finished offload that way (parent `None`, medium `CPU` or
@@ -16,9 +19,9 @@
 //! Tiers are kept apart: the GPU tier and the offload tier (CPU and storage) change
 //! independently, since a hit in an offload tier still costs a transfer.
 
-use super::decode::{KvEvent, Medium};
+use super::decode::{BlockExtraKeys, KvEvent, Medium};
 use crate::block_map::BlockMap;
-use crate::hashing::{ChainSeed, extend_with_tokens};
+use crate::hashing::{ChainSeed, extend_with_media_tokens};
 
 /// A published tier of the cache.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -201,17 +204,21 @@ impl ExactCache {
                     return changes;
                 }
                 for (i, &vllm) in block_hashes.iter().enumerate() {
-                    if extra_keys.get(i).copied().unwrap_or(false) {
-                        changes.skipped = skip(SkipReason::ExtraKeys, i);
-                        break;
-                    }
+                    let media = match extra_keys.get(i) {
+                        None | Some(BlockExtraKeys::None) => &[][..],
+                        Some(BlockExtraKeys::Media(ids)) => ids.as_slice(),
+                        Some(BlockExtraKeys::Opaque) => {
+                            changes.skipped = skip(SkipReason::ExtraKeys, i);
+                            break;
+                        }
+                    };
                     let Some(tokens) =
                         token_ids.get(i * self.block_tokens..(i + 1) * self.block_tokens)
                     else {
                         changes.skipped = skip(SkipReason::MissingTokens, i);
                         break;
                     };
-                    prev = extend_with_tokens(prev, tokens);
+                    prev = extend_with_media_tokens(prev, tokens, media);
                     self.store(vllm, prev, *medium, &mut changes);
                 }
             }
@@ -429,6 +436,33 @@ mod tests {
     }
 
     #[test]
+    fn blocks_keyed_by_media_get_the_chain_the_entry_computes_for_the_same_prompt() {
+        use crate::hashing::{MediaId, MediaSpan, chain_from_media_tokens};
+        let image = MediaId::of_bytes(b"a picture");
+        // Tokens 0..3 text, 3..10 the image's placeholders, 10..12 text: blocks 0..2 overlap it.
+        let tokens: Vec<u32> = (0..12).collect();
+        let span = MediaSpan {
+            offset: 3,
+            length: 7,
+            id: image,
+        };
+        let entry = chain_from_media_tokens(ChainSeed::new(MODEL, None), &tokens, 4, &[span]);
+        let mut event = stored(&[1, 2, 3], None, &tokens, Medium::Gpu);
+        if let KvEvent::BlockStored { extra_keys, .. } = &mut event {
+            *extra_keys = vec![BlockExtraKeys::Media(vec![image]); 3];
+        }
+        let mut cache = ExactCache::new(4);
+        assert_eq!(cache.apply(&event, MODEL).gpu.added, entry);
+        // Another image under the same placeholder tokens is another chain from its first block.
+        let other = MediaId::of_bytes(b"another picture");
+        if let KvEvent::BlockStored { extra_keys, .. } = &mut event {
+            *extra_keys = vec![BlockExtraKeys::Media(vec![other]); 3];
+        }
+        let added = ExactCache::new(4).apply(&event, MODEL).gpu.added;
+        assert!(added.iter().all(|h| !entry.contains(h)), "{added:?}");
+    }
+
+    #[test]
     fn adapters_seed_with_their_name() {
         let tokens: Vec<u32> = (0..4).collect();
         let mut cache = ExactCache::new(4);
@@ -485,7 +519,7 @@ mod tests {
 
         let mut salted = stored(&[2, 3], None, &tokens, Medium::Gpu);
         if let KvEvent::BlockStored { extra_keys, .. } = &mut salted {
-            *extra_keys = vec![false, true];
+            *extra_keys = vec![BlockExtraKeys::None, BlockExtraKeys::Opaque];
         }
         let partial = cache.apply(&salted, MODEL);
         assert_eq!(partial.gpu.added.len(), 1);

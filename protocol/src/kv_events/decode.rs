@@ -15,6 +15,8 @@
 
 use rmpv::Value;
 
+use crate::hashing::MediaId;
+
 /// Where a block lives. vLLM's offloading connectors report `CPU` and `STORAGE` tiers.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Medium {
@@ -35,6 +37,20 @@ impl Medium {
     }
 }
 
+/// A stored block's extra keys, as far as the mesh can reproduce them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum BlockExtraKeys {
+    /// Nothing but the adapter name (which the mesh folds into its seed).
+    #[default]
+    None,
+    /// The identities of the media items whose placeholders the block overlaps, in order:
+    /// identifiers a sidecar wrote as the parts' `uuid` (see `hashing::MediaId::uuid`).
+    Media(Vec<MediaId>),
+    /// A key no entry node can reproduce: a `cache_salt`, prompt embeddings, or a media
+    /// identifier the engine computed itself (a part the sidecar did not pin).
+    Opaque,
+}
+
 /// One cache event.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum KvEvent {
@@ -51,9 +67,9 @@ pub enum KvEvent {
         /// The LoRA adapter's name, `None` for the base model.
         lora_name: Option<String>,
         medium: Medium,
-        /// Per block: whether vLLM folded extra keys (media, `cache_salt`, prompt embeddings)
-        /// other than the LoRA name into its hash. Empty when the event carries none.
-        extra_keys: Vec<bool>,
+        /// Per block: what vLLM folded into its hash besides the tokens and the LoRA name.
+        /// Empty when the event carries none.
+        extra_keys: Vec<BlockExtraKeys>,
     },
     /// Cached blocks were evicted.
     BlockRemoved {
@@ -256,19 +272,49 @@ fn token_list(value: &Value) -> Option<Vec<u32>> {
         .collect()
 }
 
-/// Per block, whether its extra keys hold anything besides the LoRA name (which the mesh
-/// folds into its chain seed itself).
-fn extra_keys(value: &Value, lora_name: Option<&str>) -> Vec<bool> {
+/// Per block, what its extra keys say: `nil` or an empty list is nothing; the adapter's
+/// name is skipped; a verified media identifier (vLLM's `identifier`, which is the part's
+/// `uuid`, possibly prefixed `"{lora}:"` when the adapter also applies to the vision tower;
+/// older vLLM wraps it as `(identifier, offset)`) is kept; anything else makes the block
+/// [`BlockExtraKeys::Opaque`].
+fn extra_keys(value: &Value, lora_name: Option<&str>) -> Vec<BlockExtraKeys> {
     let Some(blocks) = value.as_array() else {
         return Vec::new();
     };
-    let is_adapter = |item: &Value| lora_name.is_some() && item.as_str() == lora_name;
     blocks
         .iter()
         .map(|keys| match keys {
-            Value::Nil => false,
-            Value::Array(items) => items.iter().any(|item| !item.is_nil() && !is_adapter(item)),
-            _ => true,
+            Value::Nil => BlockExtraKeys::None,
+            Value::Array(items) => block_extra_keys(items, lora_name),
+            _ => BlockExtraKeys::Opaque,
         })
         .collect()
+}
+
+fn block_extra_keys(items: &[Value], lora_name: Option<&str>) -> BlockExtraKeys {
+    let mut media = Vec::new();
+    for item in items {
+        let key = match item {
+            Value::Nil => continue,
+            Value::Array(pair) => pair.first().and_then(Value::as_str),
+            other => other.as_str(),
+        };
+        let Some(key) = key else {
+            return BlockExtraKeys::Opaque;
+        };
+        if lora_name == Some(key) {
+            continue;
+        }
+        let unprefixed = lora_name
+            .and_then(|lora| key.strip_prefix(lora)?.strip_prefix(':'))
+            .unwrap_or(key);
+        match MediaId::from_uuid(unprefixed) {
+            Some(id) => media.push(id),
+            None => return BlockExtraKeys::Opaque,
+        }
+    }
+    match media.is_empty() {
+        true => BlockExtraKeys::None,
+        false => BlockExtraKeys::Media(media),
+    }
 }

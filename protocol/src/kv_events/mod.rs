@@ -12,5 +12,5 @@ pub mod decode;
 pub mod sequence;
 
 pub use cache::{EventChanges, ExactCache, SkipReason, Tier, TierChanges};
-pub use decode::{DecodeError, EventBatch, KvEvent, Medium, decode_batch};
+pub use decode::{BlockExtraKeys, DecodeError, EventBatch, KvEvent, Medium, decode_batch};
 pub use sequence::{SeqTracker, SeqVerdict};
