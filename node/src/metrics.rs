@@ -18,6 +18,16 @@ pub const KV_EVENT_OUTCOMES: [&str; 6] = [
     "malformed",
 ];
 
+/// Outcomes of media parts (`kvmesh_media_parts_total`), see `Metrics::media_pinned`.
+pub const MEDIA_PART_OUTCOMES: [&str; 6] = [
+    "pinned",
+    "replaced",
+    "unverified",
+    "moved",
+    "fetched",
+    "fetch_failed",
+];
+
 /// Why a disaggregated request ran whole after all (`kvmesh_pd_fallbacks_total`):
 /// - `prefill_failed`: every prefill engine tried failed before answering;
 /// - `no_transfer_params`: the prefill answered without `kv_transfer_params` (it did not stop
@@ -136,6 +146,8 @@ pub struct NodeMetrics {
     pub copies_held: Family<OutcomeLabels, Counter>,
     /// LoRA adapters this node loaded into its engine for a request, by outcome.
     pub lora_loads: Family<OutcomeLabels, Counter>,
+    /// Media parts of requests entering here, by what pinning their identity did.
+    pub media_parts: Family<OutcomeLabels, Counter>,
     /// Requests this node declined (late binding), by reason.
     pub declined: Family<ReasonLabels, Counter>,
     /// Attempts of requests that entered here that their serving node declined.
@@ -193,6 +205,7 @@ impl Default for NodeMetrics {
             engine_queued: Gauge::default(),
             copies_held: Family::default(),
             lora_loads: Family::default(),
+            media_parts: Family::default(),
             declined: Family::default(),
             attempts_declined: Counter::default(),
             load_reports: Counter::default(),
@@ -223,6 +236,34 @@ impl NodeMetrics {
             outcome: outcome.as_str().to_owned(),
         };
         self.lora_loads.get_or_create(&labels).inc();
+    }
+
+    /// What pinning did to one request's media parts.
+    pub fn media_pinned(&self, report: &kvmesh_protocol::hashing::PinReport) {
+        let counts = [
+            ("pinned", report.pinned - report.replaced),
+            ("replaced", report.replaced),
+            ("unverified", report.unverified - report.moved),
+            ("moved", report.moved),
+        ];
+        for (outcome, count) in counts {
+            if count > 0 {
+                let labels = OutcomeLabels {
+                    outcome: outcome.to_owned(),
+                };
+                self.media_parts
+                    .get_or_create(&labels)
+                    .inc_by(u64::from(count));
+            }
+        }
+    }
+
+    /// One media URL fetched for `--fetch-media`, by outcome.
+    pub fn media_fetched(&self, outcome: &str) {
+        let labels = OutcomeLabels {
+            outcome: outcome.to_owned(),
+        };
+        self.media_parts.get_or_create(&labels).inc();
     }
 
     pub fn target_labels(local: bool) -> TargetLabels {
@@ -261,6 +302,11 @@ impl NodeMetrics {
         for outcome in crate::engine::adapters::LoadOutcome::ALL {
             let _ = self.lora_loads.get_or_create(&OutcomeLabels {
                 outcome: outcome.as_str().to_owned(),
+            });
+        }
+        for outcome in MEDIA_PART_OUTCOMES {
+            let _ = self.media_parts.get_or_create(&OutcomeLabels {
+                outcome: outcome.to_owned(),
             });
         }
         for outcome in KV_EVENT_OUTCOMES {
@@ -401,6 +447,11 @@ impl NodeMetrics {
             self.copies_held.clone(),
         );
         registry.register(
+            "media_parts",
+            "Media parts (images, audio, video) of chat requests entering at this node, by outcome: pinned (bytes hashed, identity written as the part's uuid), replaced (pinned over a client uuid), unverified (a URL whose bytes this node did not see), moved (an unverified part whose client uuid posed as a verified one), fetched or fetch_failed (--fetch-media)",
+            self.media_parts.clone(),
+        );
+        registry.register(
             "lora_loads",
             "LoRA adapters this node loaded into its engine (vLLM's /v1/load_lora_adapter) for a request placed here, by outcome: loaded, already_loaded, failed or timeout",
             self.lora_loads.clone(),
@@ -463,6 +514,7 @@ mod tests {
             "kvmesh_forward_latency_seconds_count{target=\"local\"} 0\n",
             "kvmesh_engine_healthy 0\n",
             "kvmesh_lora_loads_total{outcome=\"failed\"} 0\n",
+            "kvmesh_media_parts_total{outcome=\"moved\"} 0\n",
         ] {
             assert!(text.contains(series), "no {series:?} in\n{text}");
         }

@@ -52,7 +52,9 @@ pub async fn hash_for_routing(
             Vec::new()
         }
     };
-    hash_tokenized_seeded(endpoint, body, &tokens, block_tokens, seed).map_err(bad_request)
+    let placeholders = &state.config.media.placeholder_tokens;
+    hash_tokenized_seeded(endpoint, body, &tokens, block_tokens, seed, placeholders)
+        .map_err(bad_request)
 }
 
 /// A completions prompt's token ids from the loaded tokenizer, or `None` when the engine must

@@ -86,6 +86,7 @@ async fn answer(
         let body = read_body(&parts.headers, body, &state.config).await?;
         let json = parse_json(&body)?;
         let (body, json) = super::intent::resolve(&state, api, body, json)?;
+        let (body, json) = super::media::prepare(&state, api, body, json).await?;
         let hashes = match api {
             Api::Generation(endpoint) => hash_for_routing(&state, endpoint, &json).await?,
             Api::ByModel => hash_by_model(&state, &json, body.len())?,

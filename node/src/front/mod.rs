@@ -25,6 +25,8 @@ pub mod handlers;
 pub mod hashing;
 pub mod inference;
 pub mod intent;
+pub mod media;
+pub mod media_fetch;
 pub mod ready;
 pub mod recent;
 pub mod responses;

@@ -5,6 +5,7 @@
 use crate::engine::local_tokenizer::LocalTokenizer;
 use crate::front::intent::IntentRouting;
 use crate::serve::defaults;
+use crate::serve::media_config::{MediaConfig, MediaFile, media_config};
 use anyhow::{Context, bail};
 use kvmesh_protocol::Role;
 use kvmesh_protocol::hashing::HashMode;
@@ -160,6 +161,46 @@ pub struct ServeArgs {
     /// Adapters loaded at run time, under a `[lora]` table (TOML file only).
     #[arg(skip)]
     pub lora: Option<LoraFile>,
+    /// Exact mode with media: the token ids the model's `/tokenize` puts in place of an image,
+    /// audio or video item (one run per item), e.g. 151655,151656 for Qwen2.5-VL, or
+    /// 128000,128001,128002 for `kvmesh-sim engine`. Without them a request's chain stops
+    /// before its first media item. Also `placeholder_tokens` under `[media]`.
+    #[arg(
+        long = "media-placeholder-tokens",
+        env = "KVMESH_MEDIA_PLACEHOLDER_TOKENS",
+        value_delimiter = ','
+    )]
+    #[serde(skip)]
+    pub media_placeholder_tokens: Option<Vec<u32>>,
+    /// Fetch media given by plain URL from the hosts of `--fetch-media-hosts`, hash its bytes
+    /// and send them to the engine inline, so that such an item routes and caches by its
+    /// content rather than by its URL. Off by default. Also `fetch = true` under `[media]`.
+    #[arg(long, env = "KVMESH_FETCH_MEDIA")]
+    #[serde(skip)]
+    pub fetch_media: bool,
+    /// Hosts `--fetch-media` may fetch from (comma-separated, exact names or `*.suffix`):
+    /// required with it, so that a client cannot make the sidecar reach internal addresses.
+    /// Also `fetch_hosts` under `[media]`.
+    #[arg(
+        long = "fetch-media-hosts",
+        env = "KVMESH_FETCH_MEDIA_HOSTS",
+        value_delimiter = ','
+    )]
+    #[serde(skip)]
+    pub fetch_media_hosts: Option<Vec<String>>,
+    /// Largest media item `--fetch-media` fetches; a larger one is left as a URL. Also
+    /// `fetch_max_bytes` under `[media]`.
+    #[arg(long, env = "KVMESH_FETCH_MEDIA_MAX_BYTES")]
+    #[serde(skip)]
+    pub fetch_media_max_bytes: Option<usize>,
+    /// Longest a `--fetch-media` fetch may take; a slower one is left as a URL. Also
+    /// `fetch_timeout_ms` under `[media]`.
+    #[arg(long, env = "KVMESH_FETCH_MEDIA_TIMEOUT_MS")]
+    #[serde(skip)]
+    pub fetch_media_timeout_ms: Option<u64>,
+    /// Media handling, under a `[media]` table (TOML file only).
+    #[arg(skip)]
+    pub media: Option<MediaFile>,
     /// Routing weights (TOML file only).
     #[arg(skip)]
     pub route: Option<RouteConfig>,
@@ -258,6 +299,8 @@ pub struct ServeConfig {
     pub intents: Option<Arc<IntentRouting>>,
     /// LoRA adapters loaded at run time.
     pub lora: LoraConfig,
+    /// Media placeholders and fetching.
+    pub media: MediaConfig,
 }
 
 impl ServeConfig {
@@ -381,6 +424,14 @@ impl ServeConfig {
             cli.lora_load_timeout_secs,
             file.lora.unwrap_or_default(),
         )?;
+        let media = media_config(
+            cli.media_placeholder_tokens,
+            cli.fetch_media,
+            cli.fetch_media_hosts,
+            cli.fetch_media_max_bytes,
+            cli.fetch_media_timeout_ms,
+            file.media.unwrap_or_default(),
+        )?;
         if let Err(why) = SummaryBuilder::new(summary, 0) {
             bail!("--summary-shards / --summary-shard-bytes: {why}");
         }
@@ -438,6 +489,7 @@ impl ServeConfig {
             tokenizer,
             intents,
             lora,
+            media,
         };
         if config.max_body_bytes == 0 {
             bail!("--max-body-bytes must be positive");

@@ -29,6 +29,10 @@ pub const ROLE: Role = Role::Mixed;
 /// An adapter's `lora_path` is its name.
 pub const LORA_PATH_TEMPLATE: &str = "{name}";
 pub const LORA_LOAD_TIMEOUT: Duration = Duration::from_secs(60);
+/// 20 MiB: a large photo, well under the body limit it is inlined into.
+pub const FETCH_MEDIA_MAX_BYTES: usize = 20 * 1024 * 1024;
+/// A fetch on the request path: long enough for an object store, short next to a prefill.
+pub const FETCH_MEDIA_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The default a flag's help shows, by argument id; `None` for a flag without one here.
 fn shown(id: &str) -> Option<String> {
@@ -55,6 +59,11 @@ fn shown(id: &str) -> Option<String> {
         "role" => ROLE.as_str().to_owned(),
         "lora_path_template" => format!("`{LORA_PATH_TEMPLATE}`"),
         "lora_load_timeout_secs" => secs(LORA_LOAD_TIMEOUT),
+        "fetch_media_max_bytes" => format!(
+            "{FETCH_MEDIA_MAX_BYTES}, {} MiB",
+            FETCH_MEDIA_MAX_BYTES >> 20
+        ),
+        "fetch_media_timeout_ms" => millis(FETCH_MEDIA_TIMEOUT),
         _ => return None,
     })
 }
@@ -111,7 +120,7 @@ mod tests {
                 ),
             }
         }
-        assert_eq!(shown_count, 19, "a default of `shown` names no flag");
+        assert_eq!(shown_count, 21, "a default of `shown` names no flag");
         assert_eq!(shown("policy").as_deref(), Some("score"));
         assert_eq!(shown("gossip_interval_ms").as_deref(), Some("200 ms"));
         assert_eq!(shown("listen").as_deref(), Some("0.0.0.0:8000"));

@@ -9,6 +9,7 @@
 pub mod config;
 pub mod defaults;
 pub mod engine_queue;
+pub mod media_config;
 pub mod publish;
 pub mod routing;
 pub mod state;
@@ -102,6 +103,12 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         adapters: crate::engine::adapters::AdapterLoader::new(
             config.digest_interval * crate::engine::poller::MODELS_EVERY as u32,
         ),
+        media_fetcher: config
+            .media
+            .fetch
+            .clone()
+            .map(crate::front::media_fetch::MediaFetcher::new)
+            .transpose()?,
         config,
     });
     mesh.gossip().set(HTTP_KEY, &http_addr.to_string()).await?;

@@ -49,6 +49,8 @@ pub struct AppState {
     pub response_homes: Arc<crate::front::responses::ResponseHomes>,
     /// LoRA adapters being loaded into this node's engine for requests placed here.
     pub adapters: crate::engine::adapters::AdapterLoader,
+    /// `--fetch-media`'s client, when on.
+    pub media_fetcher: Option<crate::front::media_fetch::MediaFetcher>,
 }
 
 impl AppState {

@@ -24,7 +24,9 @@ pub struct PinReport {
     pub pinned: u32,
     /// Of those, parts that came with a different client `uuid`.
     pub replaced: u32,
-    /// Parts without visible bytes whose client `uuid` posed as a verified one.
+    /// Parts whose bytes the sidecar cannot see (a plain URL): the engine identifies them.
+    pub unverified: u32,
+    /// Of those, parts whose client `uuid` posed as a verified one.
     pub moved: u32,
     /// Parts whose `uuid` was written: when non-zero, the body must be serialized again.
     pub rewritten: u32,
@@ -66,6 +68,7 @@ pub fn pin_media_uuids(body: &mut Value) -> PinReport {
                 report.rewritten += 1;
             }
             None => {
+                report.unverified += 1;
                 let Some(client) = client.filter(|u| u.starts_with(VERIFIED_UUID_PREFIX)) else {
                     continue;
                 };
@@ -108,6 +111,7 @@ mod tests {
             PinReport {
                 pinned: 3,
                 replaced: 1,
+                unverified: 0,
                 moved: 0,
                 rewritten: 3
             }
@@ -133,7 +137,15 @@ mod tests {
             {"type": "image_url", "image_url": {"url": "https://a/z.png"}},
         ]}]});
         let report = pin_media_uuids(&mut body);
-        assert_eq!((report.pinned, report.moved, report.rewritten), (0, 1, 1));
+        assert_eq!(
+            (
+                report.pinned,
+                report.unverified,
+                report.moved,
+                report.rewritten
+            ),
+            (0, 3, 1, 1)
+        );
         let parts = &body["messages"][0]["content"];
         assert_eq!(parts[0]["uuid"], "mine");
         assert_eq!(parts[1]["uuid"], format!("{MOVED_UUID_PREFIX}{forged}"));
