@@ -56,6 +56,52 @@ fn hashing(c: &mut Criterion) {
     group.finish();
 }
 
+/// The entry's work on a chat with a 256 KiB image: parse, pin the identity, hash, encode
+/// again (the serving node parses and hashes once more).
+fn media(c: &mut Criterion) {
+    use base64::Engine as _;
+    let mut image = b"\x89PNG\r\n\x1a\n\0\0\0\x0dIHDR\0\0\x04\0\0\0\x03\0".to_vec();
+    image.extend(
+        uniform(7)
+            .flat_map(u64::to_le_bytes)
+            .take(256 * 1024 - image.len()),
+    );
+    let url = format!(
+        "data:image/png;base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(&image)
+    );
+    let body = serde_json::to_vec(&serde_json::json!({"model": "m", "messages": [
+        {"role": "system", "content": prompt_text(2048)},
+        {"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": url}},
+            {"type": "text", "text": "What is in this picture?"},
+        ]},
+    ]}))
+    .unwrap();
+    let config = HashConfig::default();
+    let mut group = c.benchmark_group("media");
+    group.throughput(Throughput::Bytes(body.len() as u64));
+    group.bench_function("parse_256KiB_image", |b| {
+        b.iter(|| serde_json::from_slice::<serde_json::Value>(black_box(&body)).unwrap())
+    });
+    let parsed: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    group.bench_function("pin_256KiB_image", |b| {
+        b.iter(|| kvmesh_protocol::hashing::pin_media_uuids(&mut black_box(parsed.clone())))
+    });
+    group.bench_function("hash_256KiB_image", |b| {
+        b.iter(|| hash_request(Endpoint::ChatCompletions, black_box(&parsed), &config).unwrap())
+    });
+    let mut pinned = parsed.clone();
+    kvmesh_protocol::hashing::pin_media_uuids(&mut pinned);
+    group.bench_function("hash_pinned_256KiB_image", |b| {
+        b.iter(|| hash_request(Endpoint::ChatCompletions, black_box(&pinned), &config).unwrap())
+    });
+    group.bench_function("encode_256KiB_image", |b| {
+        b.iter(|| serde_json::to_vec(black_box(&parsed)).unwrap())
+    });
+    group.finish();
+}
+
 fn digest() -> LoadDigest {
     LoadDigest {
         version: 1,
@@ -206,5 +252,5 @@ fn bookkeeping(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, hashing, deciding, summaries, bookkeeping);
+criterion_group!(benches, hashing, media, deciding, summaries, bookkeeping);
 criterion_main!(benches);

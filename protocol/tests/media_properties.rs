@@ -91,6 +91,14 @@ proptest! {
     }
 
     #[test]
+    fn pinning_does_not_change_the_chain(texts in texts(), images in images()) {
+        let original = body(&texts, &images);
+        let mut pinned = original.clone();
+        prop_assert_eq!(pin_media_uuids(&mut pinned).pinned, 2);
+        prop_assert_eq!(chain(&pinned), chain(&original));
+    }
+
+    #[test]
     fn swapped_items_change_every_hash_from_the_first(texts in texts(), images in images()) {
         prop_assume!(images[0] != images[1]);
         let swapped = [images[1].clone(), images[0].clone()];

@@ -134,6 +134,30 @@ impl<'a> MediaPart<'a> {
     }
 }
 
+/// [`media_token_estimate`] of a `data:` URL's bytes, decoding no more of it than needed:
+/// PNG, GIF and WebP keep their size in the first 30 bytes, so only a JPEG (whose frame header
+/// may follow kilobytes of metadata) or an unreadable prefix costs a whole decode.
+pub fn data_url_token_estimate(url: &str) -> u32 {
+    const HEAD_CHARS: usize = 64;
+    let payload = url
+        .strip_prefix("data:")
+        .and_then(|rest| rest.split_once(','))
+        .map(|(_, payload)| payload.trim_start());
+    if let Some(payload) = payload.filter(|p| p.len() > HEAD_CHARS)
+        && let Ok(head) = base64::engine::general_purpose::STANDARD.decode(&payload[..HEAD_CHARS])
+    {
+        if let Some(tokens) = media_token_estimate(&head) {
+            return tokens;
+        }
+        if !head.starts_with(b"\xff\xd8") {
+            return DEFAULT_MEDIA_TOKENS;
+        }
+    }
+    data_url_bytes(url)
+        .and_then(|bytes| media_token_estimate(&bytes))
+        .unwrap_or(DEFAULT_MEDIA_TOKENS)
+}
+
 /// Tokens assumed for an item whose size cannot be read from its bytes (a URL, audio, an
 /// image format not parsed here): a mid-sized picture's worth.
 pub const DEFAULT_MEDIA_TOKENS: u32 = 256;
@@ -272,6 +296,28 @@ mod tests {
         assert_eq!(MediaId::from_uuid(&uuid[..uuid.len() - 1]), None);
         assert_eq!(MediaId::from_uuid(&uuid.to_uppercase()), None);
         assert_eq!(MediaId::from_uuid("client-chosen"), None);
+    }
+
+    #[test]
+    fn a_data_urls_estimate_from_its_head_equals_the_whole_decodes() {
+        let encode = |bytes: &[u8]| {
+            let b64 = base64::engine::general_purpose::STANDARD.encode(bytes);
+            format!("data:image/png;base64,{b64}")
+        };
+        let mut png = png_header(1024, 1024);
+        png.extend(std::iter::repeat_n(9u8, 500));
+        let mut jpeg = vec![0xff, 0xd8, 0xff, 0xe1, 0x01, 0x02];
+        jpeg.extend(std::iter::repeat_n(0u8, 0x0100));
+        jpeg.extend([0xff, 0xc0, 0x00, 0x11, 8, 0x01, 0xe0, 0x02, 0x80]);
+        let unknown = vec![1u8; 400];
+        for bytes in [png, jpeg, unknown, png_header(56, 56)] {
+            let whole = media_token_estimate(&bytes).unwrap_or(DEFAULT_MEDIA_TOKENS);
+            assert_eq!(data_url_token_estimate(&encode(&bytes)), whole);
+        }
+        assert_eq!(
+            data_url_token_estimate("https://x/a.png"),
+            DEFAULT_MEDIA_TOKENS
+        );
     }
 
     #[test]
