@@ -16,7 +16,7 @@ use crate::serve::state::{SharedState, lock};
 use http::StatusCode;
 use hyper::body::Incoming;
 use hyper::{Request, Response};
-use kvmesh_protocol::hashing::Endpoint;
+use kvmesh_protocol::hashing::{Endpoint, pin_media_uuids};
 
 pub async fn handle(state: SharedState, request: Request<Incoming>) -> Response<ResponseBody> {
     match matches(&state, request).await {
@@ -31,12 +31,14 @@ async fn matches(
 ) -> Result<serde_json::Value, ApiError> {
     let (parts, body) = request.into_parts();
     let body = read_body(&parts.headers, body, &state.config).await?;
-    let json = parse_json(&body)?;
+    let mut json = parse_json(&body)?;
     let endpoint = if json.get("messages").is_some() {
         Endpoint::ChatCompletions
     } else {
         Endpoint::Completions
     };
+    // Media identities as routing would pin them (no fetching, no metrics: read-only).
+    pin_media_uuids(&mut json);
     let hashes = hash_for_routing(state, endpoint, &json).await?;
     let (own, own_offload) = {
         let prefixes = lock(&state.prefixes);

@@ -1,0 +1,282 @@
+//! Issue 17, multimodal routing over real processes: four mock engines that model media as vLLM
+//! does (placeholder tokens, identifiers in block hashes and KV events) behind four sidecars.
+//!
+//! - Exact mode: a stored image's blocks are advertised within a bound and matched, image
+//!   included, by the next request with the same image at another entry node.
+//! - Approximate mode: requests with the same image meet the engine that holds it, from any
+//!   entry node; the identity the entry pins replaces a client's `uuid`, and the engine files
+//!   the image under it.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use base64::Engine as _;
+use kvmesh_protocol::hashing::MediaId;
+use kvmesh_tests::certs::ClusterCa;
+use kvmesh_tests::openai::served_by;
+use kvmesh_tests::{
+    CONVERGENCE_TIMEOUT, Engine, EngineConfig, Request, Sidecar, SidecarConfig, wait_for,
+    wait_until,
+};
+use serde_json::{Value, json};
+
+const MODEL: &str = "mock-model";
+const NODES: usize = 4;
+/// The mock engine's placeholder ids: image, audio, video.
+const PLACEHOLDERS: &str = "128000,128001,128002";
+/// A 448×448 picture: 16×16 = 256 tokens at one per 28×28 pixels, 16 blocks of 16.
+const SIDE: u32 = 448;
+const IMAGE_TOKENS: u64 = 256;
+/// The acceptance's bound on advertising a stored image block.
+const ADVERTISE_BOUND: Duration = Duration::from_secs(1);
+/// How long the test waits before failing outright on a loaded machine (a time over
+/// `ADVERTISE_BOUND` but under this fails with the measured time in the message).
+const WAIT_LIMIT: Duration = Duration::from_secs(15);
+
+/// PNG bytes: a real signature and header (the size is what the engine reads), then `key`'s
+/// own filler so that two pictures differ.
+fn picture(key: u8) -> Vec<u8> {
+    let mut png = b"\x89PNG\r\n\x1a\n\0\0\0\x0dIHDR".to_vec();
+    png.extend_from_slice(&SIDE.to_be_bytes());
+    png.extend_from_slice(&SIDE.to_be_bytes());
+    png.extend_from_slice(&[8, 2, 0, 0, 0]);
+    png.extend((0..4096u32).map(|i| (i as u8).wrapping_mul(31) ^ key));
+    png
+}
+
+fn data_url(png: &[u8]) -> String {
+    let b64 = base64::engine::general_purpose::STANDARD.encode(png);
+    format!("data:image/png;base64,{b64}")
+}
+
+/// A chat asking `question` about `png`, optionally with a client `uuid` on the image part.
+fn image_chat(png: &[u8], question: &str, uuid: Option<&str>) -> Value {
+    let mut image = json!({"type": "image_url", "image_url": {"url": data_url(png)}});
+    if let Some(uuid) = uuid {
+        image["uuid"] = json!(uuid);
+    }
+    json!({
+        "model": MODEL,
+        "max_tokens": 1,
+        "messages": [
+            {"role": "system", "content": "You describe product photos for a catalogue, briefly."},
+            {"role": "user", "content": [image, {"type": "text", "text": question}]},
+        ],
+    })
+}
+
+fn engine_config(i: usize) -> EngineConfig {
+    let format = if i.is_multiple_of(2) { "array" } else { "map" };
+    EngineConfig::new(&format!("engine {i}"), &[MODEL])
+        .arg("--kv-events")
+        .arg("tcp://127.0.0.1:0")
+        .arg("--kv-events-replay")
+        .arg("tcp://127.0.0.1:0")
+        .arg("--kv-events-format")
+        .arg(format)
+        .arg("--seed")
+        .arg(&i.to_string())
+}
+
+fn mesh(ca: &ClusterCa, engines: &[Engine], exact: bool) -> Vec<Sidecar> {
+    let mut sidecars: Vec<Sidecar> = Vec::new();
+    for (i, engine) in engines.iter().enumerate() {
+        let seeds: Vec<SocketAddr> = sidecars.iter().map(Sidecar::mesh_addr).collect();
+        let mut config = SidecarConfig::new(&format!("n{i}"), &engine.url(), ca).seeds(&seeds);
+        if exact {
+            config = config
+                .arg("--kv-events")
+                .arg(&engine.printed_endpoint("kv events on "))
+                .arg("--kv-events-replay")
+                .arg(&engine.printed_endpoint("kv events replay on "))
+                .arg("--media-placeholder-tokens")
+                .arg(PLACEHOLDERS);
+        }
+        sidecars.push(config.start());
+    }
+    wait_until(CONVERGENCE_TIMEOUT, "the mesh to converge", || {
+        sidecars
+            .iter()
+            .all(|s| s.peer_ids().is_ok_and(|peers| peers.len() == NODES - 1))
+    });
+    sidecars
+}
+
+/// `holder`'s matched blocks in `observer`'s `/debug/match` for `body`.
+fn believed(observer: &Sidecar, holder: &str, body: &Value) -> Result<u64, String> {
+    let response = observer
+        .try_send(Request::post_json("/debug/match", body))
+        .map_err(|e| e.to_string())?;
+    if response.status != 200 {
+        return Err(response.describe());
+    }
+    let answer = response.json();
+    answer["nodes"]
+        .as_array()
+        .and_then(|nodes| nodes.iter().find(|n| n["node"] == holder))
+        .and_then(|entry| entry["matched_blocks"].as_u64())
+        .ok_or_else(|| format!("no entry for {holder} in {answer}"))
+}
+
+/// The prompt's token ids as `engine` tokenizes the chat.
+fn tokens(engine: &Engine, body: &Value) -> Vec<u64> {
+    let response = Request::post_json(
+        "/tokenize",
+        &json!({"model": MODEL, "messages": body["messages"]}),
+    )
+    .send(engine.addr())
+    .expect("engine tokenizes");
+    assert_eq!(response.status, 200, "{}", response.describe());
+    response.json()["tokens"]
+        .as_array()
+        .expect("token ids")
+        .iter()
+        .filter_map(Value::as_u64)
+        .collect()
+}
+
+fn cached_tokens(response: &kvmesh_tests::Response) -> u64 {
+    response.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+#[test]
+fn exact_mode_advertises_an_image_and_another_entry_matches_it() {
+    let ca = ClusterCa::init("multimodal-exact");
+    let engines: Vec<Engine> = (0..NODES).map(|i| engine_config(i).start()).collect();
+    let sidecars = mesh(&ca, &engines, true);
+    let png = picture(1);
+    let first = image_chat(&png, "What colour is the product?", None);
+
+    let ids = tokens(&engines[0], &first);
+    let image_at = ids
+        .iter()
+        .position(|&t| t == 128_000)
+        .expect("placeholders");
+    let run = ids[image_at..]
+        .iter()
+        .take_while(|&&t| t == 128_000)
+        .count();
+    assert_eq!(run as u64, IMAGE_TOKENS, "the engine's placeholder count");
+    let whole_blocks = ids.len() as u64 / 16;
+    let blocks_before_image = image_at as u64 / 16;
+
+    let response = sidecars[0].post_json("/v1/chat/completions", &first);
+    assert_eq!(response.status, 200, "{}", response.describe());
+    let holder = served_by(&response);
+    let observer = sidecars
+        .iter()
+        .find(|s| s.node_id() != holder && s.node_id() != "n0")
+        .expect("a third node");
+    let (_, took) = wait_for(
+        WAIT_LIMIT,
+        &format!(
+            "{} learns that {holder} holds the image",
+            observer.node_id()
+        ),
+        || match believed(observer, &holder, &first) {
+            Ok(blocks) if blocks == whole_blocks => Ok(()),
+            Ok(blocks) => Err(format!("{blocks} of {whole_blocks} blocks")),
+            Err(error) => Err(error),
+        },
+    );
+    assert!(
+        took <= ADVERTISE_BOUND,
+        "the image's blocks were advertised after {took:?} (bound {ADVERTISE_BOUND:?})"
+    );
+    assert!(
+        whole_blocks > blocks_before_image + IMAGE_TOKENS / 16,
+        "the match runs through the image"
+    );
+    println!("an image's blocks advertised in {took:?}");
+
+    // The same image with another question, entering at every other node: the holder, and
+    // the engine reads the image from its cache.
+    for (i, entry) in sidecars
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.node_id() != holder)
+    {
+        let next = image_chat(&png, &format!("Question {i}: is it in stock?"), None);
+        let response = entry.post_json("/v1/chat/completions", &next);
+        assert_eq!(response.status, 200, "{}", response.describe());
+        assert_eq!(served_by(&response), holder, "{}", response.describe());
+        assert_eq!(response.header("x-kvmesh-reason"), Some("prefix-hit"));
+        assert!(
+            cached_tokens(&response) >= image_at as u64 + IMAGE_TOKENS - 16,
+            "the image came from the cache: {}",
+            response.describe()
+        );
+    }
+
+    // Another picture of the same size matches only the text before it.
+    let other = image_chat(&picture(2), "What colour is the product?", None);
+    let before = believed(observer, &holder, &other).expect("a match answer");
+    assert_eq!(before, blocks_before_image, "another image must not match");
+}
+
+#[test]
+fn requests_with_the_same_image_meet_its_engine_and_the_pinned_uuid_replaces_the_clients() {
+    let ca = ClusterCa::init("multimodal-text");
+    let engines: Vec<Engine> = (0..NODES).map(|i| engine_config(i).start()).collect();
+    let sidecars = mesh(&ca, &engines, false);
+    let png = picture(3);
+    // A client uuid that names nothing the sidecar verified: it must not reach the engine.
+    let first = image_chat(&png, "Describe the stitching.", Some("reused-client-uuid"));
+    let response = sidecars[0].post_json("/v1/chat/completions", &first);
+    assert_eq!(response.status, 200, "{}", response.describe());
+    let holder = served_by(&response);
+    let holder_index: usize = holder[1..].parse().expect("node names are n<i>");
+
+    // Every other entry node sends the same picture to the same engine once gossip knows it.
+    for (i, entry) in sidecars
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.node_id() != holder)
+    {
+        let next = image_chat(&png, &format!("Question {i}: what material?"), None);
+        wait_for(
+            WAIT_LIMIT,
+            &format!("n{i} routes the image to {holder}"),
+            || {
+                let response = entry.post_json("/v1/chat/completions", &next);
+                match (response.status, response.header("x-kvmesh-node")) {
+                    (200, Some(node)) if node == holder => Ok(()),
+                    (status, node) => Err(format!("{status} from {node:?}")),
+                }
+            },
+        );
+    }
+
+    // The engine filed the image under the verified identity, not the client's uuid: straight
+    // to the engine, the verified uuid hits the image's blocks and the client's misses them.
+    let engine = &engines[holder_index];
+    let ids = tokens(engine, &first);
+    let image_end = ids
+        .iter()
+        .rposition(|&t| t == 128_000)
+        .expect("placeholders") as u64;
+    let direct = |uuid: &str| {
+        let body = image_chat(&png, "Describe the stitching.", Some(uuid));
+        let response = Request::post_json("/v1/chat/completions", &body)
+            .send(engine.addr())
+            .expect("engine answers");
+        assert_eq!(response.status, 200, "{}", response.describe());
+        cached_tokens(&response)
+    };
+    let verified = MediaId::of_bytes(&png).uuid();
+    assert!(
+        direct(&verified) >= image_end / 16 * 16,
+        "the pinned identity hits"
+    );
+    assert!(
+        direct("reused-client-uuid") < image_end / 16 * 16,
+        "the client's uuid never reached the engine"
+    );
+    let pinned = sidecars[0]
+        .metric("kvmesh_media_parts_total", &[("outcome", "replaced")])
+        .unwrap()
+        .unwrap_or(0.0);
+    assert_eq!(pinned, 1.0, "one client uuid replaced at n0");
+}
