@@ -22,6 +22,8 @@ pub struct NodeSpec {
     /// Extra flags of its engine and of its sidecar.
     pub engine_args: Vec<String>,
     pub sidecar_args: Vec<String>,
+    /// Exact mode: the engine publishes KV events and the sidecar subscribes to them.
+    pub kv_events: bool,
 }
 
 impl NodeSpec {
@@ -33,7 +35,22 @@ impl NodeSpec {
             timing: Timing::Instant,
             engine_args: Vec::new(),
             sidecar_args: Vec::new(),
+            kv_events: false,
         }
+    }
+
+    /// Exact mode: its engine publishes KV events in vLLM's `format` (`array` or `map`) on
+    /// ephemeral ports, and its sidecar subscribes to them.
+    pub fn kv_events(mut self, format: &str) -> Self {
+        self.kv_events = true;
+        self.engine_args(&[
+            "--kv-events",
+            "tcp://127.0.0.1:0",
+            "--kv-events-replay",
+            "tcp://127.0.0.1:0",
+            "--kv-events-format",
+            format,
+        ])
     }
 
     /// Adds flags to its engine's command line.
@@ -117,6 +134,13 @@ impl Cluster {
         let mut config = SidecarConfig::new(&spec.name, &engine.url(), &self.ca).seeds(&seeds);
         for arg in &spec.sidecar_args {
             config = config.arg(arg);
+        }
+        if spec.kv_events {
+            config = config
+                .arg("--kv-events")
+                .arg(&engine.printed_endpoint("kv events on "))
+                .arg("--kv-events-replay")
+                .arg(&engine.printed_endpoint("kv events replay on "));
         }
         let sidecar = adjust(config).start();
         self.nodes.push(Node { engine, sidecar });

@@ -7,17 +7,12 @@
 //!   entry node; the identity the entry pins replaces a client's `uuid`, and the engine files
 //!   the image under it.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use base64::Engine as _;
 use kvmesh_protocol::hashing::MediaId;
-use kvmesh_tests::certs::ClusterCa;
 use kvmesh_tests::openai::served_by;
-use kvmesh_tests::{
-    CONVERGENCE_TIMEOUT, Engine, EngineConfig, Request, Sidecar, SidecarConfig, wait_for,
-    wait_until,
-};
+use kvmesh_tests::{CONVERGENCE_TIMEOUT, Cluster, Engine, NodeSpec, Request, Sidecar, wait_for};
 use serde_json::{Value, json};
 
 const MODEL: &str = "mock-model";
@@ -65,41 +60,26 @@ fn image_chat(png: &[u8], question: &str, uuid: Option<&str>) -> Value {
     })
 }
 
-fn engine_config(i: usize) -> EngineConfig {
-    let format = if i.is_multiple_of(2) { "array" } else { "map" };
-    EngineConfig::new(&format!("engine {i}"), &[MODEL])
-        .arg("--kv-events")
-        .arg("tcp://127.0.0.1:0")
-        .arg("--kv-events-replay")
-        .arg("tcp://127.0.0.1:0")
-        .arg("--kv-events-format")
-        .arg(format)
-        .arg("--seed")
-        .arg(&i.to_string())
-}
-
-fn mesh(ca: &ClusterCa, engines: &[Engine], exact: bool) -> Vec<Sidecar> {
-    let mut sidecars: Vec<Sidecar> = Vec::new();
-    for (i, engine) in engines.iter().enumerate() {
-        let seeds: Vec<SocketAddr> = sidecars.iter().map(Sidecar::mesh_addr).collect();
-        let mut config = SidecarConfig::new(&format!("n{i}"), &engine.url(), ca).seeds(&seeds);
-        if exact {
-            config = config
-                .arg("--kv-events")
-                .arg(&engine.printed_endpoint("kv events on "))
-                .arg("--kv-events-replay")
-                .arg(&engine.printed_endpoint("kv events replay on "))
-                .arg("--media-placeholder-tokens")
-                .arg(PLACEHOLDERS);
-        }
-        sidecars.push(config.start());
-    }
-    wait_until(CONVERGENCE_TIMEOUT, "the mesh to converge", || {
-        sidecars
-            .iter()
-            .all(|s| s.peer_ids().is_ok_and(|peers| peers.len() == NODES - 1))
-    });
-    sidecars
+/// Four nodes; in exact mode their engines publish KV events (two in each of vLLM's shapes)
+/// and their sidecars know the mock's placeholder ids.
+fn cluster(exact: bool) -> Cluster {
+    let specs: Vec<NodeSpec> = (0..NODES)
+        .map(|i| {
+            let spec =
+                NodeSpec::new(&format!("n{i}"), &[MODEL]).engine_args(&["--seed", &i.to_string()]);
+            match exact {
+                true => spec
+                    .kv_events(if i.is_multiple_of(2) { "array" } else { "map" })
+                    .sidecar_args(&["--media-placeholder-tokens", PLACEHOLDERS]),
+                false => spec,
+            }
+        })
+        .collect();
+    let cluster = Cluster::start(&specs);
+    let names: Vec<String> = (0..NODES).map(|i| format!("n{i}")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    cluster.wait_membership(&names, CONVERGENCE_TIMEOUT);
+    cluster
 }
 
 /// `holder`'s matched blocks in `observer`'s `/debug/match` for `body`.
@@ -143,13 +123,13 @@ fn cached_tokens(response: &kvmesh_tests::Response) -> u64 {
 
 #[test]
 fn exact_mode_advertises_an_image_and_another_entry_matches_it() {
-    let ca = ClusterCa::init("multimodal-exact");
-    let engines: Vec<Engine> = (0..NODES).map(|i| engine_config(i).start()).collect();
-    let sidecars = mesh(&ca, &engines, true);
+    let cluster = cluster(true);
+    let engines: Vec<&Engine> = cluster.nodes().iter().map(|n| &n.engine).collect();
+    let sidecars: Vec<&Sidecar> = cluster.nodes().iter().map(|n| &n.sidecar).collect();
     let png = picture(1);
     let first = image_chat(&png, "What colour is the product?", None);
 
-    let ids = tokens(&engines[0], &first);
+    let ids = tokens(engines[0], &first);
     let image_at = ids
         .iter()
         .position(|&t| t == 128_000)
@@ -218,9 +198,9 @@ fn exact_mode_advertises_an_image_and_another_entry_matches_it() {
 
 #[test]
 fn requests_with_the_same_image_meet_its_engine_and_the_pinned_uuid_replaces_the_clients() {
-    let ca = ClusterCa::init("multimodal-text");
-    let engines: Vec<Engine> = (0..NODES).map(|i| engine_config(i).start()).collect();
-    let sidecars = mesh(&ca, &engines, false);
+    let cluster = cluster(false);
+    let engines: Vec<&Engine> = cluster.nodes().iter().map(|n| &n.engine).collect();
+    let sidecars: Vec<&Sidecar> = cluster.nodes().iter().map(|n| &n.sidecar).collect();
     let png = picture(3);
     // A client uuid that names nothing the sidecar verified: it must not reach the engine.
     let first = image_chat(&png, "Describe the stitching.", Some("reused-client-uuid"));
@@ -251,7 +231,7 @@ fn requests_with_the_same_image_meet_its_engine_and_the_pinned_uuid_replaces_the
 
     // The engine filed the image under the verified identity, not the client's uuid: straight
     // to the engine, the verified uuid hits the image's blocks and the client's misses them.
-    let engine = &engines[holder_index];
+    let engine = engines[holder_index];
     let ids = tokens(engine, &first);
     let image_end = ids
         .iter()
