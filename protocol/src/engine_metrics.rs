@@ -8,6 +8,25 @@
 use crate::LoraUse;
 use crate::prometheus_text::{Sample, samples};
 
+/// Weight of a new observation in the load digest's exponentially weighted averages (TTFT,
+/// prefill speed): the node moves them once per engine poll, towards the mean over the
+/// requests the poll saw, and the simulator does the same once per digest.
+pub const EWMA_WEIGHT: f64 = 0.3;
+
+/// The average moved towards `sample`; the first sample (no average yet) is taken as it is. A
+/// sample no digest can carry (not finite, or past `f32`'s range, as from an engine's garbage
+/// counters) leaves it as it was: once infinite the average would turn NaN for good, and every
+/// peer rejects a digest carrying either.
+pub fn ewma(previous: f64, sample: f64) -> f64 {
+    if !sample.is_finite() || sample.abs() > f64::from(f32::MAX) {
+        previous
+    } else if previous <= 0.0 {
+        sample
+    } else {
+        previous + EWMA_WEIGHT * (sample - previous)
+    }
+}
+
 /// What kvmesh reads of one `/metrics` scrape.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct EngineMetrics {
@@ -166,6 +185,18 @@ fn lora_use(sample: &Sample) -> LoraUse {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_sample_no_digest_could_carry_leaves_the_average_alone() {
+        // Found by the engine_metrics fuzz target's neighbourhood: finite counters whose
+        // quotient overflows, or a cast to the digest's f32 that would.
+        for bad in [f64::INFINITY, f64::NAN, 1e300, -1e300] {
+            assert_eq!(ewma(120.0, bad), 120.0, "{bad}");
+            assert_eq!(ewma(0.0, bad), 0.0, "{bad}");
+        }
+        assert_eq!(ewma(0.0, 80.0), 80.0);
+        assert_eq!(ewma(100.0, 200.0), 100.0 + EWMA_WEIGHT * 100.0);
+    }
+
     use super::*;
 
     #[test]

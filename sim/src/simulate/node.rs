@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use kvmesh_protocol::engine_metrics::ewma;
 use kvmesh_protocol::hashing::HASH_VERSION;
 use kvmesh_protocol::index::{IndexChanges, PrefixIndex};
 use kvmesh_protocol::lifecycle::ServingState;
@@ -30,9 +31,6 @@ pub enum EngineEvent {
     },
 }
 
-/// How a node's observed TTFT average moves with each new observation.
-const TTFT_EWMA_WEIGHT: f64 = 0.2;
-
 #[derive(Debug)]
 pub struct SimNode {
     /// `node_key("node-{i}")`, as a real node derives it from its id.
@@ -45,6 +43,8 @@ pub struct SimNode {
     /// Requests submitted in total.
     pub served: u64,
     pub ttft_ewma_ms: f64,
+    /// First tokens since the last digest: (sum of their TTFTs in ms, how many).
+    ttft_since_digest: (f64, u32),
     /// The sidecar's exact count of its engine's queue (the gossiping policies' serving side).
     pub serving: ServingState,
     digest_version: u64,
@@ -76,6 +76,7 @@ impl SimNode {
             inflight: 0,
             served: 0,
             ttft_ewma_ms: 0.0,
+            ttft_since_digest: (0.0, 0),
             serving,
             digest_version: 0,
             last_gossiped: None,
@@ -200,12 +201,10 @@ impl SimNode {
         changes
     }
 
+    /// A first token: counted towards the next digest's TTFT average.
     pub fn observe_ttft(&mut self, ttft_ms: f64) {
-        self.ttft_ewma_ms = if self.ttft_ewma_ms == 0.0 {
-            ttft_ms
-        } else {
-            self.ttft_ewma_ms + TTFT_EWMA_WEIGHT * (ttft_ms - self.ttft_ewma_ms)
-        };
+        self.ttft_since_digest.0 += ttft_ms;
+        self.ttft_since_digest.1 += 1;
     }
 
     /// The engine's gauges as its `/metrics` shows them now.
@@ -221,6 +220,12 @@ impl SimNode {
     /// The digest of the engine's state now, as the sidecar builds it: the serving state's
     /// gauges (the last poll's, with the exact queue).
     pub fn digest(&mut self, now_ns: u64) -> LoadDigest {
+        // As the node's poller: the average moves once per refresh, towards the mean TTFT of
+        // the requests that had their first token since the last one.
+        let (sum, count) = std::mem::take(&mut self.ttft_since_digest);
+        if count > 0 {
+            self.ttft_ewma_ms = ewma(self.ttft_ewma_ms, sum / f64::from(count));
+        }
         let gauges = self.serving.gauges();
         let config = self.engine.config();
         self.digest_version += 1;
