@@ -3,7 +3,7 @@
 
 use kvmesh_protocol::hashing::HASH_VERSION;
 use kvmesh_protocol::lifecycle::{
-    Admission, EntryState, LoadReport, Outcome, PeerInput, Plan, Progress, ServingState,
+    Admission, EntryState, Failure, LoadReport, Outcome, PeerInput, Plan, Progress, ServingState,
 };
 use kvmesh_protocol::route::node_key;
 use kvmesh_protocol::{LoadDigest, Role, RouteConfig, RouteRequest};
@@ -143,9 +143,9 @@ proptest! {
                 let outcome = match answers[outcome_count % answers.len()] {
                     Answer::Start => Outcome::Started((outcome_count % 2 == 0).then(|| report(1))),
                     Answer::Decline => Outcome::Declined(Some(report(5))),
-                    Answer::FailRetryable => Outcome::Failed { retryable: true, timed_out: false },
-                    Answer::FailFinal => Outcome::Failed { retryable: false, timed_out: false },
-                    Answer::TimeOut => Outcome::Failed { retryable: true, timed_out: true },
+                    Answer::FailRetryable => Outcome::Failed(Failure::Retryable),
+                    Answer::FailFinal => Outcome::Failed(Failure::Final),
+                    Answer::TimeOut => Outcome::Failed(Failure::TimedOut),
                 };
                 outcome_count += 1;
                 match outcome {

@@ -5,7 +5,7 @@ use crate::serve::routing::Routed;
 use crate::serve::state::{SharedState, lock};
 use bytes::Bytes;
 use kvmesh_protocol::RouteReason;
-use kvmesh_protocol::lifecycle::{Outcome, Plan, Progress};
+use kvmesh_protocol::lifecycle::{Failure, Outcome, Plan, Progress};
 use kvmesh_protocol::wire::RequestHead;
 
 /// What a leg is, which decides what counts as an answer.
@@ -79,7 +79,7 @@ pub async fn run(
         );
         let mut result = match sent.await {
             Ok(result) => result,
-            Err(_) => Err(AttemptError::timed_out("deadline exceeded")),
+            Err(_) => Err(AttemptError::failed(Failure::TimedOut, "deadline exceeded")),
         };
         unanswered.engine_error = false;
         if let Ok(upstream) = &result
@@ -88,7 +88,12 @@ pub async fn run(
         {
             unanswered.engine_error = true;
             let message = format!("engine answered {} to the {leg:?} leg", upstream.status);
-            result = Err(AttemptError::failed(leg == Leg::Prefill, message));
+            // A failed prefill leg is retried elsewhere; a decode leg reached its engine.
+            let failure = match leg {
+                Leg::Prefill => Failure::Retryable,
+                _ => Failure::Final,
+            };
+            result = Err(AttemptError::failed(failure, message));
         }
         if let Ok(upstream) = &result
             && leg == Leg::Continuation
@@ -96,7 +101,7 @@ pub async fn run(
             && plan.has_next()
         {
             let message = "engine does not store the previous response".to_owned();
-            result = Err(AttemptError::failed(true, message));
+            result = Err(AttemptError::retryable(message));
         }
         let outcome = match &result {
             Ok(upstream) => Outcome::Started(upstream.report),
@@ -133,10 +138,8 @@ pub async fn run(
                 state.metrics.attempts_declined.inc();
                 tracing::debug!(target = name, error = message, "declined");
             }
-            AttemptError::Failed {
-                timed_out, message, ..
-            } => {
-                unanswered.timed_out |= *timed_out;
+            AttemptError::Failed { failure, message } => {
+                unanswered.timed_out |= *failure == Failure::TimedOut;
                 tracing::warn!(target = name, error = message, ?leg, "attempt failed");
                 unanswered.failures.push(format!("{name}: {message}"));
                 if progress == Progress::TryNext {

@@ -8,7 +8,7 @@ use crate::serve::state::AppState;
 use bytes::{Bytes, BytesMut};
 use http::Method;
 use hyper::body::{Body, Incoming};
-use kvmesh_protocol::lifecycle::{Admission, LoadReport, Outcome};
+use kvmesh_protocol::lifecycle::{Admission, Failure, LoadReport, Outcome};
 use kvmesh_protocol::wire::{Frame, FrameDecoder, RequestHead, WireErrorCode};
 use quinn::{RecvStream, SendStream};
 use std::net::SocketAddr;
@@ -63,33 +63,19 @@ pub enum AttemptError {
         report: Option<LoadReport>,
         message: String,
     },
-    /// It failed. `retryable`: it failed before anything was committed to the client and is
-    /// worth trying on the next candidate.
-    Failed {
-        retryable: bool,
-        timed_out: bool,
-        message: String,
-    },
+    /// It failed, in one of the lifecycle's ways.
+    Failed { failure: Failure, message: String },
 }
 
 impl AttemptError {
-    pub fn failed(retryable: bool, message: impl Into<String>) -> Self {
-        Self::Failed {
-            retryable,
-            timed_out: false,
-            message: message.into(),
-        }
+    /// A failure before anything was committed to the client: worth the next candidate.
+    pub fn retryable(message: impl Into<String>) -> Self {
+        Self::failed(Failure::Retryable, message)
     }
 
-    fn retryable(message: impl Into<String>) -> Self {
-        Self::failed(true, message)
-    }
-
-    /// The attempt's deadline passed before a response head.
-    pub fn timed_out(message: impl Into<String>) -> Self {
+    pub fn failed(failure: Failure, message: impl Into<String>) -> Self {
         Self::Failed {
-            retryable: true,
-            timed_out: true,
+            failure,
             message: message.into(),
         }
     }
@@ -104,14 +90,7 @@ impl AttemptError {
     pub fn outcome(&self) -> Outcome {
         match *self {
             Self::Declined { report, .. } => Outcome::Declined(report),
-            Self::Failed {
-                retryable,
-                timed_out,
-                ..
-            } => Outcome::Failed {
-                retryable,
-                timed_out,
-            },
+            Self::Failed { failure, .. } => Outcome::Failed(failure),
         }
     }
 }
@@ -279,13 +258,13 @@ async fn ask_peer(
                         message,
                     });
                 }
-                let retryable = matches!(
-                    error.code,
+                let failure = match error.code {
                     WireErrorCode::EngineUnavailable
-                        | WireErrorCode::NotAccepting
-                        | WireErrorCode::Internal
-                );
-                return Err(AttemptError::failed(retryable, message));
+                    | WireErrorCode::NotAccepting
+                    | WireErrorCode::Internal => Failure::Retryable,
+                    _ => Failure::Final,
+                };
+                return Err(AttemptError::failed(failure, message));
             }
             Ok(Some(other)) => {
                 return Err(AttemptError::retryable(format!(

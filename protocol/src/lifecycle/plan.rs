@@ -69,9 +69,20 @@ pub enum Outcome {
     Started(Option<LoadReport>),
     /// The serving node declined it, with its load.
     Declined(Option<LoadReport>),
-    /// It failed before the response head. `retryable`: nothing reached the engine that makes
-    /// another attempt unsafe or pointless.
-    Failed { retryable: bool, timed_out: bool },
+    /// It failed before the response head.
+    Failed(Failure),
+}
+
+/// How an attempt failed before its response head.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// Nothing reached the engine that makes another attempt unsafe or pointless.
+    Retryable,
+    /// Another attempt is unsafe or pointless (the engine refused the request itself).
+    Final,
+    /// The attempt's deadline passed; retryable, and the request's answer says so if no
+    /// other attempt succeeds.
+    TimedOut,
 }
 
 /// What the request does next.
@@ -319,10 +330,7 @@ impl Plan {
         }
         let outcome = match outcome {
             // A decline the entry did not allow is a fault of the peer: a failure.
-            Outcome::Declined(_) if !sent.may_decline => Outcome::Failed {
-                retryable: true,
-                timed_out: false,
-            },
+            Outcome::Declined(_) if !sent.may_decline => Outcome::Failed(Failure::Retryable),
             other => other,
         };
         match outcome {
@@ -346,14 +354,12 @@ impl Plan {
                 self.declined_ranks.push(sent.rank);
                 self.progress_after(false)
             }
-            Outcome::Failed {
-                retryable,
-                timed_out,
-            } => {
+            Outcome::Failed(failure) => {
                 entry.withdraw_send(sent.key, chain, sent.at_ms);
                 self.failures += 1;
                 self.failed_before = true;
-                if !retryable || self.retries_left == 0 {
+                let timed_out = failure == Failure::TimedOut;
+                if failure == Failure::Final || self.retries_left == 0 {
                     self.next = self.targets.len();
                     return Progress::GaveUp { timed_out };
                 }
@@ -542,10 +548,7 @@ mod tests {
         );
         let second = plan.next_attempt(&mut entry, &chain, 10).unwrap();
         assert_ne!(second.node_key, first.node_key);
-        let failed = Outcome::Failed {
-            retryable: true,
-            timed_out: false,
-        };
+        let failed = Outcome::Failed(Failure::Retryable);
         assert_eq!(
             plan.on_outcome(&mut entry, &chain, failed, 10),
             Progress::TryNext
