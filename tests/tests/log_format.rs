@@ -1,5 +1,6 @@
 //! `--log-format json`: every stderr line of the sidecar is one JSON object, and the events of
-//! a request carry its request_id, the node, the routing reason and the peer it went to.
+//! a request carry its request_id, the node, the routing reason and the peer it went to, on
+//! the entry node and on the node that served it alike.
 
 use kvmesh_tests::process::Pipe;
 use kvmesh_tests::{CONVERGENCE_TIMEOUT, Cluster, NodeSpec, Request, wait_for};
@@ -9,14 +10,17 @@ use serde_json::{Value, json};
 fn json_logs_carry_request_id_node_reason_and_peer() {
     // b also serves `only-b`: a request for it goes from a to b whatever the loads (an idle
     // entry's own engine leads near-equal candidates, so `m` would stay on a).
-    let mut cluster = Cluster::start(&[NodeSpec::new("b", &["m", "only-b"])]);
-    cluster.join_with(&NodeSpec::new("a", &["m"]), |config| {
+    let json_logs = |config: kvmesh_tests::SidecarConfig| {
         config
             .arg("--log-format")
             .arg("json")
-            // The per-attempt "forwarded" event is a debug one.
+            // The per-attempt "forwarded" and the serving side's "engine answered" events are
+            // debug ones.
             .env("RUST_LOG", "info,kvmesh_node=debug")
-    });
+    };
+    let mut cluster = Cluster::empty();
+    cluster.join_with(&NodeSpec::new("b", &["m", "only-b"]), json_logs);
+    cluster.join_with(&NodeSpec::new("a", &["m"]), json_logs);
     cluster.wait_membership(&["a", "b"], CONVERGENCE_TIMEOUT);
 
     // Requests through a until one is served by its peer b.
@@ -65,4 +69,23 @@ fn json_logs_carry_request_id_node_reason_and_peer() {
     assert_eq!(span["peer"], "b", "{forwarded}");
     assert_eq!(span["reason"], reason.as_str(), "{forwarded}");
     assert_eq!(forwarded["level"], "DEBUG", "{forwarded}");
+
+    // The serving node's events carry the same request id, with its own name and the entry's.
+    let lines = cluster
+        .node_mut("b")
+        .sidecar
+        .process()
+        .output_lines(Pipe::Stderr);
+    let answered = lines
+        .iter()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .find(|e| {
+            e["message"] == "engine answered" && e["span"]["request_id"] == request_id.as_str()
+        })
+        .unwrap_or_else(|| panic!("no `engine answered` event of {request_id} at b: {lines:#?}"));
+    let span = &answered["span"];
+    assert_eq!(span["name"], "forwarded", "{answered}");
+    assert_eq!(span["node"], "b", "{answered}");
+    assert_eq!(span["peer"], "a", "{answered}");
+    assert_eq!(span["reason"], reason.as_str(), "{answered}");
 }

@@ -24,6 +24,7 @@ use kvmesh_protocol::wire::{
 use quinn::{RecvStream, SendStream};
 use std::time::Duration;
 use tokio::sync::mpsc;
+use tracing::Instrument as _;
 
 /// How long a peer may take to send a whole request.
 const REQUEST_READ_TIMEOUT: Duration = Duration::from_secs(30);
@@ -32,12 +33,21 @@ const REQUEST_READ_TIMEOUT: Duration = Duration::from_secs(30);
 pub async fn serve_forwards(state: SharedState, mut incoming: mpsc::Receiver<IncomingForward>) {
     while let Some(forward) = incoming.recv().await {
         let state = state.clone();
-        tokio::spawn(async move {
-            let peer = forward.peer_name.clone();
+        // The serving side's span carries what the entry's `request` span carries, so that one
+        // request can be followed across both nodes' logs by its id.
+        let span = tracing::info_span!(
+            "forwarded",
+            request_id = tracing::field::Empty,
+            node = %state.node_name,
+            peer = %forward.peer_name,
+            reason = tracing::field::Empty,
+        );
+        let serve = async move {
             if let Err(why) = handle(&state, forward.send, forward.recv).await {
-                tracing::debug!(%peer, %why, "forwarded request ended early");
+                tracing::debug!(%why, "forwarded request ended early");
             }
-        });
+        };
+        tokio::spawn(serve.instrument(span));
     }
 }
 
@@ -51,7 +61,12 @@ async fn handle(
         read_request(&mut recv, state.config.max_body_bytes),
     );
     let (head, body) = match read.await {
-        Ok(Ok(request)) => request,
+        Ok(Ok(request)) => {
+            let span = tracing::Span::current();
+            span.record("request_id", request.0.request_id.as_str());
+            span.record("reason", request.0.reason.as_str());
+            request
+        }
         Ok(Err((reason, error))) => return refuse_bad(state, &mut send, reason, error).await,
         Err(_) => {
             let error = wire_error(WireErrorCode::BadRequest, "request not received in time");
@@ -129,6 +144,7 @@ async fn handle(
     // hashing the body is not on the request's path.
     let mut to_index = response.status().is_success().then_some(body_for_index);
     let (parts, mut body) = response.into_parts();
+    tracing::debug!(status = parts.status.as_u16(), "engine answered");
     let mut headers = response_headers_from_engine(&parts.headers);
     // The entry relays the engine's length to its client (see `relay`).
     if let Some(length) = body.size_hint().exact() {
