@@ -63,6 +63,7 @@ pub async fn create(state: &AppState, req: Request<Incoming>) -> Result<Response
         lora: r.model.lora.clone(),
         cache_salt: r.cache_salt.clone(),
         kv_transfer: KvTransfer::None,
+        media: Vec::new(),
     };
     if r.stream {
         let (tx, rx) = mpsc::unbounded_channel();
