@@ -7,8 +7,10 @@
 //! prompt order (`_gen_mm_extra_hash_keys`), then `cache_salt` (first block only). So the same
 //! picture at the same place hits, and a different picture with as many placeholders misses
 //! from the first block it overlaps. The same keys, as strings, are the block's
-//! `BlockStored.extra_keys` ([`CacheKey::block_extra_keys`]). The hash is blake3 truncated to its first 8 bytes (little endian); the root
-//! ("parent of the first block") is derived from the engine seed, so, like vLLM with a random
+//! `BlockStored.extra_keys` ([`CacheKey::block_extra_keys`]).
+//!
+//! The hash is blake3 truncated to its first 8 bytes (little endian); the root ("parent of the
+//! first block") is derived from the engine seed, so, like vLLM with a random
 //! `PYTHONHASHSEED`, two engines started with different seeds report different hashes for the
 //! same tokens. Consumers must key on the `token_ids` of KV events, never on these values.
 
