@@ -463,4 +463,52 @@ mod tests {
             assert_eq!(cache.len(Tier::Offload), 1, "{format:?}");
         }
     }
+
+    #[test]
+    fn extra_keys_follow_lora_name_per_block_nil_or_strings() {
+        let stored = |lora: Option<&str>| KvCacheEvent::BlockStored {
+            block_hashes: vec![1, 2, 3],
+            parent_block_hash: None,
+            token_ids: (0..6).collect(),
+            block_size: 2,
+            lora_id: lora.map(|_| 1),
+            lora_name: lora.map(str::to_owned),
+            extra_keys: vec![
+                Some(vec!["img-1".into(), "salt".into()]),
+                Some(vec!["img-1".into()]),
+                None,
+            ],
+        };
+        let expected = Value::Array(vec![
+            Value::Array(vec!["img-1".into(), "salt".into()]),
+            Value::Array(vec!["img-1".into()]),
+            Value::Nil,
+        ]);
+        for lora in [None, Some("ad")] {
+            let name = lora.map_or(Value::Nil, Value::from);
+            let event = encode_event(&stored(lora), KvEventsFormat::Array);
+            let fields = event.as_array().unwrap();
+            assert_eq!(fields.len(), 9, "{lora:?}");
+            assert_eq!(fields[7], name, "lora_name before extra_keys");
+            assert_eq!(fields[8], expected);
+            let event = encode_event(&stored(lora), KvEventsFormat::Map);
+            let get = |k: &str| {
+                event
+                    .as_map()
+                    .unwrap()
+                    .iter()
+                    .find(|(kk, _)| kk.as_str() == Some(k))
+                    .map(|(_, v)| v.clone())
+            };
+            assert_eq!(get("extra_keys"), Some(expected.clone()));
+            assert_eq!(get("lora_name"), Some(name));
+        }
+        // No block with extra keys: the field is left out, as msgspec omits a default.
+        let mut plain = stored(None);
+        if let KvCacheEvent::BlockStored { extra_keys, .. } = &mut plain {
+            *extra_keys = vec![None; 3];
+        }
+        let event = encode_event(&plain, KvEventsFormat::Array);
+        assert_eq!(event.as_array().unwrap().len(), 7);
+    }
 }

@@ -213,3 +213,34 @@ fn stored_blocks_carry_the_identifier_where_the_image_is() {
     }
     assert!(per_block.iter().filter(|k| k.is_some()).count() >= 5);
 }
+
+#[test]
+fn stored_extra_keys_are_lora_then_media_then_salt() {
+    let mut e = Engine::new(cfg(0.0));
+    let mut req = chat(1, image(b"cat", Some("img-1")));
+    req.lora = Some(LoraRef {
+        id: 1,
+        name: "ad".into(),
+    });
+    req.cache_salt = Some("s".into());
+    let item = req.media[0].clone();
+    assert!(item.offset >= BS, "the image starts after block 0");
+    run_one(&mut e, req, Duration::ZERO);
+    let per_block: Vec<Option<Vec<String>>> = e
+        .take_kv_events()
+        .into_iter()
+        .flat_map(|ev| match ev {
+            KvCacheEvent::BlockStored { extra_keys, .. } => extra_keys,
+            _ => Vec::new(),
+        })
+        .collect();
+    let keys = |v: &[&str]| Some(v.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+    assert_eq!(per_block[0], keys(&["ad", "s"]));
+    for (i, k) in per_block.iter().enumerate().skip(1) {
+        if item.overlaps(i * BS, (i + 1) * BS) {
+            assert_eq!(k, &keys(&["ad", "img-1"]), "block {i}");
+        } else {
+            assert_eq!(k, &keys(&["ad"]), "block {i}");
+        }
+    }
+}
