@@ -39,6 +39,11 @@ pub const AUDIO_PLACEHOLDER_TOKEN: u32 = VOCAB_SIZE + 1;
 /// Placeholder token id of a video.
 pub const VIDEO_PLACEHOLDER_TOKEN: u32 = VOCAB_SIZE + 2;
 
+/// Whether `id` is a token the engine knows: in the vocabulary or a media placeholder.
+pub fn is_known_token(id: u32) -> bool {
+    id < VOCAB_SIZE || placeholder_text(id).is_some()
+}
+
 /// What a placeholder id detokenizes to.
 fn placeholder_text(id: u32) -> Option<&'static str> {
     match id {

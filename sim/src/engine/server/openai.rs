@@ -11,7 +11,7 @@ use super::errors::ApiError;
 use crate::engine::model::LoraRef;
 use crate::engine::model::chat_prompt::{ChatPrompt, ChatTurn, ContentPart, render_chat_prompt};
 use crate::engine::model::media::{MediaConfig, MediaItem};
-use crate::engine::model::tokenizer::{VOCAB_SIZE, tokenize};
+use crate::engine::model::tokenizer::{is_known_token, tokenize};
 
 /// A resolved model: its name and the adapter to run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -345,11 +345,12 @@ struct DetokenizeBody {
     tokens: Vec<u32>,
 }
 
-/// Parses a `/detokenize` body into its token ids, each checked against the vocabulary.
+/// Parses a `/detokenize` body into its token ids, each checked against the vocabulary (media
+/// placeholders included: `/tokenize` returns them).
 pub fn parse_detokenize(body: &[u8], models: &Models) -> Result<Vec<u32>, ApiError> {
     let b: DetokenizeBody = serde_json::from_slice(body)?;
     models.resolve(b.model.as_deref())?;
-    if let Some(bad) = b.tokens.iter().find(|&&t| t >= VOCAB_SIZE) {
+    if let Some(bad) = b.tokens.iter().find(|&&t| !is_known_token(t)) {
         return Err(ApiError::bad_param(
             "tokens",
             format!("Token id {bad} is out of vocabulary"),
@@ -509,6 +510,36 @@ mod tests {
         .unwrap();
         assert_eq!(g.prompts[0], tok);
         assert_eq!(tok, tokenize("<|user|>\nhi<|end|>\n<|assistant|>\n"));
+    }
+
+    #[test]
+    fn tokenize_of_a_media_chat_is_the_chat_prompt_placeholders_included() {
+        use crate::engine::model::tokenizer::VIDEO_PLACEHOLDER_TOKEN;
+        let messages = r#"[{"role":"user","content":[{"type":"text","text":"see"},
+            {"type":"video_url","video_url":{"url":"https://x/v.mp4"},"uuid":"v"}]}]"#;
+        let media = MediaConfig {
+            tokens_per_item: Some(9),
+        };
+        let chat = format!(r#"{{"messages":{messages}}}"#);
+        let g = parse_chat_with_media(chat.as_bytes(), &models(), &media).unwrap();
+        let tok = parse_tokenize(chat.as_bytes(), &models(), &media).unwrap();
+        assert_eq!(g.prompts[0], tok);
+        let placeholders = tok
+            .iter()
+            .filter(|&&t| t == VIDEO_PLACEHOLDER_TOKEN)
+            .count();
+        assert_eq!(placeholders, 9);
+        assert_eq!(g.media.len(), 1);
+        assert_eq!(
+            (g.media[0].identifier.as_str(), g.media[0].length),
+            ("v", 9)
+        );
+        assert_eq!(tok[g.media[0].offset], VIDEO_PLACEHOLDER_TOKEN);
+        // `/detokenize` takes back what `/tokenize` gave, and nothing past the placeholders.
+        let body = format!(r#"{{"tokens":{}}}"#, serde_json::to_string(&tok).unwrap());
+        assert_eq!(parse_detokenize(body.as_bytes(), &models()).unwrap(), tok);
+        let e = parse_detokenize(br#"{"tokens":[128003]}"#, &models()).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("tokens"));
     }
 
     #[test]
