@@ -26,6 +26,16 @@ pub struct ChatTurn {
     pub parts: Vec<ContentPart>,
 }
 
+impl ChatTurn {
+    /// A message of plain text.
+    pub fn text(role: &str, text: impl Into<String>) -> Self {
+        Self {
+            role: role.to_owned(),
+            parts: vec![ContentPart::Text(text.into())],
+        }
+    }
+}
+
 /// A rendered chat: what the engine runs and caches.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ChatPrompt {

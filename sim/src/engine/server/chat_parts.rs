@@ -4,7 +4,8 @@
 //! Media parts: `{"type":"image_url","image_url":{"url":U}}` (or `"image_url": U`),
 //! `{"type":"input_audio","input_audio":{"data":B64,"format":F}}` and
 //! `{"type":"video_url","video_url":{"url":U}}`, each with an optional part-level
-//! `"uuid": S`, vLLM's caller-supplied identifier of the item.
+//! `"uuid": S`, vLLM's caller-supplied identifier of the item. The Responses API's
+//! `{"type":"input_image","image_url":U}` is an image too ([`input_image`]).
 
 use serde_json::Value;
 
@@ -41,10 +42,41 @@ pub(super) fn content_part(
             ));
         }
     };
+    media_part(part, modality, source, base_model, media, "messages")
+}
+
+/// A Responses API `input_image` part (`image_url` a URL string).
+pub(super) fn input_image(
+    part: &Value,
+    base_model: &str,
+    media: &MediaConfig,
+) -> Result<ContentPart, ApiError> {
+    let url = url(part, "image_url")
+        .map_err(|_| ApiError::bad_param("input", "content part without `image_url`".to_owned()))?;
+    media_part(
+        part,
+        Modality::Image,
+        MediaSource::Url(url),
+        base_model,
+        media,
+        "input",
+    )
+}
+
+/// The media item of `part`, named by its `uuid` when it has one. `param` names the request
+/// field in errors.
+fn media_part(
+    part: &Value,
+    modality: Modality,
+    source: MediaSource,
+    base_model: &str,
+    media: &MediaConfig,
+    param: &str,
+) -> Result<ContentPart, ApiError> {
     let uuid = match part.get("uuid") {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) => Some(s.clone()),
-        Some(_) => return Err(ApiError::bad_param("messages", "`uuid` must be a string")),
+        Some(_) => return Err(ApiError::bad_param(param, "`uuid` must be a string")),
     };
     let part = MediaPart {
         modality,
