@@ -436,11 +436,14 @@ impl Engine {
             // reports are what it holds when first scheduled.
             seq.cached_tokens.get_or_insert(seq.num_computed as u32);
             let num_new = (seq.tokens.len() - seq.num_computed).min(budget);
-            // Its KV (media included) was pulled: nothing to encode.
+            // The pulled KV holds its media: only items past it are encoded (none after a
+            // whole pull; those past the local hit when a failed pull is recomputed).
+            let encoder = uncached_media_tokens(&seq.req.media, seq.num_computed);
             return if self.try_allocate(id, num_new) {
+                self.stats.media_encoder_tokens += encoder;
                 Admission::Scheduled {
                     tokens: num_new,
-                    encoder: 0,
+                    encoder,
                 }
             } else {
                 Admission::NoRoom

@@ -244,3 +244,25 @@ fn stored_extra_keys_are_lora_then_media_then_salt() {
         }
     }
 }
+
+#[test]
+fn a_decode_leg_encodes_only_what_it_did_not_pull() {
+    for (outcome, encoded) in [(PullOutcome::Loaded, 0), (PullOutcome::Failed, 80)] {
+        let mut e = Engine::new(EngineConfig {
+            kv_load_failure_policy: KvLoadFailurePolicy::Recompute,
+            ..cfg(0.0)
+        });
+        let mut req = chat(1, image(b"cat", None));
+        req.kv_transfer = KvTransfer::RemotePrefill { remote_blocks: 0 };
+        e.submit(req, Duration::ZERO).unwrap();
+        e.advance(Duration::ZERO);
+        let pulls = e.take_pulls();
+        assert_eq!(pulls.len(), 1);
+        assert!(e.finish_pull(1, outcome, Duration::from_millis(1)));
+        while let Some(t) = e.next_event_time() {
+            e.advance(t);
+        }
+        assert!(e.is_idle());
+        assert_eq!(e.stats().media_encoder_tokens, encoded, "{outcome:?}");
+    }
+}
