@@ -3,7 +3,8 @@
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
-use super::model::{EngineConfig, KvLoadFailurePolicy, TimingModel};
+use super::model::timing::encoder_s_per_media_token;
+use super::model::{EngineConfig, KvLoadFailurePolicy, MediaConfig, TimingModel};
 
 /// KV connector of the engine (vLLM's `--kv-transfer-config` `kv_connector`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -104,6 +105,16 @@ pub struct EngineArgs {
     /// Attention cost of prefill, nanoseconds per (token × context token).
     #[arg(long, default_value_t = 1.0)]
     pub attention_ns_per_token_ctx: f64,
+    /// Placeholder tokens of every chat media item (image, audio, video). Default: an image
+    /// sent as a base64 `data:` URL gets one token per 28×28 pixels of its header's size
+    /// (Qwen2-VL's merged patches), anything else 256.
+    #[arg(long)]
+    pub media_tokens_per_item: Option<u32>,
+    /// Multimodal encoder cost, milliseconds per 1000 placeholder tokens of the media items a
+    /// request does not find cached. Default: a third of the prefill cost of as many tokens
+    /// (≈27.8 at the default --prefill-tokens-per-s; see `timing::encoder_s_per_media_token`).
+    #[arg(long)]
+    pub encoder_ms_per_1k_media_tokens: Option<f64>,
     /// Multiplier on every modelled duration (1.0 = real time, 0.1 = ten times faster).
     #[arg(long, default_value_t = 1.0)]
     pub time_scale: f64,
@@ -208,6 +219,16 @@ impl EngineArgs {
                 self.lora_load_ms
             ));
         }
+        if self.media_tokens_per_item == Some(0) {
+            return Err("--media-tokens-per-item must be at least 1".into());
+        }
+        if let Some(ms) = self.encoder_ms_per_1k_media_tokens
+            && !(ms.is_finite() && ms >= 0.0)
+        {
+            return Err(format!(
+                "--encoder-ms-per-1k-media-tokens must be zero or more, got {ms}"
+            ));
+        }
         if self.kv_bytes_per_token == 0 {
             return Err("--kv-bytes-per-token must be at least 1".into());
         }
@@ -231,6 +252,13 @@ impl EngineArgs {
         }
     }
 
+    /// How chat media items are sized.
+    pub fn media_config(&self) -> MediaConfig {
+        MediaConfig {
+            tokens_per_item: self.media_tokens_per_item,
+        }
+    }
+
     /// The engine model configuration these flags describe.
     pub fn engine_config(&self) -> EngineConfig {
         let capacity = self.kv_blocks.saturating_mul(self.block_size);
@@ -251,6 +279,10 @@ impl EngineArgs {
                     / (self.nixl_bandwidth_gb_s.max(1e-9) * 1e9),
                 kv_handshake_s: self.nixl_handshake_ms.max(0.0) / 1e3,
                 lora_load_s: self.lora_load_ms.max(0.0) / 1e3,
+                encoder_s_per_media_token: match self.encoder_ms_per_1k_media_tokens {
+                    Some(ms) => ms.max(0.0) / 1e6,
+                    None => encoder_s_per_media_token(self.prefill_tokens_per_s),
+                },
                 time_scale: self.time_scale.max(0.0),
                 instant: self.instant,
             },

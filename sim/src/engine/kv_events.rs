@@ -6,11 +6,19 @@
 //! `{"ts", "events", "data_parallel_rank"}` with map events (`map`). Events:
 //!
 //! - array: `["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id,
-//!   medium]` (+ `lora_name` when set), `["BlockRemoved", block_hashes, medium]`,
+//!   medium, lora_name, extra_keys]`, `["BlockRemoved", block_hashes, medium]`,
 //!   `["AllBlocksCleared"]`;
 //! - map: `{"type": "BlockStored", "block_hashes", "parent_block_hash", "token_ids",
-//!   "block_size", "lora_id", "medium", "lora_name"}`, `{"type": "BlockRemoved",
+//!   "block_size", "lora_id", "medium", "lora_name", "extra_keys"}`, `{"type": "BlockRemoved",
 //!   "block_hashes", "medium"}`, `{"type": "AllBlocksCleared"}`.
+//!
+//! Like msgspec's `omit_defaults`, trailing fields at their default (`None`) are left out: a
+//! store with neither adapter nor extra keys has 7 positions, and `lora_name` is sent (nil for
+//! the base model) when `extra_keys` follows it. `extra_keys` is vLLM's shape: one entry per
+//! stored block, `nil` for a block without extra keys, otherwise the array of that block's keys
+//! as strings in hash order (LoRA name on every block, then the identifiers of the media items
+//! overlapping the block, then `cache_salt` on the first block of a chain). It is omitted when
+//! no stored block has an extra key.
 //!
 //! Block hashes are u64, `medium` is `"GPU"`, except for the events of the CPU offload tier
 //! (`--kv-offload-blocks`), shaped as vLLM's `OffloadingConnector` sends them: a token-less
@@ -244,6 +252,7 @@ fn encode_event(e: &KvCacheEvent, format: KvEventsFormat) -> Value {
             block_size,
             lora_id,
             lora_name,
+            extra_keys,
         } => {
             let mut f = vec![
                 ("block_hashes", hashes(block_hashes)),
@@ -256,8 +265,13 @@ fn encode_event(e: &KvCacheEvent, format: KvEventsFormat) -> Value {
                 ("lora_id", opt_u64(lora_id.map(u64::from))),
                 ("medium", Value::from("GPU")),
             ];
-            if let Some(name) = lora_name {
-                f.push(("lora_name", Value::from(name.as_str())));
+            let has_extra_keys = extra_keys.iter().any(Option::is_some);
+            if lora_name.is_some() || has_extra_keys {
+                let name = lora_name.as_deref().map_or(Value::Nil, Value::from);
+                f.push(("lora_name", name));
+            }
+            if has_extra_keys {
+                f.push(("extra_keys", encode_extra_keys(extra_keys)));
             }
             ("BlockStored", f)
         }
@@ -302,6 +316,19 @@ fn encode_event(e: &KvCacheEvent, format: KvEventsFormat) -> Value {
     }
 }
 
+/// `extra_keys`: per block, nil or the array of its keys.
+fn encode_extra_keys(per_block: &[Option<Vec<String>>]) -> Value {
+    Value::Array(
+        per_block
+            .iter()
+            .map(|keys| match keys {
+                None => Value::Nil,
+                Some(keys) => Value::Array(keys.iter().map(|k| Value::from(k.as_str())).collect()),
+            })
+            .collect(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -325,6 +352,7 @@ mod tests {
                 block_size: 2,
                 lora_id: None,
                 lora_name: None,
+                extra_keys: vec![None; 2],
             },
             KvCacheEvent::BlockRemoved {
                 block_hashes: vec![7],
@@ -375,6 +403,7 @@ mod tests {
                 block_size: 4,
                 lora_id: None,
                 lora_name: None,
+                extra_keys: vec![None; 2],
             },
             KvCacheEvent::OffloadStored {
                 block_hashes: vec![11, 12],
@@ -433,5 +462,53 @@ mod tests {
             assert_eq!(cache.len(Tier::Gpu), 0, "{format:?}");
             assert_eq!(cache.len(Tier::Offload), 1, "{format:?}");
         }
+    }
+
+    #[test]
+    fn extra_keys_follow_lora_name_per_block_nil_or_strings() {
+        let stored = |lora: Option<&str>| KvCacheEvent::BlockStored {
+            block_hashes: vec![1, 2, 3],
+            parent_block_hash: None,
+            token_ids: (0..6).collect(),
+            block_size: 2,
+            lora_id: lora.map(|_| 1),
+            lora_name: lora.map(str::to_owned),
+            extra_keys: vec![
+                Some(vec!["img-1".into(), "salt".into()]),
+                Some(vec!["img-1".into()]),
+                None,
+            ],
+        };
+        let expected = Value::Array(vec![
+            Value::Array(vec!["img-1".into(), "salt".into()]),
+            Value::Array(vec!["img-1".into()]),
+            Value::Nil,
+        ]);
+        for lora in [None, Some("ad")] {
+            let name = lora.map_or(Value::Nil, Value::from);
+            let event = encode_event(&stored(lora), KvEventsFormat::Array);
+            let fields = event.as_array().unwrap();
+            assert_eq!(fields.len(), 9, "{lora:?}");
+            assert_eq!(fields[7], name, "lora_name before extra_keys");
+            assert_eq!(fields[8], expected);
+            let event = encode_event(&stored(lora), KvEventsFormat::Map);
+            let get = |k: &str| {
+                event
+                    .as_map()
+                    .unwrap()
+                    .iter()
+                    .find(|(kk, _)| kk.as_str() == Some(k))
+                    .map(|(_, v)| v.clone())
+            };
+            assert_eq!(get("extra_keys"), Some(expected.clone()));
+            assert_eq!(get("lora_name"), Some(name));
+        }
+        // No block with extra keys: the field is left out, as msgspec omits a default.
+        let mut plain = stored(None);
+        if let KvCacheEvent::BlockStored { extra_keys, .. } = &mut plain {
+            *extra_keys = vec![None; 3];
+        }
+        let event = encode_event(&plain, KvEventsFormat::Array);
+        assert_eq!(event.as_array().unwrap().len(), 7);
     }
 }

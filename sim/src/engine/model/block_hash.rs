@@ -2,22 +2,93 @@
 //!
 //! Like vLLM, a block's hash covers its parent's hash, its token ids and its extra keys, so a
 //! hash names the block *and everything before it*. Only full blocks are hashed. The extra keys
-//! follow vLLM's order: the LoRA adapter name (every block), then `cache_salt` (first block
-//! only). The hash is blake3 truncated to its first 8 bytes (little endian); the root
-//! ("parent of the first block") is derived from the engine seed, so, like vLLM with a random
+//! follow vLLM's order (`generate_block_hash_extra_keys`): the LoRA adapter name (every
+//! block), then the identifier of every media item whose placeholders overlap the block, in
+//! prompt order (`_gen_mm_extra_hash_keys`), then `cache_salt` (first block only). So the same
+//! picture at the same place hits, and a different picture with as many placeholders misses
+//! from the first block it overlaps. The same keys, as strings, are the block's
+//! `BlockStored.extra_keys` ([`CacheKey::block_extra_keys`]).
+//!
+//! The hash is blake3 truncated to its first 8 bytes (little endian); the root ("parent of the
+//! first block") is derived from the engine seed, so, like vLLM with a random
 //! `PYTHONHASHSEED`, two engines started with different seeds report different hashes for the
 //! same tokens. Consumers must key on the `token_ids` of KV events, never on these values.
+
+use super::media::MediaItem;
 
 /// A block hash as published in KV events (vLLM's default integer form).
 pub type BlockHash = u64;
 
-/// What besides tokens identifies cached KV: the adapter and the cache salt.
+/// What besides tokens identifies cached KV: the adapter, the media and the cache salt.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct CacheKey {
     /// LoRA adapter name; `None` for the base model.
     pub lora: Option<String>,
     /// The request's `cache_salt`; `None` when absent.
     pub cache_salt: Option<String>,
+    /// The prompt's media items, in prompt order.
+    pub media: Vec<MediaItem>,
+}
+
+/// One extra key of a block, by kind (each kind enters the hash under its own tag).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExtraKey<'a> {
+    /// The LoRA adapter's name.
+    Lora(&'a str),
+    /// A media item's identifier.
+    Media(&'a str),
+    /// The cache salt.
+    Salt(&'a str),
+}
+
+impl<'a> ExtraKey<'a> {
+    /// The key as it appears in `BlockStored.extra_keys`.
+    pub fn as_str(self) -> &'a str {
+        match self {
+            Self::Lora(s) | Self::Media(s) | Self::Salt(s) => s,
+        }
+    }
+
+    fn tag(self) -> &'static [u8] {
+        match self {
+            Self::Lora(_) => b"\x01lora",
+            Self::Media(_) => b"\x03mm",
+            Self::Salt(_) => b"\x02salt",
+        }
+    }
+}
+
+impl CacheKey {
+    /// The extra keys of the block at chain position `index` (`block_size` tokens), in vLLM's
+    /// order (see the module docs).
+    pub fn block_extra_keys(
+        &self,
+        index: usize,
+        block_size: usize,
+    ) -> impl Iterator<Item = ExtraKey<'_>> {
+        let (start, end) = (index * block_size, (index + 1) * block_size);
+        let media = self
+            .media
+            .iter()
+            .filter(move |m| m.overlaps(start, end))
+            .map(|m| ExtraKey::Media(&m.identifier));
+        let salt = self.cache_salt.as_deref().filter(|_| index == 0);
+        self.lora
+            .as_deref()
+            .map(ExtraKey::Lora)
+            .into_iter()
+            .chain(media)
+            .chain(salt.map(ExtraKey::Salt))
+    }
+
+    /// The block's `BlockStored.extra_keys` entry: `None` when it has no extra key.
+    pub fn block_extra_key_strings(&self, index: usize, block_size: usize) -> Option<Vec<String>> {
+        let keys: Vec<String> = self
+            .block_extra_keys(index, block_size)
+            .map(|k| k.as_str().to_owned())
+            .collect();
+        (!keys.is_empty()).then_some(keys)
+    }
 }
 
 /// Hashes token blocks in a chain rooted at a per-engine seed.
@@ -63,17 +134,11 @@ impl BlockHasher {
             }
             h.update(&buf[..4 * chunk.len()]);
         }
-        if let Some(lora) = &key.lora {
-            h.update(b"\x01lora");
-            h.update(&(lora.len() as u64).to_le_bytes());
-            h.update(lora.as_bytes());
-        }
-        if index == 0
-            && let Some(salt) = &key.cache_salt
-        {
-            h.update(b"\x02salt");
-            h.update(&(salt.len() as u64).to_le_bytes());
-            h.update(salt.as_bytes());
+        for extra in key.block_extra_keys(index, self.block_size) {
+            let s = extra.as_str();
+            h.update(extra.tag());
+            h.update(&(s.len() as u64).to_le_bytes());
+            h.update(s.as_bytes());
         }
         truncate(h.finalize())
     }
@@ -128,11 +193,11 @@ mod tests {
         let base = chain(&h, &tokens, &CacheKey::default());
         let lora = CacheKey {
             lora: Some("a".into()),
-            cache_salt: None,
+            ..CacheKey::default()
         };
         let salt = CacheKey {
-            lora: None,
             cache_salt: Some("s".into()),
+            ..CacheKey::default()
         };
         assert_ne!(base, chain(&h, &tokens, &lora));
         let salted = chain(&h, &tokens, &salt);
@@ -144,6 +209,55 @@ mod tests {
         assert_ne!(
             base,
             chain(&BlockHasher::new(1, 4), &tokens, &CacheKey::default())
+        );
+    }
+
+    fn image(identifier: &str, offset: usize, length: usize) -> MediaItem {
+        MediaItem {
+            modality: super::super::media::Modality::Image,
+            identifier: identifier.into(),
+            offset,
+            length,
+        }
+    }
+
+    #[test]
+    fn media_keys_the_blocks_it_overlaps_in_vllm_order() {
+        let key = CacheKey {
+            lora: Some("ad".into()),
+            cache_salt: Some("s".into()),
+            media: vec![image("a", 2, 4), image("b", 5, 6)],
+        };
+        let keys = |i| key.block_extra_key_strings(i, 4);
+        assert_eq!(keys(0), Some(vec!["ad".into(), "a".into(), "s".into()]));
+        assert_eq!(keys(1), Some(vec!["ad".into(), "a".into(), "b".into()]));
+        assert_eq!(keys(2), Some(vec!["ad".into(), "b".into()]));
+        assert_eq!(keys(3), Some(vec!["ad".into()]));
+        let plain = CacheKey {
+            media: vec![image("a", 4, 4)],
+            ..CacheKey::default()
+        };
+        assert_eq!(plain.block_extra_key_strings(0, 4), None);
+        assert_eq!(plain.block_extra_key_strings(1, 4), Some(vec!["a".into()]));
+    }
+
+    #[test]
+    fn a_different_item_changes_the_chain_from_its_first_block() {
+        let tokens: Vec<u32> = (0..16).collect();
+        let h = BlockHasher::new(0, 4);
+        let with = |id: &str| CacheKey {
+            media: vec![image(id, 6, 4)],
+            ..CacheKey::default()
+        };
+        let a = chain(&h, &tokens, &with("a"));
+        let b = chain(&h, &tokens, &with("b"));
+        assert_eq!(a, chain(&h, &tokens, &with("a")));
+        assert_eq!(a[0], b[0], "block 0 does not overlap the item");
+        assert!(a[1..].iter().zip(&b[1..]).all(|(x, y)| x != y));
+        assert_eq!(
+            chain(&h, &tokens, &CacheKey::default())[0],
+            a[0],
+            "no extra key, same hash as before media existed"
         );
     }
 }

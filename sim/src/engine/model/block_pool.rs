@@ -33,6 +33,10 @@ pub enum KvCacheEvent {
         lora_id: Option<u32>,
         /// Name of the LoRA adapter (`None` for the base model).
         lora_name: Option<String>,
+        /// Per stored block, its extra keys in hash order (LoRA name, media identifiers,
+        /// cache salt), `None` for a block with none (see
+        /// [`CacheKey::block_extra_keys`](super::block_hash::CacheKey::block_extra_keys)).
+        extra_keys: Vec<Option<Vec<String>>>,
     },
     /// Cached blocks were evicted.
     BlockRemoved {

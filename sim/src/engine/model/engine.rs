@@ -30,6 +30,7 @@ use super::block_pool::{BlockId, BlockPool, KvCacheEvent};
 use super::config::{EngineConfig, EngineGauges};
 use super::lease::Leases;
 use super::lora_slots::LoraSlots;
+use super::media::uncached_media_tokens;
 use super::offload_tier::OffloadTier;
 use super::request::{
     EngineRequest, Finished, KvTransfer, Output, PullRequest, RequestId, SubmitError, validate,
@@ -217,6 +218,7 @@ impl Engine {
         let key = CacheKey {
             lora: req.lora.as_ref().map(|l| l.name.clone()),
             cache_salt: req.cache_salt.clone(),
+            media: req.media.clone(),
         };
         let prompt_key = req
             .prompt
@@ -382,6 +384,7 @@ impl Engine {
         }
         // Adapters in this step's batch, listed on the first waiting request with an adapter.
         let mut batch_loras = None;
+        let mut encoder_tokens = 0;
         let mut i = 0;
         while !preempted
             && budget > 0
@@ -394,11 +397,12 @@ impl Engine {
                 continue;
             }
             match self.admit(id, budget) {
-                Admission::Scheduled(n) => {
+                Admission::Scheduled { tokens, encoder } => {
                     self.waiting.remove(i);
                     self.running.push(id);
-                    plan.push((id, n));
-                    budget -= n;
+                    plan.push((id, tokens));
+                    budget -= tokens;
+                    encoder_tokens += encoder;
                 }
                 Admission::Transferring => {
                     self.waiting.remove(i);
@@ -408,6 +412,7 @@ impl Engine {
         }
         let mut shape = StepShape {
             seqs: plan.len() as u32,
+            encoder_tokens,
             ..Default::default()
         };
         for &(id, n) in &plan {
@@ -431,8 +436,15 @@ impl Engine {
             // reports are what it holds when first scheduled.
             seq.cached_tokens.get_or_insert(seq.num_computed as u32);
             let num_new = (seq.tokens.len() - seq.num_computed).min(budget);
+            // The pulled KV holds its media: only items past it are encoded (none after a
+            // whole pull; those past the local hit when a failed pull is recomputed).
+            let encoder = uncached_media_tokens(&seq.req.media, seq.num_computed);
             return if self.try_allocate(id, num_new) {
-                Admission::Scheduled(num_new)
+                self.stats.media_encoder_tokens += encoder;
+                Admission::Scheduled {
+                    tokens: num_new,
+                    encoder,
+                }
             } else {
                 Admission::NoRoom
             };
@@ -494,7 +506,16 @@ impl Engine {
             return Admission::Transferring;
         }
         seq.cached_tokens.get_or_insert(hit_tokens as u32);
-        Admission::Scheduled(target_tokens - hit_tokens)
+        // The encoder runs once, at admission, over every item not wholly cached (vLLM encodes
+        // an item when its first placeholder is scheduled and keeps the output in its encoder
+        // cache for the later chunks; the mock charges it all to the admitting step). A
+        // preempted request encodes again, as vLLM does once its encoder cache let go.
+        let encoder = uncached_media_tokens(&seq.req.media, hit_tokens);
+        self.stats.media_encoder_tokens += encoder;
+        Admission::Scheduled {
+            tokens: target_tokens - hit_tokens,
+            encoder,
+        }
     }
 
     /// Makes sure `id` has blocks for `num_new` more tokens; all or nothing.
@@ -611,7 +632,11 @@ impl Engine {
 }
 
 enum Admission {
-    Scheduled(usize),
+    /// Runs this step: `tokens` prompt tokens, and `encoder` media tokens through the encoder.
+    Scheduled {
+        tokens: usize,
+        encoder: u64,
+    },
     Transferring,
     NoRoom,
 }
@@ -638,6 +663,9 @@ fn register_blocks(pool: &mut BlockPool, hasher: &BlockHasher, seq: &mut Seq, fu
                     block_size: bs as u32,
                     lora_id: seq.req.lora.as_ref().map(|l| l.id),
                     lora_name: seq.req.lora.as_ref().map(|l| l.name.clone()),
+                    extra_keys: (s..j)
+                        .map(|b| seq.key.block_extra_key_strings(b, bs))
+                        .collect(),
                 });
                 run_start = None;
             }

@@ -146,6 +146,7 @@ mod tests {
             block_size: 4,
             lora_id: None,
             lora_name: None,
+            extra_keys: vec![None; hashes.len()],
         }
     }
 

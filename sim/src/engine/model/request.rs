@@ -2,6 +2,7 @@
 
 use super::block_pool::BlockId;
 use super::config::EngineConfig;
+use super::media::MediaItem;
 use super::stats::FinishReason;
 
 /// Caller-chosen identifier of a request, unique among the requests the engine holds.
@@ -76,6 +77,9 @@ pub struct EngineRequest {
     pub cache_salt: Option<String>,
     /// Disaggregation role of this request.
     pub kv_transfer: KvTransfer,
+    /// Media items of the prompt, in prompt order, each over its run of placeholder tokens in
+    /// `prompt`: they key the blocks they overlap and cost encoder time when not cached.
+    pub media: Vec<MediaItem>,
 }
 
 impl EngineRequest {
@@ -90,6 +94,7 @@ impl EngineRequest {
             lora: None,
             cache_salt: None,
             kv_transfer: KvTransfer::None,
+            media: Vec::new(),
         }
     }
 }

@@ -152,6 +152,9 @@ pub struct EngineStats {
     /// Prefill legs whose lease ran out before a decode engine read them
     /// (`vllm:nixl_num_kv_expired_reqs`).
     pub kv_expired_reqs: u64,
+    /// Placeholder tokens of the media items the encoder ran over (items not wholly cached at
+    /// admission). The mock's own counter; vLLM exports no such metric.
+    pub media_encoder_tokens: u64,
     /// Time to first token, seconds.
     pub ttft: Histogram,
     /// End-to-end latency of finished requests, seconds.
@@ -191,6 +194,7 @@ impl Default for EngineStats {
             external_prefix_cache_queries: 0,
             external_prefix_cache_hits: 0,
             kv_expired_reqs: 0,
+            media_encoder_tokens: 0,
             ttft: Histogram::new(&TTFT_BUCKETS),
             e2e: Histogram::new(&E2E_BUCKETS),
             lora_info: Vec::new(),

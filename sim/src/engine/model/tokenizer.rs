@@ -7,13 +7,52 @@
 //! `ceil(n / 4)` tokens, the same text always gives the same ids, and a text that extends
 //! another (at a 4-byte boundary) extends its token ids. There is no BOS token.
 //!
+//! **Media placeholders.** A media item of a chat prompt (see
+//! [`chat_prompt`](super::chat_prompt)) occupies a run of placeholder tokens whose ids lie
+//! *outside* the pseudo vocabulary, so no text ever produces them:
+//!
+//! | modality | id | constant |
+//! |---|---|---|
+//! | image (`image_url`) | 128000 | [`IMAGE_PLACEHOLDER_TOKEN`] |
+//! | audio (`input_audio`) | 128001 | [`AUDIO_PLACEHOLDER_TOKEN`] |
+//! | video (`video_url`) | 128002 | [`VIDEO_PLACEHOLDER_TOKEN`] |
+//!
+//! A router that reads the engine's token ids (the kvmesh sidecar's
+//! `--media-placeholder-tokens 128000,128001,128002`) recognises media by these ids.
+//!
 //! **Chat template.** Messages are rendered, in order, as
 //! `<|{role}|>\n{content}<|end|>\n`, followed by `<|assistant|>\n` when a generation prompt is
 //! added (the default). Content given as a list of parts contributes its `text` parts in order,
-//! and each image part as `<|image|>{url}`. `/tokenize` with `messages` and the chat endpoint
-//! use this same function, so the token ids `/tokenize` returns are the ids the engine caches.
+//! and each media part as its start marker, its placeholders and its end marker. Text between
+//! media items is tokenized run by run: a media item breaks the 4-byte chunking, as special
+//! tokens do in a real tokenizer. `/tokenize` with `messages` and the chat endpoint use this
+//! same function, so the token ids `/tokenize` returns are the ids the engine caches.
 
 use kvmesh_protocol::mix64;
+
+/// Placeholder token id of an image (see the module docs).
+pub const IMAGE_PLACEHOLDER_TOKEN: u32 = VOCAB_SIZE;
+
+/// Placeholder token id of an audio clip.
+pub const AUDIO_PLACEHOLDER_TOKEN: u32 = VOCAB_SIZE + 1;
+
+/// Placeholder token id of a video.
+pub const VIDEO_PLACEHOLDER_TOKEN: u32 = VOCAB_SIZE + 2;
+
+/// Whether `id` is a token the engine knows: in the vocabulary or a media placeholder.
+pub fn is_known_token(id: u32) -> bool {
+    id < VOCAB_SIZE || placeholder_text(id).is_some()
+}
+
+/// What a placeholder id detokenizes to.
+fn placeholder_text(id: u32) -> Option<&'static str> {
+    match id {
+        IMAGE_PLACEHOLDER_TOKEN => Some("<|image_pad|>"),
+        AUDIO_PLACEHOLDER_TOKEN => Some("<|audio_pad|>"),
+        VIDEO_PLACEHOLDER_TOKEN => Some("<|video_pad|>"),
+        _ => None,
+    }
+}
 
 /// Bytes per token of the pseudo-tokenizer.
 pub const BYTES_PER_TOKEN: usize = 4;
@@ -68,7 +107,7 @@ pub fn detokenize(ids: &[u32]) -> String {
     });
     let mut out = String::with_capacity(ids.len() * BYTES_PER_TOKEN);
     for id in ids {
-        match known.get(id) {
+        match known.get(id).map(String::as_str).or(placeholder_text(*id)) {
             Some(t) => out.push_str(t),
             None => {
                 out.push_str("<|tok");
@@ -99,17 +138,28 @@ pub fn render_chat(messages: &[ChatMessage], add_generation_prompt: bool) -> Str
             + 16,
     );
     for m in messages {
-        out.push_str("<|");
-        out.push_str(&m.role);
-        out.push_str("|>\n");
+        push_turn_start(&mut out, &m.role);
         out.push_str(&m.content);
-        out.push_str("<|end|>\n");
+        out.push_str(TURN_END);
     }
     if add_generation_prompt {
-        out.push_str("<|assistant|>\n");
+        out.push_str(GENERATION_PROMPT);
     }
     out
 }
+
+/// Opens a message of `role` in the chat template.
+pub(crate) fn push_turn_start(out: &mut String, role: &str) {
+    out.push_str("<|");
+    out.push_str(role);
+    out.push_str("|>\n");
+}
+
+/// Closes a message in the chat template.
+pub(crate) const TURN_END: &str = "<|end|>\n";
+
+/// The generation prompt the chat template ends with.
+pub(crate) const GENERATION_PROMPT: &str = "<|assistant|>\n";
 
 #[cfg(test)]
 mod tests {
@@ -156,6 +206,10 @@ mod tests {
         assert_eq!(detokenize(&tokenize(" the fox!")), " the fox!");
         let odd = tokenize("wxyz")[0];
         assert_eq!(detokenize(&[odd]), format!("<|tok{odd}|>"));
+        assert_eq!(
+            detokenize(&[IMAGE_PLACEHOLDER_TOKEN, VIDEO_PLACEHOLDER_TOKEN]),
+            "<|image_pad|><|video_pad|>"
+        );
     }
 
     proptest! {

@@ -26,7 +26,7 @@ use super::responses_api::ResponseStore;
 use super::{http_lora, http_pooling, http_responses};
 use crate::engine::config::KvConnector;
 use crate::engine::model::{
-    EngineConfig, EngineRequest, FinishReason, Finished, KvTransfer, validate,
+    EngineConfig, EngineRequest, FinishReason, Finished, KvTransfer, MediaConfig, validate,
 };
 use crate::engine::nixl::params::{self, Leg};
 use kvmesh_protocol::mix64;
@@ -55,6 +55,8 @@ pub struct AppState {
     pub max_body_bytes: usize,
     /// Report cached tokens in usage.
     pub prompt_tokens_details: bool,
+    /// How chat media items are sized (`--media-tokens-per-item`).
+    pub media: MediaConfig,
     /// Source of request ids.
     pub next_id: AtomicU64,
     /// Process-unique salt of response ids.
@@ -226,7 +228,7 @@ async fn metrics(state: &AppState) -> Result<Response<Body>, ApiError> {
 
 async fn tokenize(state: &AppState, req: Request<Incoming>) -> Result<Response<Body>, ApiError> {
     let (_, body) = read_body(state, req).await?;
-    let tokens = openai::parse_tokenize(&body, &state.models())?;
+    let tokens = openai::parse_tokenize(&body, &state.models(), &state.media)?;
     let body = json!({
         "count": tokens.len(),
         "max_model_len": state.engine.max_model_len,
@@ -244,7 +246,7 @@ async fn generate(
     let (parts, body) = read_body(state, req).await?;
     let generation = match endpoint {
         Endpoint::Completions => openai::parse_completion(&body, &state.models())?,
-        Endpoint::Chat => openai::parse_chat(&body, &state.models())?,
+        Endpoint::Chat => openai::parse_chat_with_media(&body, &state.models(), &state.media)?,
     };
     let leg = match state.connector {
         // vLLM keeps the params on the request, but only a KV connector reads them: without
@@ -472,6 +474,8 @@ fn engine_requests(
             lora: g.model.lora.clone(),
             cache_salt: g.cache_salt.clone(),
             kv_transfer: kv_transfer.clone(),
+            // A chat has one prompt, and only a chat has media.
+            media: g.media.clone(),
         });
     }
     Ok(out)

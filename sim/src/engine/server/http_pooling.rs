@@ -21,7 +21,7 @@ use super::http::{AppState, Done, id_body, json_response, read_body, run_to_end,
 use super::openai::{self, ResolvedModel};
 use super::pooling::{self, PoolingEndpoint};
 use crate::engine::model::tokenizer::detokenize as detokenize_ids;
-use crate::engine::model::{EngineRequest, KvTransfer};
+use crate::engine::model::{EngineRequest, KvTransfer, MediaItem};
 
 /// `/v1/embeddings`, `/pooling` and `/classify`.
 pub async fn pooling(
@@ -30,7 +30,7 @@ pub async fn pooling(
     endpoint: PoolingEndpoint,
 ) -> Result<Response<Body>, ApiError> {
     let (parts, body) = read_body(state, req).await?;
-    let p = pooling::parse_pooling(&body, &state.models(), endpoint)?;
+    let p = pooling::parse_pooling(&body, &state.models(), endpoint, &state.media)?;
     let first_id = state
         .next_id
         .fetch_add(p.prompts.len() as u64, Ordering::Relaxed);
@@ -45,6 +45,7 @@ pub async fn pooling(
                 prompt.clone(),
                 &p.model,
                 &p.cache_salt,
+                &p.media,
             )
         })
         .collect::<Result<Vec<_>, _>>()?;
@@ -81,6 +82,7 @@ pub async fn score(
                 s.prompt(i),
                 &s.model,
                 &s.cache_salt,
+                &[],
             )
         })
         .collect::<Result<Vec<_>, _>>()?;
@@ -118,6 +120,7 @@ fn prefill(
     prompt: Vec<u32>,
     model: &ResolvedModel,
     cache_salt: &Option<String>,
+    media: &[MediaItem],
 ) -> Result<EngineRequest, ApiError> {
     let cfg = &state.engine;
     let limit = cfg
@@ -146,5 +149,6 @@ fn prefill(
         lora: model.lora.clone(),
         cache_salt: cache_salt.clone(),
         kv_transfer: KvTransfer::None,
+        media: media.to_vec(),
     })
 }

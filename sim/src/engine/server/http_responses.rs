@@ -24,16 +24,17 @@ use super::responses;
 use super::responses_api::{
     self, Counts, EventWriter, Meta, ResponseStore, ResponsesRequest, Stored,
 };
-use crate::engine::model::tokenizer::{ChatMessage, render_chat, tokenize};
+use crate::engine::model::chat_prompt::{ChatTurn, render_chat_prompt};
 use crate::engine::model::{EngineRequest, FinishReason, KvTransfer, validate};
 
 /// `POST /v1/responses`.
 pub async fn create(state: &AppState, req: Request<Incoming>) -> Result<Response<Body>, ApiError> {
     let (_, body) = read_body(state, req).await?;
-    let r = responses_api::parse(&body, &state.models())?;
+    let r = responses_api::parse(&body, &state.models(), &state.media)?;
     let prev = responses_api::previous(&state.responses, &r)?;
     let messages = responses_api::conversation(&r, prev.as_ref());
-    let prompt = tokenize(&render_chat(&messages, true));
+    let rendered = render_chat_prompt(&messages, true);
+    let prompt = rendered.tokens;
     let max_model_len = state.engine.max_model_len;
     if prompt.len() >= max_model_len as usize {
         return Err(responses_api::prompt_too_long(prompt.len(), max_model_len));
@@ -63,6 +64,7 @@ pub async fn create(state: &AppState, req: Request<Incoming>) -> Result<Response
         lora: r.model.lora.clone(),
         cache_salt: r.cache_salt.clone(),
         kv_transfer: KvTransfer::None,
+        media: rendered.media,
     };
     if r.stream {
         let (tx, rx) = mpsc::unbounded_channel();
@@ -114,7 +116,7 @@ fn keep(
     store: &ResponseStore,
     r: &ResponsesRequest,
     meta: &Meta,
-    messages: Vec<ChatMessage>,
+    messages: Vec<ChatTurn>,
     output: String,
     body: &serde_json::Value,
 ) {
@@ -136,7 +138,7 @@ struct Streaming {
     store: Arc<ResponseStore>,
     req: ResponsesRequest,
     meta: Meta,
-    messages: Vec<ChatMessage>,
+    messages: Vec<ChatTurn>,
     writer: EventWriter,
     text: String,
     frame: BytesMut,
@@ -191,7 +193,7 @@ fn stream(
     store: Arc<ResponseStore>,
     req: ResponsesRequest,
     meta: Meta,
-    messages: Vec<ChatMessage>,
+    messages: Vec<ChatTurn>,
     rx: mpsc::UnboundedReceiver<TokenEvent>,
 ) -> Response<Body> {
     let mut writer = EventWriter::default();

@@ -1,6 +1,7 @@
 //! The HTTP server of the mock engine (hyper 1).
 
 pub mod body;
+mod chat_parts;
 pub mod driver;
 pub mod errors;
 pub mod http;
@@ -72,6 +73,7 @@ pub fn app_state(
         side_channel: side_channel.map(|a| (a.ip().to_string(), a.port())),
         max_body_bytes: args.max_body_bytes,
         prompt_tokens_details: args.enable_prompt_tokens_details,
+        media: args.media_config(),
         next_id: AtomicU64::new(0),
         id_salt,
         responses: Arc::default(),

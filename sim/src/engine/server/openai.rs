@@ -6,9 +6,12 @@
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::chat_parts::content_part;
 use super::errors::ApiError;
 use crate::engine::model::LoraRef;
-use crate::engine::model::tokenizer::{ChatMessage, VOCAB_SIZE, render_chat, tokenize};
+use crate::engine::model::chat_prompt::{ChatPrompt, ChatTurn, ContentPart, render_chat_prompt};
+use crate::engine::model::media::{MediaConfig, MediaItem};
+use crate::engine::model::tokenizer::{is_known_token, tokenize};
 
 /// A resolved model: its name and the adapter to run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -142,6 +145,9 @@ pub struct Generation {
     pub model: ResolvedModel,
     /// One token-id prompt per choice (a completions batch has several).
     pub prompts: Vec<Vec<u32>>,
+    /// The media items of a chat's prompt (a chat has one prompt), in prompt order; empty
+    /// for completions.
+    pub media: Vec<MediaItem>,
     /// `max_tokens` (or `max_completion_tokens`) as given.
     pub max_tokens: Option<u32>,
     /// `min_tokens`.
@@ -248,7 +254,7 @@ pub fn parse_completion(body: &[u8], models: &Models) -> Result<Generation, ApiE
     finish(
         Endpoint::Completions,
         model,
-        prompts,
+        (prompts, Vec::new()),
         b.max_tokens,
         b.common,
     )
@@ -275,8 +281,18 @@ pub(super) fn prompt_tokens(input: PromptInput, param: &str) -> Result<Vec<Vec<u
     Ok(prompts)
 }
 
-/// Parses a `/v1/chat/completions` body.
+/// Parses a `/v1/chat/completions` body with media sized by default (as without
+/// `--media-tokens-per-item`).
 pub fn parse_chat(body: &[u8], models: &Models) -> Result<Generation, ApiError> {
+    parse_chat_with_media(body, models, &MediaConfig::default())
+}
+
+/// Parses a `/v1/chat/completions` body; `media` sizes its media items.
+pub fn parse_chat_with_media(
+    body: &[u8],
+    models: &Models,
+    media: &MediaConfig,
+) -> Result<Generation, ApiError> {
     let b: ChatBody = serde_json::from_slice(body)?;
     let model = models.resolve(b.model.as_deref())?;
     if b.messages.is_empty() {
@@ -285,27 +301,36 @@ pub fn parse_chat(body: &[u8], models: &Models) -> Result<Generation, ApiError> 
             "messages must not be empty",
         ));
     }
-    let text = render_messages(&b.messages, b.add_generation_prompt.unwrap_or(true))?;
+    let prompt = render_messages(
+        &b.messages,
+        b.add_generation_prompt.unwrap_or(true),
+        models,
+        media,
+    )?;
     let max_tokens = b.max_completion_tokens.or(b.max_tokens);
     finish(
         Endpoint::Chat,
         model,
-        vec![tokenize(&text)],
+        (vec![prompt.tokens], prompt.media),
         max_tokens,
         b.common,
     )
 }
 
-/// Parses a `/tokenize` body into token ids (the same ids the engine caches on).
-pub fn parse_tokenize(body: &[u8], models: &Models) -> Result<Vec<u32>, ApiError> {
+/// Parses a `/tokenize` body into token ids: the same ids the engine caches on, media
+/// placeholders expanded.
+pub fn parse_tokenize(
+    body: &[u8],
+    models: &Models,
+    media: &MediaConfig,
+) -> Result<Vec<u32>, ApiError> {
     let b: TokenizeBody = serde_json::from_slice(body)?;
     models.resolve(b.model.as_deref())?;
     match (b.prompt, b.messages) {
         (Some(p), None) => Ok(tokenize(&p)),
-        (None, Some(m)) => Ok(tokenize(&render_messages(
-            &m,
-            b.add_generation_prompt.unwrap_or(true),
-        )?)),
+        (None, Some(m)) => {
+            Ok(render_messages(&m, b.add_generation_prompt.unwrap_or(true), models, media)?.tokens)
+        }
         _ => Err(ApiError::bad_request(
             "exactly one of `prompt` and `messages` is required",
         )),
@@ -320,11 +345,12 @@ struct DetokenizeBody {
     tokens: Vec<u32>,
 }
 
-/// Parses a `/detokenize` body into its token ids, each checked against the vocabulary.
+/// Parses a `/detokenize` body into its token ids, each checked against the vocabulary (media
+/// placeholders included: `/tokenize` returns them).
 pub fn parse_detokenize(body: &[u8], models: &Models) -> Result<Vec<u32>, ApiError> {
     let b: DetokenizeBody = serde_json::from_slice(body)?;
     models.resolve(b.model.as_deref())?;
-    if let Some(bad) = b.tokens.iter().find(|&&t| t >= VOCAB_SIZE) {
+    if let Some(bad) = b.tokens.iter().find(|&&t| !is_known_token(t)) {
         return Err(ApiError::bad_param(
             "tokens",
             format!("Token id {bad} is out of vocabulary"),
@@ -336,7 +362,7 @@ pub fn parse_detokenize(body: &[u8], models: &Models) -> Result<Vec<u32>, ApiErr
 fn finish(
     endpoint: Endpoint,
     model: ResolvedModel,
-    prompts: Vec<Vec<u32>>,
+    (prompts, media): (Vec<Vec<u32>>, Vec<MediaItem>),
     max_tokens: Option<u32>,
     c: CommonFields,
 ) -> Result<Generation, ApiError> {
@@ -360,6 +386,7 @@ fn finish(
         endpoint,
         model,
         prompts,
+        media,
         max_tokens,
         min_tokens: c.min_tokens.unwrap_or(0),
         ignore_eos: c.ignore_eos.unwrap_or(false),
@@ -386,42 +413,25 @@ fn kv_transfer_params(params: Option<Value>) -> Result<Option<Value>, ApiError> 
     }
 }
 
-/// Renders chat messages with the mock's template (see `tokenizer`).
+/// Renders chat messages with the mock's template (see `tokenizer` and `chat_prompt`).
+/// Media items are named under the base model (the first served name), as vLLM's own media
+/// hash covers `model_config.model` whatever adapter a request runs.
 pub(super) fn render_messages(
     messages: &[MessageBody],
     add_generation_prompt: bool,
-) -> Result<String, ApiError> {
-    let mut out = Vec::with_capacity(messages.len());
+    models: &Models,
+    media: &MediaConfig,
+) -> Result<ChatPrompt, ApiError> {
+    let base_model = &models.served[0];
+    let mut turns = Vec::with_capacity(messages.len());
     for m in messages {
-        let content = match &m.content {
-            None | Some(Value::Null) => String::new(),
-            Some(Value::String(s)) => s.clone(),
-            Some(Value::Array(parts)) => {
-                let mut s = String::new();
-                for part in parts {
-                    match part.get("type").and_then(Value::as_str) {
-                        Some("text") => {
-                            s.push_str(part.get("text").and_then(Value::as_str).unwrap_or(""))
-                        }
-                        Some("image_url") => {
-                            let url = part
-                                .get("image_url")
-                                .and_then(|u| u.get("url"))
-                                .and_then(Value::as_str)
-                                .unwrap_or("");
-                            s.push_str("<|image|>");
-                            s.push_str(url);
-                        }
-                        _ => {
-                            return Err(ApiError::bad_param(
-                                "messages",
-                                "unsupported content part (expected `text` or `image_url`)",
-                            ));
-                        }
-                    }
-                }
-                s
-            }
+        let parts = match &m.content {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::String(s)) => vec![ContentPart::Text(s.clone())],
+            Some(Value::Array(parts)) => parts
+                .iter()
+                .map(|part| content_part(part, base_model, media))
+                .collect::<Result<_, _>>()?,
             Some(_) => {
                 return Err(ApiError::bad_param(
                     "messages",
@@ -429,12 +439,12 @@ pub(super) fn render_messages(
                 ));
             }
         };
-        out.push(ChatMessage {
+        turns.push(ChatTurn {
             role: m.role.clone(),
-            content,
+            parts,
         });
     }
-    Ok(render_chat(&out, add_generation_prompt))
+    Ok(render_chat_prompt(&turns, add_generation_prompt))
 }
 
 #[cfg(test)]
@@ -495,10 +505,41 @@ mod tests {
         let tok = parse_tokenize(
             br#"{"messages":[{"role":"user","content":"hi"}]}"#,
             &models(),
+            &MediaConfig::default(),
         )
         .unwrap();
         assert_eq!(g.prompts[0], tok);
         assert_eq!(tok, tokenize("<|user|>\nhi<|end|>\n<|assistant|>\n"));
+    }
+
+    #[test]
+    fn tokenize_of_a_media_chat_is_the_chat_prompt_placeholders_included() {
+        use crate::engine::model::tokenizer::VIDEO_PLACEHOLDER_TOKEN;
+        let messages = r#"[{"role":"user","content":[{"type":"text","text":"see"},
+            {"type":"video_url","video_url":{"url":"https://x/v.mp4"},"uuid":"v"}]}]"#;
+        let media = MediaConfig {
+            tokens_per_item: Some(9),
+        };
+        let chat = format!(r#"{{"messages":{messages}}}"#);
+        let g = parse_chat_with_media(chat.as_bytes(), &models(), &media).unwrap();
+        let tok = parse_tokenize(chat.as_bytes(), &models(), &media).unwrap();
+        assert_eq!(g.prompts[0], tok);
+        let placeholders = tok
+            .iter()
+            .filter(|&&t| t == VIDEO_PLACEHOLDER_TOKEN)
+            .count();
+        assert_eq!(placeholders, 9);
+        assert_eq!(g.media.len(), 1);
+        assert_eq!(
+            (g.media[0].identifier.as_str(), g.media[0].length),
+            ("v", 9)
+        );
+        assert_eq!(tok[g.media[0].offset], VIDEO_PLACEHOLDER_TOKEN);
+        // `/detokenize` takes back what `/tokenize` gave, and nothing past the placeholders.
+        let body = format!(r#"{{"tokens":{}}}"#, serde_json::to_string(&tok).unwrap());
+        assert_eq!(parse_detokenize(body.as_bytes(), &models()).unwrap(), tok);
+        let e = parse_detokenize(br#"{"tokens":[128003]}"#, &models()).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("tokens"));
     }
 
     #[test]

@@ -17,6 +17,7 @@ use super::errors::ApiError;
 use super::openai::{self, MessageBody, Models, PromptInput, ResolvedModel};
 use super::responses::Usage;
 use super::vectors::{EMBEDDING_DIM, LABELS, class_probs, embedding_with, relevance};
+use crate::engine::model::media::{MediaConfig, MediaItem};
 use crate::engine::model::tokenizer::tokenize;
 
 /// What a pooling request asks the engine to compute for each prompt.
@@ -60,6 +61,8 @@ pub struct PoolingRequest {
     pub model: ResolvedModel,
     /// One prompt per input.
     pub prompts: Vec<Vec<u32>>,
+    /// The media items of a chat's prompt (`messages` make one prompt); empty for `input`.
+    pub media: Vec<MediaItem>,
     /// What to compute.
     pub task: Task,
     /// Vector encoding.
@@ -127,15 +130,16 @@ pub fn parse_pooling(
     body: &[u8],
     models: &Models,
     endpoint: PoolingEndpoint,
+    media: &MediaConfig,
 ) -> Result<PoolingRequest, ApiError> {
     let b: PoolingBody = serde_json::from_slice(body)?;
     let model = models.resolve(b.model.as_deref())?;
-    let prompts = match (b.input, b.messages) {
-        (Some(input), None) => openai::prompt_tokens(input, "input")?,
+    let (prompts, media) = match (b.input, b.messages) {
+        (Some(input), None) => (openai::prompt_tokens(input, "input")?, Vec::new()),
         (None, Some(messages)) if !messages.is_empty() => {
-            let text =
-                openai::render_messages(&messages, b.add_generation_prompt.unwrap_or(false))?;
-            vec![tokenize(&text)]
+            let add_generation_prompt = b.add_generation_prompt.unwrap_or(false);
+            let prompt = openai::render_messages(&messages, add_generation_prompt, models, media)?;
+            (vec![prompt.tokens], prompt.media)
         }
         (None, Some(_)) => {
             return Err(ApiError::bad_param(
@@ -185,6 +189,7 @@ pub fn parse_pooling(
         endpoint,
         model,
         prompts,
+        media,
         task,
         encoding: b.encoding_format.unwrap_or(Encoding::Float),
         dimensions,
@@ -479,6 +484,7 @@ mod tests {
             br#"{"input":"abcd"}"#,
             &models(),
             PoolingEndpoint::Embeddings,
+            &MediaConfig::default(),
         )
         .unwrap();
         assert_eq!(r.prompts, vec![tokenize("abcd")]);
@@ -486,6 +492,7 @@ mod tests {
             br#"{"input":[[1,2],[3]],"encoding_format":"base64","dimensions":4}"#,
             &models(),
             PoolingEndpoint::Embeddings,
+            &MediaConfig::default(),
         )
         .unwrap();
         assert_eq!(r.prompts.len(), 2);
@@ -494,6 +501,7 @@ mod tests {
             br#"{"messages":[{"role":"user","content":"hi"}]}"#,
             &models(),
             PoolingEndpoint::Classify,
+            &MediaConfig::default(),
         )
         .unwrap();
         assert_eq!(r.prompts[0], chat_prompt(&[("user", "hi")], false));
@@ -501,6 +509,7 @@ mod tests {
             br#"{"input":["a","b"],"task":"classify"}"#,
             &models(),
             PoolingEndpoint::Pooling,
+            &MediaConfig::default(),
         )
         .unwrap();
         assert_eq!(r.task, Task::Classify);
@@ -508,7 +517,15 @@ mod tests {
 
     #[test]
     fn pooling_errors() {
-        let e = |b: &[u8]| parse_pooling(b, &models(), PoolingEndpoint::Pooling).unwrap_err();
+        let e = |b: &[u8]| {
+            parse_pooling(
+                b,
+                &models(),
+                PoolingEndpoint::Pooling,
+                &MediaConfig::default(),
+            )
+            .unwrap_err()
+        };
         assert_eq!(e(br#"{"input":"a","model":"zz"}"#).status, 404);
         assert_eq!(e(br#"{"input":[]}"#).param.as_deref(), Some("input"));
         assert_eq!(e(br#"{"input":""}"#).status, 400);

@@ -21,9 +21,11 @@ use http::StatusCode;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::chat_parts::input_image;
 use super::errors::ApiError;
 use super::openai::{Models, ResolvedModel};
-use crate::engine::model::tokenizer::ChatMessage;
+use crate::engine::model::chat_prompt::{ChatTurn, ContentPart};
+use crate::engine::model::media::MediaConfig;
 
 /// Responses kept for `previous_response_id`; the oldest goes first (vLLM keeps every one,
 /// which it warns is a memory leak).
@@ -37,8 +39,8 @@ const INVALID_REQUEST: &str = "invalid_request_error";
 pub struct ResponsesRequest {
     /// Model and adapter.
     pub model: ResolvedModel,
-    /// `input` as chat messages.
-    pub input: Vec<ChatMessage>,
+    /// `input` as chat messages (images as media items).
+    pub input: Vec<ChatTurn>,
     /// `instructions`: the system message of this turn only.
     pub instructions: Option<String>,
     /// `max_output_tokens`.
@@ -100,8 +102,12 @@ struct Body {
     prompt: Option<Value>,
 }
 
-/// Parses a `/v1/responses` body.
-pub fn parse(body: &[u8], models: &Models) -> Result<ResponsesRequest, ApiError> {
+/// Parses a `/v1/responses` body; `media` sizes its images.
+pub fn parse(
+    body: &[u8],
+    models: &Models,
+    media: &MediaConfig,
+) -> Result<ResponsesRequest, ApiError> {
     let b: Body = serde_json::from_slice(body)?;
     let model = models.resolve(b.model.as_deref())?;
     if b.prompt.as_ref().is_some_and(|p| !p.is_null()) {
@@ -131,7 +137,7 @@ pub fn parse(body: &[u8], models: &Models) -> Result<ResponsesRequest, ApiError>
     };
     Ok(ResponsesRequest {
         model,
-        input: input_messages(b.input)?,
+        input: input_messages(b.input, &models.served[0], media)?,
         instructions: b.instructions.filter(|s| !s.is_empty()),
         max_output_tokens,
         stream: b.stream.unwrap_or(false),
@@ -150,13 +156,15 @@ pub fn parse(body: &[u8], models: &Models) -> Result<ResponsesRequest, ApiError>
 /// `input` as messages: a string is one user message; a list holds message items
 /// (`{"role", "content"}`, `type` `"message"` or absent) whose content is a string or a list
 /// of `input_text` / `output_text` / `input_image` parts.
-fn input_messages(input: Value) -> Result<Vec<ChatMessage>, ApiError> {
+/// Images are named under `base_model` and sized by `media`, as chat images are.
+fn input_messages(
+    input: Value,
+    base_model: &str,
+    media: &MediaConfig,
+) -> Result<Vec<ChatTurn>, ApiError> {
     let bad = |m: &str| ApiError::bad_param("input", m.to_owned());
     match input {
-        Value::String(s) => Ok(vec![ChatMessage {
-            role: "user".into(),
-            content: s,
-        }]),
+        Value::String(s) => Ok(vec![ChatTurn::text("user", s)]),
         Value::Array(items) => items
             .iter()
             .map(|item| {
@@ -173,9 +181,9 @@ fn input_messages(input: Value) -> Result<Vec<ChatMessage>, ApiError> {
                     .get("role")
                     .and_then(Value::as_str)
                     .ok_or_else(|| bad("an input message needs a `role`"))?;
-                Ok(ChatMessage {
+                Ok(ChatTurn {
                     role: role.to_owned(),
-                    content: content_text(item.get("content"))?,
+                    parts: content_parts(item.get("content"), base_model, media)?,
                 })
             })
             .collect(),
@@ -183,31 +191,29 @@ fn input_messages(input: Value) -> Result<Vec<ChatMessage>, ApiError> {
     }
 }
 
-fn content_text(content: Option<&Value>) -> Result<String, ApiError> {
+fn content_parts(
+    content: Option<&Value>,
+    base_model: &str,
+    media: &MediaConfig,
+) -> Result<Vec<ContentPart>, ApiError> {
     match content {
-        None | Some(Value::Null) => Ok(String::new()),
-        Some(Value::String(s)) => Ok(s.clone()),
-        Some(Value::Array(parts)) => {
-            let mut s = String::new();
-            for part in parts {
-                match part.get("type").and_then(Value::as_str) {
-                    Some("input_text" | "output_text" | "text") => {
-                        s.push_str(part.get("text").and_then(Value::as_str).unwrap_or(""))
-                    }
-                    Some("input_image") => {
-                        s.push_str("<|image|>");
-                        s.push_str(part.get("image_url").and_then(Value::as_str).unwrap_or(""));
-                    }
-                    _ => {
-                        return Err(ApiError::bad_param(
-                            "input",
-                            "unsupported content part (expected `input_text`, `output_text` or `input_image`)",
-                        ));
-                    }
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::String(s)) => Ok(vec![ContentPart::Text(s.clone())]),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .map(|part| match part.get("type").and_then(Value::as_str) {
+                Some("input_text" | "output_text" | "text") => {
+                    let text = part.get("text").and_then(Value::as_str).unwrap_or("");
+                    Ok(ContentPart::Text(text.to_owned()))
                 }
-            }
-            Ok(s)
-        }
+                Some("input_image") => input_image(part, base_model, media),
+                _ => Err(ApiError::bad_param(
+                    "input",
+                    "unsupported content part (expected `input_text`, `output_text` or \
+                     `input_image`)",
+                )),
+            })
+            .collect(),
         Some(_) => Err(ApiError::bad_param(
             "input",
             "content must be a string or a list of parts",
@@ -220,7 +226,7 @@ fn content_text(content: Option<&Value>) -> Result<String, ApiError> {
 pub struct Stored {
     /// The messages that turn rendered (its system messages included; they are dropped when
     /// continuing, as instructions do not carry over).
-    pub messages: Vec<ChatMessage>,
+    pub messages: Vec<ChatTurn>,
     /// Its output text.
     pub output: String,
     /// The whole response object, for `GET /v1/responses/{id}`.
@@ -287,21 +293,15 @@ pub fn previous(store: &ResponseStore, req: &ResponsesRequest) -> Result<Option<
 /// The conversation this turn renders: its instructions, then the previous turn's messages
 /// less their system ones and its output, then this turn's input. A continued conversation
 /// therefore starts with the previous prompt and answer, whose KV the prefix cache holds.
-pub fn conversation(req: &ResponsesRequest, prev: Option<&Stored>) -> Vec<ChatMessage> {
+pub fn conversation(req: &ResponsesRequest, prev: Option<&Stored>) -> Vec<ChatTurn> {
     let mut messages = Vec::new();
     if let Some(instructions) = &req.instructions {
-        messages.push(ChatMessage {
-            role: "system".into(),
-            content: instructions.clone(),
-        });
+        messages.push(ChatTurn::text("system", instructions.clone()));
     }
     if let Some(prev) = prev {
         messages.extend(prev.messages.iter().filter(|m| m.role != "system").cloned());
         if !prev.output.is_empty() {
-            messages.push(ChatMessage {
-                role: "assistant".into(),
-                content: prev.output.clone(),
-            });
+            messages.push(ChatTurn::text("assistant", prev.output.clone()));
         }
     }
     messages.extend(req.input.iter().cloned());
@@ -514,28 +514,56 @@ mod tests {
 
     #[test]
     fn input_forms_and_defaults() {
-        let r = parse(br#"{"input":"hi","model":"m"}"#, &models()).unwrap();
+        let r = parse(
+            br#"{"input":"hi","model":"m"}"#,
+            &models(),
+            &MediaConfig::default(),
+        )
+        .unwrap();
         assert!(r.store && !r.stream);
-        assert_eq!(
-            r.input,
-            vec![ChatMessage {
-                role: "user".into(),
-                content: "hi".into()
-            }]
-        );
+        assert_eq!(r.input, vec![ChatTurn::text("user", "hi")]);
         let r = parse(
             br#"{"input":[{"role":"developer","content":"be terse"},{"type":"message","role":"user","content":[{"type":"input_text","text":"a"},{"type":"input_text","text":"b"}]}],"store":false}"#,
             &models(),
+            &MediaConfig::default(),
         )
         .unwrap();
         assert!(!r.store);
-        assert_eq!(r.input[1].content, "ab");
+        assert_eq!(
+            r.input[1].parts,
+            [ContentPart::Text("a".into()), ContentPart::Text("b".into())]
+        );
         assert_eq!(r.input[0].role, "developer");
     }
 
     #[test]
+    fn input_image_is_a_media_item() {
+        let media = MediaConfig {
+            tokens_per_item: Some(4),
+        };
+        let r = parse(
+            br#"{"input":[{"role":"user","content":[{"type":"input_text","text":"what?"},
+                {"type":"input_image","image_url":"https://x/a.png","uuid":"u"}]}]}"#,
+            &models(),
+            &media,
+        )
+        .unwrap();
+        match &r.input[0].parts[1] {
+            ContentPart::Media(m) => assert_eq!((m.identifier.as_str(), m.tokens), ("u", 4)),
+            other => panic!("not media: {other:?}"),
+        }
+        let e = parse(
+            br#"{"input":[{"role":"user","content":[{"type":"input_image"}]}]}"#,
+            &models(),
+            &media,
+        )
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("input"));
+    }
+
+    #[test]
     fn errors_have_vllm_shapes() {
-        let e = |b: &[u8]| parse(b, &models()).unwrap_err();
+        let e = |b: &[u8]| parse(b, &models(), &MediaConfig::default()).unwrap_err();
         assert_eq!(e(br#"{"input":"a","model":"x"}"#).status, 404);
         assert_eq!(e(br#"{"model":"m"}"#).status, 400);
         assert_eq!(e(br#"{"input":7}"#).param.as_deref(), Some("input"));
@@ -553,20 +581,31 @@ mod tests {
         let req = parse(
             br#"{"input":"a","previous_response_id":"resp_nope"}"#,
             &models(),
+            &MediaConfig::default(),
         )
         .unwrap();
         let e = previous(&store, &req).unwrap_err();
         assert_eq!(e.status, 404);
         assert_eq!(e.kind(), "invalid_request_error");
         assert_eq!(e.message, "Response with id 'resp_nope' not found.");
-        let req = parse(br#"{"input":"a","previous_response_id":"abc"}"#, &models()).unwrap();
+        let req = parse(
+            br#"{"input":"a","previous_response_id":"abc"}"#,
+            &models(),
+            &MediaConfig::default(),
+        )
+        .unwrap();
         assert_eq!(previous(&store, &req).unwrap_err().status, 400);
     }
 
     #[test]
     fn continuation_prepends_the_stored_turn_without_its_instructions() {
         let store = ResponseStore::default();
-        let first = parse(br#"{"input":"q1","instructions":"sys"}"#, &models()).unwrap();
+        let first = parse(
+            br#"{"input":"q1","instructions":"sys"}"#,
+            &models(),
+            &MediaConfig::default(),
+        )
+        .unwrap();
         let msgs = conversation(&first, None);
         assert_eq!(msgs.len(), 2);
         store.insert(
@@ -580,6 +619,7 @@ mod tests {
         let second = parse(
             br#"{"input":"q2","instructions":"sys","previous_response_id":"resp_a"}"#,
             &models(),
+            &MediaConfig::default(),
         )
         .unwrap();
         let prev = previous(&store, &second).unwrap();
@@ -608,7 +648,12 @@ mod tests {
 
     #[test]
     fn object_and_events() {
-        let req = parse(br#"{"input":"hi","max_output_tokens":2}"#, &models()).unwrap();
+        let req = parse(
+            br#"{"input":"hi","max_output_tokens":2}"#,
+            &models(),
+            &MediaConfig::default(),
+        )
+        .unwrap();
         let counts = Counts {
             input: 3,
             cached: 0,
