@@ -5,7 +5,8 @@
 use base64::Engine as _;
 use kvmesh_protocol::HashConfig;
 use kvmesh_protocol::hashing::{
-    ChainSeed, Endpoint, MediaId, MediaSpan, chain_from_media_tokens, hash_request, pin_media_uuids,
+    ChainSeed, Endpoint, MediaId, MediaSpan, chain_from_media_tokens, hash_request,
+    pin_media_uuids, pin_media_uuids_raw,
 };
 use proptest::prelude::*;
 use serde_json::{Value, json};
@@ -96,6 +97,29 @@ proptest! {
         let mut pinned = original.clone();
         prop_assert_eq!(pin_media_uuids(&mut pinned).pinned, 2);
         prop_assert_eq!(chain(&pinned), chain(&original));
+    }
+
+    #[test]
+    fn the_forwarded_bytes_are_the_pinned_body(
+        texts in texts(), images in images(), pretty in any::<bool>(), client_uuid in any::<bool>(),
+    ) {
+        let mut original = body(&texts, &images);
+        if client_uuid {
+            original["messages"][0]["content"][3]["uuid"] = json!("client-chosen");
+        }
+        let raw = match pretty {
+            true => serde_json::to_vec_pretty(&original).unwrap(),
+            false => serde_json::to_vec(&original).unwrap(),
+        };
+        let mut pinned = original.clone();
+        let (report, bytes) = pin_media_uuids_raw(&raw, &mut pinned);
+        prop_assert_eq!(report.pinned, 2);
+        prop_assert_eq!(report.replaced, u32::from(client_uuid));
+        let forwarded: Value = serde_json::from_slice(&bytes.expect("changed")).unwrap();
+        prop_assert_eq!(&forwarded, &pinned);
+        // Pinned already: nothing to forward but the original.
+        let again = serde_json::to_vec(&pinned).unwrap();
+        prop_assert!(pin_media_uuids_raw(&again, &mut pinned.clone()).1.is_none());
     }
 
     #[test]

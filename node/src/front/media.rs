@@ -7,7 +7,7 @@ use super::errors::ApiError;
 use super::inference::Api;
 use crate::serve::state::SharedState;
 use bytes::Bytes;
-use kvmesh_protocol::hashing::{Endpoint, pin_media_uuids};
+use kvmesh_protocol::hashing::{Endpoint, pin_media_uuids, pin_media_uuids_raw};
 use serde_json::Value;
 
 pub async fn prepare(
@@ -23,11 +23,14 @@ pub async fn prepare(
         Some(fetcher) => fetcher.inline_urls(&mut json, &state.metrics).await,
         None => 0,
     };
+    if inlined == 0 {
+        // The common case: the body's bytes with the new uuids spliced in, not re-encoded.
+        let (report, pinned) = pin_media_uuids_raw(&body, &mut json);
+        state.metrics.media_pinned(&report);
+        return Ok((pinned.map_or(body, Bytes::from), json));
+    }
     let report = pin_media_uuids(&mut json);
     state.metrics.media_pinned(&report);
-    if report.rewritten == 0 && inlined == 0 {
-        return Ok((body, json));
-    }
     let body = serde_json::to_vec(&json).map_err(|e| {
         ApiError::new(
             http::StatusCode::INTERNAL_SERVER_ERROR,

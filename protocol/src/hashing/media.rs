@@ -31,18 +31,16 @@ impl MediaId {
     /// The identity of a reference: a base64 `data:` URL by its decoded bytes, anything else
     /// (a plain URL, or a data URL that does not decode) by its text.
     pub fn of_reference(reference: &str) -> Self {
-        match data_url_bytes(reference) {
-            Some(bytes) => Self::of_bytes(&bytes),
-            None => Self::of_bytes(reference.as_bytes()),
-        }
+        MediaPart::Url(reference)
+            .verified_identity()
+            .unwrap_or_else(|| Self::of_bytes(reference.as_bytes()))
     }
 
     /// The identity of bare base64 (`input_audio.data`); undecodable text by its text.
     pub fn of_base64(data: &str) -> Self {
-        match base64::engine::general_purpose::STANDARD.decode(data.trim()) {
-            Ok(bytes) => Self::of_bytes(&bytes),
-            Err(_) => Self::of_bytes(data.as_bytes()),
-        }
+        MediaPart::Base64(data)
+            .verified_identity()
+            .unwrap_or_else(|| Self::of_bytes(data.as_bytes()))
     }
 
     /// The `uuid` a sidecar writes into a part whose bytes it hashed.
@@ -82,14 +80,31 @@ fn hex_value(digit: u8) -> Option<u8> {
 
 /// The decoded payload of a base64 `data:` URL; `None` for anything else.
 pub fn data_url_bytes(url: &str) -> Option<Vec<u8>> {
-    let rest = url.strip_prefix("data:")?;
-    let (meta, payload) = rest.split_once(',')?;
-    if !meta.ends_with(";base64") {
-        return None;
-    }
     base64::engine::general_purpose::STANDARD
-        .decode(payload.trim())
+        .decode(data_url_payload(url)?.trim())
         .ok()
+}
+
+/// The base64 text of a `data:` URL; `None` for anything else.
+fn data_url_payload(url: &str) -> Option<&str> {
+    let (meta, payload) = url.strip_prefix("data:")?.split_once(',')?;
+    meta.ends_with(";base64").then_some(payload)
+}
+
+/// [`MediaId::of_bytes`] of `base64`'s decoding, decoded in chunks; `None` when it does not
+/// decode. Chunks are whole 4-character groups, so only the last can hold padding, and the
+/// result (and any error) is the whole decode's.
+fn streamed_identity(base64: &str) -> Option<MediaId> {
+    const CHUNK_CHARS: usize = 4096;
+    let mut hasher = blake3::Hasher::new();
+    let mut decoded = [0u8; CHUNK_CHARS / 4 * 3];
+    for chunk in base64.as_bytes().chunks(CHUNK_CHARS) {
+        let n = base64::engine::general_purpose::STANDARD
+            .decode_slice(chunk, &mut decoded)
+            .ok()?;
+        hasher.update(&decoded[..n]);
+    }
+    Some(MediaId(*hasher.finalize().as_bytes()))
 }
 
 /// Where a chat content part keeps its media, if it is a media part.
@@ -123,14 +138,15 @@ impl<'a> MediaPart<'a> {
         }
     }
 
-    /// The item's bytes, when the part carries them (a base64 `data:` URL or audio data).
-    pub fn bytes(self) -> Option<Vec<u8>> {
-        match self {
-            Self::Url(url) => data_url_bytes(url),
-            Self::Base64(data) => base64::engine::general_purpose::STANDARD
-                .decode(data.trim())
-                .ok(),
-        }
+    /// The identity of the item's bytes, when the part carries them (a base64 `data:` URL or
+    /// audio data): decoded a few kilobytes at a time into the hash, never whole, since an
+    /// image's hundreds of kilobytes would cost an allocation and its page faults per request.
+    pub fn verified_identity(self) -> Option<MediaId> {
+        let payload = match self {
+            Self::Url(url) => data_url_payload(url)?,
+            Self::Base64(data) => data,
+        };
+        streamed_identity(payload.trim())
     }
 }
 
@@ -273,6 +289,28 @@ mod tests {
             MediaId::of_reference(&url),
             MediaId::of_bytes(b"\x89PNG fake image")
         );
+    }
+
+    #[test]
+    fn the_streamed_identity_is_the_whole_decodes() {
+        for len in [0, 1, 2, 3, 3071, 3072, 3073, 10_000] {
+            let bytes: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
+            let b64 = base64::engine::general_purpose::STANDARD.encode(&bytes);
+            let url = format!("data:image/png;base64,{b64}");
+            let want = Some(MediaId::of_bytes(&bytes));
+            assert_eq!(MediaPart::Url(&url).verified_identity(), want, "{len}");
+            assert_eq!(MediaPart::Base64(&b64).verified_identity(), want, "{len}");
+        }
+        // Padding inside, a bad character, or not base64 at all: not verified.
+        for bad in ["QQ==QQ==", "QUJD*", "data:image/png,plain"] {
+            assert_eq!(MediaPart::Base64(bad).verified_identity(), None, "{bad}");
+            assert_eq!(
+                data_url_bytes(&format!("data:x;base64,{bad}")),
+                None,
+                "{bad}"
+            );
+        }
+        assert_eq!(MediaPart::Url("https://a/b.png").verified_identity(), None);
     }
 
     #[test]

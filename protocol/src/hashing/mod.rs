@@ -21,6 +21,7 @@ mod chain;
 mod media;
 mod pin;
 mod request;
+mod splice;
 
 pub use chain::{
     ChainBuilder, ChainSeed, MediaSpan, chain_from_media_tokens, chain_from_text,
@@ -30,7 +31,7 @@ pub use media::{
     DEFAULT_MEDIA_TOKENS, MediaId, MediaPart, VERIFIED_UUID_PREFIX, data_url_bytes,
     image_dimensions, media_token_estimate,
 };
-pub use pin::{MOVED_UUID_PREFIX, PinReport, pin_media_uuids};
+pub use pin::{MOVED_UUID_PREFIX, PinReport, pin_media_uuids, pin_media_uuids_raw};
 pub use request::{
     Endpoint, HashError, RequestHashes, hash_request, hash_request_seeded, hash_tokenized,
     hash_tokenized_seeded,

@@ -14,7 +14,8 @@
 //! the client's business as it is with vLLM alone, except that one posing as a verified
 //! identity is moved out of that namespace, so that it can never alias bytes a sidecar hashed.
 
-use super::media::{MediaId, MediaPart, VERIFIED_UUID_PREFIX};
+use super::media::{MediaPart, VERIFIED_UUID_PREFIX};
+use super::splice;
 use serde_json::Value;
 
 /// What pinning changed in one request.
@@ -38,38 +39,66 @@ pub const MOVED_UUID_PREFIX: &str = "client-";
 /// Pins the identity of every media part of a chat body's messages. Bodies of other shapes
 /// (no `messages`, content as a string) are left alone.
 pub fn pin_media_uuids(body: &mut Value) -> PinReport {
+    pin(body).0
+}
+
+/// [`pin_media_uuids`] on `body`, the parse of `raw`, and the bytes to forward: `None` when
+/// nothing changed; `raw` with each new `uuid` spliced into its part when pinning only added
+/// uuids (the common case: re-encoding a body with an image costs more than everything else
+/// the sidecar does with it); else `body` encoded again.
+pub fn pin_media_uuids_raw(raw: &[u8], body: &mut Value) -> (PinReport, Option<Vec<u8>>) {
+    let (report, added) = pin(body);
+    if report.rewritten == 0 {
+        return (report, None);
+    }
+    let only_added = report.replaced == 0 && report.moved == 0;
+    let spliced = only_added
+        .then(|| splice::insert_uuids(raw, &added))
+        .flatten();
+    let bytes = spliced.or_else(|| serde_json::to_vec(body).ok());
+    (report, bytes)
+}
+
+/// Pins `body`; also returns, for each part that had no `uuid` and got one, its ordinal among
+/// all content parts of the messages (in order) and the uuid.
+fn pin(body: &mut Value) -> (PinReport, Vec<(usize, String)>) {
     let mut report = PinReport::default();
+    let mut added = Vec::new();
     let Some(messages) = body.get_mut("messages").and_then(Value::as_array_mut) else {
-        return report;
+        return (report, added);
     };
     let parts = messages
         .iter_mut()
         .filter_map(|message| message.get_mut("content")?.as_array_mut())
         .flatten();
-    for part in parts {
+    for (ordinal, part) in parts.enumerate() {
         let Some(media) = MediaPart::of(part) else {
             continue;
         };
-        let identity = media.bytes().map(|bytes| MediaId::of_bytes(&bytes).uuid());
+        let identity = media.verified_identity().map(|id| id.uuid());
         let Some(object) = part.as_object_mut() else {
             continue;
         };
-        let client = object.get("uuid").and_then(Value::as_str);
+        let client = object.get("uuid");
         match identity {
             Some(uuid) => {
                 report.pinned += 1;
-                if client == Some(uuid.as_str()) {
+                if client.and_then(Value::as_str) == Some(uuid.as_str()) {
                     continue;
                 }
-                if client.is_some() {
-                    report.replaced += 1;
+                match client {
+                    Some(_) => report.replaced += 1,
+                    None => added.push((ordinal, uuid.clone())),
                 }
                 object.insert("uuid".into(), Value::String(uuid));
                 report.rewritten += 1;
             }
             None => {
                 report.unverified += 1;
-                let Some(client) = client.filter(|u| u.starts_with(VERIFIED_UUID_PREFIX)) else {
+                let Some(client) = client
+                    .and_then(Value::as_str)
+                    .filter(|u| u.starts_with(VERIFIED_UUID_PREFIX))
+                else {
                     continue;
                 };
                 let moved = format!("{MOVED_UUID_PREFIX}{client}");
@@ -79,12 +108,13 @@ pub fn pin_media_uuids(body: &mut Value) -> PinReport {
             }
         }
     }
-    report
+    (report, added)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hashing::MediaId;
     use base64::Engine as _;
     use serde_json::json;
 

@@ -10,10 +10,7 @@ use super::canonical_json::write_canonical;
 use super::chain::{
     ChainBuilder, ChainSeed, MediaSpan, chain_from_media_tokens, chain_from_tokens,
 };
-use super::media::{
-    DEFAULT_MEDIA_TOKENS, MediaId, MediaPart, data_url_bytes, data_url_token_estimate,
-    media_token_estimate,
-};
+use super::media::{DEFAULT_MEDIA_TOKENS, MediaId, MediaPart, data_url_token_estimate};
 use super::{BYTES_PER_TOKEN_ESTIMATE, BlockHash, HashConfig, HashMode};
 use serde_json::Value;
 
@@ -402,16 +399,11 @@ fn render_part(part: &Value, builder: &mut ChainBuilder) {
     }
 }
 
-/// The identity of a media reference and its estimated tokens: a data URL's bytes are decoded
-/// once for both; a plain URL is named by its text and assumed a mid-sized picture.
+/// The identity of a media reference and its estimated tokens: a data URL by its bytes (decoded
+/// in chunks into the hash) and its header's size; a plain URL by its text, assumed a
+/// mid-sized picture.
 fn reference_identity(url: &str) -> (MediaId, u32) {
-    match data_url_bytes(url) {
-        Some(bytes) => (
-            MediaId::of_bytes(&bytes),
-            media_token_estimate(&bytes).unwrap_or(DEFAULT_MEDIA_TOKENS),
-        ),
-        None => (MediaId::of_reference(url), DEFAULT_MEDIA_TOKENS),
-    }
+    (MediaId::of_reference(url), data_url_token_estimate(url))
 }
 
 fn push_canonical(value: &Value, builder: &mut ChainBuilder) {
