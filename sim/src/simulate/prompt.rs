@@ -12,10 +12,21 @@
 //! `h_i = H(h_{i-1}, block_i)`. This is the protocol's token-mode chain in shape (each hash
 //! names its whole prefix); the simulator uses a SplitMix-based hash instead of blake3 because
 //! it hashes tens of millions of blocks per run and only needs equality, not wire stability.
+//!
+//! A prompt with pictures (the vision workload) is routed by the chain a kvmesh sidecar
+//! computes in text mode for the very body the load generator sends ([`sidecar_chain`]): the
+//! protocol keys a picture's blocks by its identity and gives it as many blocks as its
+//! estimated tokens fill, which no chain of token ids reproduces. Its engine still sees token
+//! ids ([`crate::workload::Request::tokens`]), the picture as a run unique to it.
 
 pub use crate::workload::segment::{Segment, tokens};
 
+use kvmesh_protocol::hashing::{Endpoint, HashConfig, hash_request};
 use kvmesh_protocol::mix64;
+
+use super::node::MODEL;
+use crate::load::render::{Api, BodySettings};
+use crate::workload::Request;
 
 /// Tokens per KV block (vLLM's default, and the engine model's).
 pub const BLOCK_TOKENS: usize = 16;
@@ -34,6 +45,24 @@ pub fn chain(seed: u64, tokens: &[u32]) -> Vec<u64> {
             prev
         })
         .collect()
+}
+
+/// The chain a kvmesh sidecar hashing in text mode (its default, `HashConfig::default()`)
+/// computes for the body the load generator renders for `request`.
+pub fn sidecar_chain(request: &Request) -> Vec<u64> {
+    let settings = BodySettings {
+        model: MODEL.to_owned(),
+        stream: false,
+        api: Api::Chat,
+    };
+    let (api, body) = settings.body_value(request);
+    let endpoint = match api {
+        Api::Completions => Endpoint::Completions,
+        Api::Chat => Endpoint::ChatCompletions,
+    };
+    hash_request(endpoint, &body, &HashConfig::default())
+        .expect("a rendered body is a valid request")
+        .chain
 }
 
 #[cfg(test)]
