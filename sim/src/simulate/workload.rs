@@ -29,13 +29,7 @@ pub struct SimRequest {
 
 impl SimRequest {
     pub fn prompt_tokens(&self) -> u32 {
-        let text: u32 = self.segments.iter().map(|s| s.tokens).sum();
-        let attached: u32 = self
-            .attachments
-            .iter()
-            .map(|a| a.caption.tokens + a.image.tokens)
-            .sum();
-        text + attached
+        crate::workload::prompt_tokens(&self.segments, &self.attachments) as u32
     }
 
     /// The token ids the engine sees (pictures as their token runs).

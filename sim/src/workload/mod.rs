@@ -46,13 +46,7 @@ impl Request {
     /// Prompt tokens: the segments', the captions' and the pictures' (the chat template adds a
     /// few per message, see [`Form`]).
     pub fn prompt_tokens(&self) -> u64 {
-        let text: u64 = self.segments.iter().map(|s| u64::from(s.tokens)).sum();
-        let attached: u64 = self
-            .attachments
-            .iter()
-            .map(|a| u64::from(a.caption.tokens) + u64::from(a.image.tokens))
-            .sum();
-        text + attached
+        prompt_tokens(&self.segments, &self.attachments)
     }
 
     /// The attachment in message `message` (the segment of that index), if any.
@@ -66,6 +60,16 @@ impl Request {
     pub fn tokens(&self) -> Vec<u32> {
         tokens(&self.segments, &self.attachments)
     }
+}
+
+/// The prompt tokens of `segments` with `attachments` (see [`Request::prompt_tokens`]).
+pub fn prompt_tokens(segments: &[Segment], attachments: &[Attachment]) -> u64 {
+    let text: u64 = segments.iter().map(|s| u64::from(s.tokens)).sum();
+    let attached: u64 = attachments
+        .iter()
+        .map(|a| u64::from(a.caption.tokens) + u64::from(a.image.tokens))
+        .sum();
+    text + attached
 }
 
 /// The token ids of a prompt of `segments` with `attachments` (see [`Request::tokens`]).
