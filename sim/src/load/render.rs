@@ -5,6 +5,10 @@
 //! prompts that share their first segments share their first bytes, and the mock engine's
 //! tokens of a prompt are exactly the simulator's tokens of the same request
 //! (`crate::workload::segment::tokens`).
+//!
+//! A message with an attachment (the vision workload) sends a content array: its caption as a
+//! text part, the picture as an `image_url` part holding a `data:image/png;base64,…` URL, and
+//! its segment as a text part.
 
 use bytes::Bytes;
 use serde_json::json;
@@ -60,7 +64,18 @@ pub struct BodySettings {
 impl BodySettings {
     /// The HTTP request for `request`.
     pub fn render(&self, request: &Request) -> RequestSpec {
-        let max_tokens = request.output_tokens;
+        let (api, body) = self.body_value(request);
+        RequestSpec {
+            api,
+            body: Bytes::from(serde_json::to_vec(&body).expect("JSON values serialize")),
+            session: request.session.map(session_id),
+            input_tokens: request.prompt_tokens(),
+            output_tokens: request.output_tokens,
+        }
+    }
+
+    /// The endpoint and JSON body of `request` (what [`Self::render`] serializes).
+    pub fn body_value(&self, request: &Request) -> (Api, serde_json::Value) {
         let session = request.session.map(session_id);
         let (api, body) = match request.form {
             Form::Prompt => {
@@ -82,7 +97,16 @@ impl BodySettings {
                             i if i % 2 == 1 => "user",
                             _ => "assistant",
                         };
-                        json!({"role": role, "content": segment::text(&[*s])})
+                        let text = segment::text(&[*s]);
+                        let content = match request.attachment(i) {
+                            None => json!(text),
+                            Some(a) => json!([
+                                {"type": "text", "text": segment::text(&[a.caption])},
+                                {"type": "image_url", "image_url": {"url": &*a.image.data_url()}},
+                                {"type": "text", "text": text},
+                            ]),
+                        };
+                        json!({"role": role, "content": content})
                     })
                     .collect();
                 let mut body = json!({"messages": messages});
@@ -93,16 +117,10 @@ impl BodySettings {
                 (Api::Chat, body)
             }
         };
-        RequestSpec {
-            api,
-            body: self.body(body, max_tokens),
-            session,
-            input_tokens: request.prompt_tokens(),
-            output_tokens: max_tokens,
-        }
+        (api, self.with_settings(body, request.output_tokens))
     }
 
-    fn body(&self, mut v: serde_json::Value, max_tokens: u32) -> Bytes {
+    fn with_settings(&self, mut v: serde_json::Value, max_tokens: u32) -> serde_json::Value {
         let obj = v.as_object_mut().expect("constructed as an object");
         obj.insert("model".into(), json!(self.model));
         obj.insert("max_tokens".into(), json!(max_tokens));
@@ -113,6 +131,6 @@ impl BodySettings {
         if self.stream {
             obj.insert("stream_options".into(), json!({"include_usage": true}));
         }
-        Bytes::from(serde_json::to_vec(&v).expect("JSON values serialize"))
+        v
     }
 }

@@ -181,3 +181,47 @@ pub fn stream(args: &SimulateArgs, inputs: &Inputs, nodes: usize) -> RequestStre
         .unwrap_or(DEFAULT_REQUESTS);
     RequestStream::new(inputs.workload.clone(), arrivals, limit, args.seed)
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: SimulateArgs,
+    }
+
+    #[test]
+    fn vision_routes_by_picture_and_caching_policies_hit_more() {
+        // 60 pictures whose sessions cannot all stay cached on every engine of 512 blocks.
+        let flags = "--nodes 4 --workload vision --vision-images 60 --vision-sessions 16 \
+             --requests 240 --rate 12 --kv-blocks 512 --policy round-robin,oracle,kvmesh \
+             --seed 5";
+        let argv = std::iter::once("simulate").chain(flags.split_whitespace());
+        let report = simulate(&Cli::try_parse_from(argv).expect("valid flags").args)
+            .expect("simulation runs");
+        assert_eq!(report.workload, "vision");
+        let result = |name: &str| {
+            report.runs[0]
+                .results
+                .iter()
+                .find(|r| r.policy == name)
+                .expect("every policy ran")
+        };
+        for r in &report.runs[0].results {
+            assert_eq!(r.completed, 240, "{}", r.policy);
+            assert!(r.ttft_s.mean > 0.0);
+        }
+        let (rr, oracle, kvmesh) = (result("round-robin"), result("oracle"), result("kvmesh"));
+        assert!(
+            oracle.hit_rate > rr.hit_rate + 0.1 && kvmesh.hit_rate > rr.hit_rate + 0.1,
+            "hit rates: round-robin {}, oracle {}, kvmesh {}",
+            rr.hit_rate,
+            oracle.hit_rate,
+            kvmesh.hit_rate
+        );
+    }
+}

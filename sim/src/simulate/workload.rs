@@ -5,9 +5,9 @@ use std::sync::Arc;
 
 use kvmesh_protocol::route::node_key;
 
-use super::prompt::Segment;
+use super::prompt::{self, Segment};
 use crate::workload::arrivals::Poisson;
-use crate::workload::{Workload, session_id};
+use crate::workload::{Attachment, Workload, session_id};
 
 /// One request of a run.
 #[derive(Debug, Clone, PartialEq)]
@@ -19,11 +19,22 @@ pub struct SimRequest {
     /// Session key (chat), for soft affinity: the key a sidecar derives from the request's
     /// `x-session-id`.
     pub session: Option<u64>,
+    /// Pictures in the prompt (the vision workload).
+    pub attachments: Vec<Attachment>,
+    /// The chain a kvmesh sidecar computes for the request's body, when the request has
+    /// pictures ([`prompt::sidecar_chain`]); otherwise the router's chain is
+    /// [`prompt::chain`] of the tokens.
+    pub sidecar_chain: Option<Vec<u64>>,
 }
 
 impl SimRequest {
     pub fn prompt_tokens(&self) -> u32 {
-        self.segments.iter().map(|s| s.tokens).sum()
+        crate::workload::prompt_tokens(&self.segments, &self.attachments) as u32
+    }
+
+    /// The token ids the engine sees (pictures as their token runs).
+    pub fn tokens(&self) -> Vec<u32> {
+        crate::workload::tokens(&self.segments, &self.attachments)
     }
 }
 
@@ -89,11 +100,15 @@ impl Iterator for RequestStream {
         };
         self.clock_s = self.clock_s.max(at_s);
         let request = self.workload.request(index);
+        let sidecar_chain =
+            (!request.attachments.is_empty()).then(|| prompt::sidecar_chain(&request));
         Some(SimRequest {
             arrival_ns: (self.clock_s * 1e9) as u64,
-            segments: request.segments,
             output_tokens: request.output_tokens,
             session: request.session.map(|s| node_key(&session_id(s))),
+            segments: request.segments,
+            attachments: request.attachments,
+            sidecar_chain,
         })
     }
 }

@@ -90,6 +90,7 @@ impl Workload for Chat {
             form: Form::Chat,
             output_tokens: output,
             session: Some(session),
+            attachments: Vec::new(),
         }
     }
 }

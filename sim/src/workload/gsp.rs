@@ -65,6 +65,7 @@ impl Workload for Gsp {
             form: Form::Prompt,
             output_tokens: self.args.gsp_output_len.max(1),
             session: None,
+            attachments: Vec::new(),
         }
     }
 }

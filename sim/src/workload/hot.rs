@@ -105,6 +105,7 @@ impl Workload for Hot {
             form: Form::Prompt,
             output_tokens: self.args.hot_output_len.max(1),
             session: None,
+            attachments: Vec::new(),
         }
     }
 }

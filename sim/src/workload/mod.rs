@@ -13,9 +13,13 @@ pub mod arrivals;
 pub mod chat;
 pub mod gsp;
 pub mod hot;
+pub mod image;
+pub mod png;
 pub mod rag;
 pub mod segment;
 pub mod trace;
+pub mod vision;
+pub mod zipf;
 
 use std::sync::Arc;
 
@@ -34,13 +38,65 @@ pub struct Request {
     pub output_tokens: u32,
     /// The conversation it belongs to (see [`session_id`]).
     pub session: Option<u64>,
+    /// Pictures in the prompt ([`Form::Chat`] only), at most one per message.
+    pub attachments: Vec<Attachment>,
 }
 
 impl Request {
-    /// Prompt tokens: the segments' (the chat template adds a few per message, see [`Form`]).
+    /// Prompt tokens: the segments', the captions' and the pictures' (the chat template adds a
+    /// few per message, see [`Form`]).
     pub fn prompt_tokens(&self) -> u64 {
-        self.segments.iter().map(|s| u64::from(s.tokens)).sum()
+        prompt_tokens(&self.segments, &self.attachments)
     }
+
+    /// The attachment in message `message` (the segment of that index), if any.
+    pub fn attachment(&self, message: usize) -> Option<&Attachment> {
+        self.attachments.iter().find(|a| a.message == message)
+    }
+
+    /// The prompt's token ids at the simulator's level: each segment's
+    /// ([`segment::tokens`]), a message with an attachment starting with its caption's and its
+    /// picture's ([`image::Image::token_ids`]).
+    pub fn tokens(&self) -> Vec<u32> {
+        tokens(&self.segments, &self.attachments)
+    }
+}
+
+/// The prompt tokens of `segments` with `attachments` (see [`Request::prompt_tokens`]).
+pub fn prompt_tokens(segments: &[Segment], attachments: &[Attachment]) -> u64 {
+    let text: u64 = segments.iter().map(|s| u64::from(s.tokens)).sum();
+    let attached: u64 = attachments
+        .iter()
+        .map(|a| u64::from(a.caption.tokens) + u64::from(a.image.tokens))
+        .sum();
+    text + attached
+}
+
+/// The token ids of a prompt of `segments` with `attachments` (see [`Request::tokens`]).
+pub fn tokens(segments: &[Segment], attachments: &[Attachment]) -> Vec<u32> {
+    if attachments.is_empty() {
+        return segment::tokens(segments);
+    }
+    let mut out = Vec::new();
+    for (i, s) in segments.iter().enumerate() {
+        if let Some(a) = attachments.iter().find(|a| a.message == i) {
+            out.extend(segment::tokens(&[a.caption]));
+            out.extend(a.image.token_ids());
+        }
+        out.extend(segment::tokens(&[*s]));
+    }
+    out
+}
+
+/// A picture inside a chat message: message `message` (segment `message`'s) sends the parts
+/// `[text: caption][picture][text: the segment]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attachment {
+    /// The message (its segment's index).
+    pub message: usize,
+    /// The text ahead of the picture.
+    pub caption: Segment,
+    pub image: Arc<image::Image>,
 }
 
 /// How a request's segments are sent.
@@ -51,6 +107,7 @@ pub enum Form {
     /// A conversation, one message per segment: the system prompt, then user and assistant
     /// messages in turn, ending with a user message. The engine renders them with its chat
     /// template, which adds a few tokens around each message that the simulator leaves out.
+    /// A message with an [`Attachment`] also holds a caption and a picture.
     Chat,
 }
 
@@ -89,6 +146,8 @@ pub enum WorkloadKind {
     Hot,
     /// Trace replay (Mooncake JSONL or Azure CSV).
     Trace,
+    /// Multi-turn sessions about Zipf-popular pictures (real PNGs, sent as data URLs).
+    Vision,
 }
 
 impl WorkloadKind {
@@ -101,6 +160,7 @@ impl WorkloadKind {
             WorkloadKind::RagPressure => "rag-pressure",
             WorkloadKind::Hot => "hot",
             WorkloadKind::Trace => "trace",
+            WorkloadKind::Vision => "vision",
         }
     }
 
@@ -126,6 +186,8 @@ pub struct WorkloadArgs {
     pub hot: hot::HotArgs,
     #[command(flatten)]
     pub trace: trace::TraceArgs,
+    #[command(flatten)]
+    pub vision: vision::VisionArgs,
 }
 
 impl WorkloadArgs {
@@ -150,6 +212,7 @@ impl WorkloadArgs {
             WorkloadKind::Rag => Arc::new(rag::Rag::new(self.rag.clone(), seed)),
             WorkloadKind::RagPressure => Arc::new(rag::Rag::new(rag::PRESSURE, seed)),
             WorkloadKind::Hot => Arc::new(hot::Hot::new(self.hot.clone(), seed)),
+            WorkloadKind::Vision => Arc::new(vision::Vision::new(self.vision.clone(), seed)),
             WorkloadKind::Trace => {
                 let entries = trace::load(&self.trace.path())?;
                 Arc::new(trace::Trace::new(entries, self.trace.clone(), seed))

@@ -7,6 +7,7 @@
 //! [`PRESSURE`] is the cache-pressure preset (`--workload rag-pressure`), made for engines of
 //! [`PRESSURE_KV_BLOCKS`] KV blocks.
 
+use super::zipf::Zipf;
 use super::{Form, Request, Segment, Workload, key};
 use crate::rng::SplitMix64;
 
@@ -67,35 +68,29 @@ pub const PRESSURE_KV_BLOCKS: u32 = 640;
 pub struct Rag {
     args: RagArgs,
     seed: u64,
-    cdf: Vec<f64>,
+    popularity: Zipf,
 }
 
 impl Rag {
     /// Builds the workload (precomputes the Zipf CDF).
     pub fn new(args: RagArgs, seed: u64) -> Self {
-        let n = args.rag_docs.max(1) as usize;
-        let mut cdf = Vec::with_capacity(n);
-        let mut acc = 0.0;
-        for rank in 1..=n {
-            acc += 1.0 / (rank as f64).powf(args.rag_zipf);
-            cdf.push(acc);
+        let popularity = Zipf::new(args.rag_docs, args.rag_zipf);
+        Self {
+            args,
+            seed,
+            popularity,
         }
-        for c in &mut cdf {
-            *c /= acc;
-        }
-        Self { args, seed, cdf }
     }
 
     /// The documents of request `index`, in prompt order.
     pub fn documents(&self, index: u64) -> Vec<u32> {
         let mut rng = SplitMix64::new(key(self.seed, &[3, index]));
-        let k = (self.args.rag_k as usize).min(self.cdf.len());
+        let k = (self.args.rag_k as usize).min(self.popularity.len());
         let mut docs = Vec::with_capacity(k);
         let mut attempts = 0;
         while docs.len() < k && attempts < 64 * k {
             attempts += 1;
-            let u = rng.next_f64();
-            let d = self.cdf.partition_point(|&c| c < u).min(self.cdf.len() - 1) as u32;
+            let d = self.popularity.pick(rng.next_f64());
             if !docs.contains(&d) {
                 docs.push(d);
             }
@@ -128,6 +123,7 @@ impl Workload for Rag {
             form: Form::Prompt,
             output_tokens: self.args.rag_output_len.max(1),
             session: None,
+            attachments: Vec::new(),
         }
     }
 }

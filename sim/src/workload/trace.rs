@@ -269,6 +269,7 @@ impl Workload for Trace {
             form: Form::Prompt,
             output_tokens: output.max(1),
             session: None,
+            attachments: Vec::new(),
         }
     }
 

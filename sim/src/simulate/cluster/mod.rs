@@ -278,13 +278,16 @@ impl<'c> Sim<'c> {
             arrival_ns: now,
             ..Record::default()
         });
-        let tokens = prompt::tokens(&request.segments);
+        let tokens = request.tokens();
         let output_tokens = request.output_tokens.max(1);
         if validate(&self.config.engine, tokens.len(), output_tokens).is_err() {
             self.rejected += 1;
             return None;
         }
-        let chain = prompt::chain(self.config.seed, &tokens);
+        let chain = match &request.sidecar_chain {
+            Some(chain) => chain.clone(),
+            None => prompt::chain(self.config.seed, &tokens),
+        };
         let entries = self.config.entry_nodes.clamp(1, self.nodes.len());
         let entry = self.rng.below(entries as u64) as u32;
         Some(Prepared {
