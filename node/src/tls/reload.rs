@@ -1,0 +1,207 @@
+//! Reloading the TLS material when its files change, and on SIGHUP.
+//!
+//! The files are polled (every [`TlsReload::interval`], 2 s by default): each poll reads
+//! them and compares a hash of their contents with the last one loaded. Polling rather than
+//! inotify because the ways certificates are rotated defeat file watches: Kubernetes
+//! updates a mounted Secret by swapping a symlink to a new directory (a watch on the file sees
+//! nothing), cert-manager and `mv` replace files by rename, and network filesystems send no
+//! events at all. Reading four small files every few seconds costs nothing measurable, needs
+//! no new dependency, and a SIGHUP reloads at once for who cannot wait.
+//!
+//! A change is loaded after a short settle delay (a writer that replaces the certificate and
+//! then the key is usually done by then). A load that fails — unreadable files, a key that
+//! does not match the certificate, an invalid CA — keeps the current material, logs at error
+//! level and counts `kvmesh_tls_reloads_total{outcome="failed"}`; the same contents are not
+//! tried again until they change (or SIGHUP), so a half-written rotation is loaded as soon
+//! as its second file lands.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use super::live::{LiveTls, Material};
+use super::{TlsError, TlsSource};
+
+/// Default period of the file poll.
+pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(2);
+/// Wait between seeing a change and loading it.
+const SETTLE: Duration = Duration::from_millis(100);
+/// Below this much validity left, every load warns about the node's own certificate.
+const EXPIRY_WARNING: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// What to reload and how often.
+#[derive(Debug, Clone)]
+pub struct TlsReload {
+    pub source: TlsSource,
+    pub interval: Duration,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabel {
+    outcome: &'static str,
+}
+
+/// `kvmesh_tls_reloads_total{outcome="ok|failed"}` and the expiry of this node's certificate.
+#[derive(Debug, Clone, Default)]
+pub struct TlsMetrics {
+    reloads: Family<OutcomeLabel, Counter>,
+    /// Unix time at which this node's current certificate expires.
+    pub cert_expiry: Gauge,
+}
+
+impl TlsMetrics {
+    pub fn register(&self, registry: &mut Registry) {
+        let registry = registry.sub_registry_with_prefix("kvmesh_tls");
+        registry.register(
+            "reloads",
+            "Reloads of this node's certificate, key, CA bundle and CRLs, by outcome (ok, failed)",
+            self.reloads.clone(),
+        );
+        registry.register(
+            "certificate_expiry_timestamp_seconds",
+            "Unix time at which this node's current certificate expires",
+            self.cert_expiry.clone(),
+        );
+        for outcome in ["ok", "failed"] {
+            let _ = self.reloads.get_or_create(&OutcomeLabel { outcome });
+        }
+    }
+
+    pub fn reloads(&self, outcome: &'static str) -> u64 {
+        self.reloads.get_or_create(&OutcomeLabel { outcome }).get()
+    }
+
+    /// Records the material now in use.
+    pub fn loaded(&self, material: &Material) {
+        self.cert_expiry
+            .set(material.not_after.as_secs().try_into().unwrap_or(i64::MAX));
+    }
+}
+
+/// Polls the files of `reload.source` and replaces `live`'s material when they change or on
+/// SIGHUP; runs until aborted.
+pub async fn reload_loop(live: Arc<LiveTls>, reload: TlsReload, metrics: TlsMetrics) {
+    let files = reload.source.files();
+    metrics.loaded(&live.current());
+    warn_if_expiring(&live.current());
+    let mut seen = fingerprint(&files);
+    let mut hangups = hangups();
+    let mut ticker = tokio::time::interval(reload.interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let forced = tokio::select! {
+            _ = ticker.tick() => false,
+            Some(()) = next_hangup(&mut hangups) => true,
+        };
+        let mut now = fingerprint(&files);
+        if !forced && now == seen {
+            continue;
+        }
+        if !forced {
+            tokio::time::sleep(SETTLE).await;
+            now = fingerprint(&files);
+        }
+        seen = now;
+        let started = Instant::now();
+        let why = if forced { "SIGHUP" } else { "files changed" };
+        match load(&live, &reload.source) {
+            Ok(material) => {
+                metrics.reloads.get_or_create(&OutcomeLabel { outcome: "ok" }).inc();
+                metrics.loaded(&material);
+                tracing::info!(
+                    node = %material.name,
+                    reason = why,
+                    cas = material.cas,
+                    crls = material.crls,
+                    took_us = started.elapsed().as_micros() as u64,
+                    "TLS material reloaded; new handshakes use it"
+                );
+                warn_if_expiring(&material);
+            }
+            Err(err) => {
+                metrics
+                    .reloads
+                    .get_or_create(&OutcomeLabel { outcome: "failed" })
+                    .inc();
+                tracing::error!(
+                    reason = why,
+                    error = %err,
+                    "TLS reload failed; keeping the current certificate, key, CAs and CRLs"
+                );
+            }
+        }
+    }
+}
+
+fn load(live: &LiveTls, source: &TlsSource) -> Result<Arc<Material>, TlsError> {
+    live.replace(source.load()?)
+}
+
+fn warn_if_expiring(material: &Material) {
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default();
+    let not_after = Duration::from_secs(material.not_after.as_secs());
+    if not_after <= now {
+        tracing::error!(node = %material.name, "this node's certificate has expired: peers refuse it");
+    } else if not_after - now < EXPIRY_WARNING {
+        let hours_left = (not_after - now).as_secs() / 3600;
+        tracing::warn!(node = %material.name, hours_left, "this node's certificate expires soon");
+    }
+}
+
+/// A hash of the files' contents (a missing file hashes as such): equal hashes, same material.
+fn fingerprint(files: &[PathBuf]) -> blake3::Hash {
+    let mut hasher = blake3::Hasher::new();
+    for file in files {
+        match std::fs::read(file) {
+            Ok(bytes) => {
+                hasher.update(&(bytes.len() as u64).to_le_bytes());
+                hasher.update(&bytes);
+            }
+            Err(err) => {
+                hasher.update(&u64::MAX.to_le_bytes());
+                hasher.update(err.kind().to_string().as_bytes());
+            }
+        }
+    }
+    hasher.finalize()
+}
+
+#[cfg(unix)]
+type Hangups = Option<tokio::signal::unix::Signal>;
+#[cfg(not(unix))]
+type Hangups = Option<()>;
+
+#[cfg(unix)]
+fn hangups() -> Hangups {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::hangup()) {
+        Ok(signal) => Some(signal),
+        Err(err) => {
+            tracing::warn!(error = %err, "cannot listen for SIGHUP; TLS files are still polled");
+            None
+        }
+    }
+}
+
+#[cfg(not(unix))]
+fn hangups() -> Hangups {
+    None
+}
+
+/// The next SIGHUP; never, without a handler.
+async fn next_hangup(hangups: &mut Hangups) -> Option<()> {
+    #[cfg(unix)]
+    if let Some(signal) = hangups {
+        return signal.recv().await;
+    }
+    let _ = hangups;
+    std::future::pending().await
+}
