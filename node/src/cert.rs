@@ -110,9 +110,13 @@ pub fn init_ca(dir: &Path, cluster_id: &str, validity: Duration) -> Result<CaPat
     let mut params = CertificateParams::default();
     let mut dn = DistinguishedName::new();
     dn.push(DnType::OrganizationName, "kvmesh");
+    // The key's fingerprint makes every CA's name its own: a second CA of the same cluster
+    // (a CA rotation) must not pass for the first, whose certificates and CRLs verifiers find
+    // by issuer name.
+    let fingerprint = blake3::hash(key.public_key_raw()).to_hex();
     dn.push(
         DnType::CommonName,
-        format!("kvmesh cluster CA {cluster_id}"),
+        format!("kvmesh cluster CA {cluster_id} {}", &fingerprint[..16]),
     );
     params.distinguished_name = dn;
     params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));

@@ -127,6 +127,17 @@ impl Material {
     }
 }
 
+impl fmt::Debug for Material {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Material")
+            .field("name", &self.name)
+            .field("not_after", &self.not_after.as_secs())
+            .field("cas", &self.cas)
+            .field("crls", &self.crls)
+            .finish_non_exhaustive()
+    }
+}
+
 /// The current [`Material`], swapped on reload; see the module documentation.
 pub struct LiveTls {
     current: RwLock<Arc<Material>>,
