@@ -221,10 +221,7 @@ pub fn trust_ca(bundle: &Path, ca: &Path) -> Result<usize, CertError> {
             certs.push(cert);
         }
     }
-    let pem: String = certs
-        .iter()
-        .map(|cert| pem_certificate(cert))
-        .collect();
+    let pem: String = certs.iter().map(|cert| pem_certificate(cert)).collect();
     replace_file(bundle, pem.as_bytes(), 0o644)?;
     Ok(certs.len())
 }

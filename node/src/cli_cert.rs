@@ -122,9 +122,8 @@ pub fn run(command: CertCommand) -> anyhow::Result<()> {
             println!("wrote {} and {}", paths.cert.display(), paths.key.display());
         }
         CertCommand::Trust { bundle, ca } => {
-            let count = cert::trust_ca(&bundle, &ca).with_context(|| {
-                format!("cannot add {} to {}", ca.display(), bundle.display())
-            })?;
+            let count = cert::trust_ca(&bundle, &ca)
+                .with_context(|| format!("cannot add {} to {}", ca.display(), bundle.display()))?;
             println!("{} now trusts {count} CA certificate(s)", bundle.display());
         }
         CertCommand::Revoke {
@@ -148,8 +147,8 @@ pub fn run(command: CertCommand) -> anyhow::Result<()> {
             );
         }
         CertCommand::Crl { dir, crl } => {
-            let (path, listed) = cert::crl::refresh(&dir, crl.as_deref())
-                .context("cannot write the CRL")?;
+            let (path, listed) =
+                cert::crl::refresh(&dir, crl.as_deref()).context("cannot write the CRL")?;
             println!("wrote {} ({listed} revoked)", path.display());
         }
     }
@@ -177,7 +176,9 @@ mod tests {
         assert!(parse(&["init", "--dir", "d"]).is_ok());
         assert!(parse(&["issue", "--dir", "d", "--node", "n", "--hours", "2"]).is_ok());
         assert!(parse(&["issue", "--dir", "d", "--node", "n", "--hours", "0"]).is_err());
-        let both = ["issue", "--dir", "d", "--node", "n", "--hours", "2", "--days", "3"];
+        let both = [
+            "issue", "--dir", "d", "--node", "n", "--hours", "2", "--days", "3",
+        ];
         assert!(parse(&both).is_err());
     }
 }

@@ -201,9 +201,19 @@ pub fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
+/// [`live_server_config`] over fixed material.
+pub fn server_config(identity: &NodeIdentity) -> Result<rustls::ServerConfig, TlsError> {
+    live_server_config(&LiveTls::new(identity.clone())?)
+}
+
+/// [`live_client_config`] over fixed material.
+pub fn client_config(identity: &NodeIdentity) -> Result<rustls::ClientConfig, TlsError> {
+    live_client_config(&LiveTls::new(identity.clone())?)
+}
+
 /// Server side: present the current certificate, require a client certificate from a trusted
 /// CA, not revoked; no resumption (see the module documentation).
-pub fn server_config(live: &Arc<LiveTls>) -> Result<rustls::ServerConfig, TlsError> {
+pub fn live_server_config(live: &Arc<LiveTls>) -> Result<rustls::ServerConfig, TlsError> {
     let mut config = rustls::ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])?
         .with_client_cert_verifier(live.clone())
@@ -216,7 +226,7 @@ pub fn server_config(live: &Arc<LiveTls>) -> Result<rustls::ServerConfig, TlsErr
 
 /// Client side: present the current certificate, accept a server certificate from a trusted
 /// CA, not revoked; no resumption.
-pub fn client_config(live: &Arc<LiveTls>) -> Result<rustls::ClientConfig, TlsError> {
+pub fn live_client_config(live: &Arc<LiveTls>) -> Result<rustls::ClientConfig, TlsError> {
     let mut config = rustls::ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])?
         .dangerous()
@@ -301,9 +311,9 @@ mod tests {
         init_ca(dir.path(), "t", DEFAULT_CA_VALIDITY).unwrap();
         let id = identity(dir.path(), "node-a");
         assert_eq!(peer_node_name(&id.cert_chain[0]).unwrap(), "node-a");
+        server_config(&id).unwrap();
+        client_config(&id).unwrap();
         let live = LiveTls::new(id.clone()).unwrap();
-        server_config(&live).unwrap();
-        client_config(&live).unwrap();
         let material = live.current();
         for role in [PeerRole::Client, PeerRole::Server] {
             material.verify_peer(role, &id.cert_chain, now()).unwrap();
@@ -377,12 +387,20 @@ mod tests {
             Some("certificate not from a trusted CA"),
             "{err}"
         );
-        cert::trust_ca(&old.path().join(CA_CERT_FILE), &new.path().join(CA_CERT_FILE)).unwrap();
+        cert::trust_ca(
+            &old.path().join(CA_CERT_FILE),
+            &new.path().join(CA_CERT_FILE),
+        )
+        .unwrap();
         let both = LiveTls::new(NodeIdentity::load(old.path(), "node-a").unwrap()).unwrap();
         assert_eq!(both.current().cas, 2);
         for role in [PeerRole::Client, PeerRole::Server] {
-            both.current().verify_peer(role, &b.cert_chain, now()).unwrap();
-            both.current().verify_peer(role, &a.cert_chain, now()).unwrap();
+            both.current()
+                .verify_peer(role, &b.cert_chain, now())
+                .unwrap();
+            both.current()
+                .verify_peer(role, &a.cert_chain, now())
+                .unwrap();
         }
     }
 
@@ -391,16 +409,28 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         init_ca(dir.path(), "t", DEFAULT_CA_VALIDITY).unwrap();
         let a = identity(dir.path(), "node-a");
-        issue_node_cert(dir.path(), "brief", dir.path(), &[], Duration::from_secs(60)).unwrap();
+        issue_node_cert(
+            dir.path(),
+            "brief",
+            dir.path(),
+            &[],
+            Duration::from_secs(60),
+        )
+        .unwrap();
         let brief = NodeIdentity::load(dir.path(), "brief").unwrap();
         let material = LiveTls::new(a).unwrap().current();
         let later = UnixTime::since_unix_epoch(Duration::from_secs(now().as_secs() + 120));
         for role in [PeerRole::Client, PeerRole::Server] {
-            material.verify_peer(role, &brief.cert_chain, now()).unwrap();
+            material
+                .verify_peer(role, &brief.cert_chain, now())
+                .unwrap();
             let err = material
                 .verify_peer(role, &brief.cert_chain, later)
                 .unwrap_err();
-            assert_eq!(refusal_reason(&err.to_string()), Some("certificate expired"));
+            assert_eq!(
+                refusal_reason(&err.to_string()),
+                Some("certificate expired")
+            );
         }
     }
 
@@ -417,9 +447,15 @@ mod tests {
             Some("certificate revoked")
         );
         let alert = rustls::Error::AlertReceived(rustls::AlertDescription::CertificateExpired);
-        assert_eq!(refusal_reason(&alert.to_string()), Some("certificate expired"));
+        assert_eq!(
+            refusal_reason(&alert.to_string()),
+            Some("certificate expired")
+        );
         let alert = rustls::Error::AlertReceived(rustls::AlertDescription::CertificateRevoked);
-        assert_eq!(refusal_reason(&alert.to_string()), Some("certificate revoked"));
+        assert_eq!(
+            refusal_reason(&alert.to_string()),
+            Some("certificate revoked")
+        );
         assert_eq!(refusal_reason("timed out"), None);
     }
 }

@@ -11,8 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use rcgen::{
-    CertificateRevocationListParams, KeyIdMethod, RevocationReason, RevokedCertParams,
-    SerialNumber,
+    CertificateRevocationListParams, KeyIdMethod, RevocationReason, RevokedCertParams, SerialNumber,
 };
 use rustls_pki_types::CertificateRevocationListDer;
 use rustls_pki_types::pem::PemObject;
@@ -57,7 +56,9 @@ pub fn revoke(
         });
     }
     let mut entries = existing_entries(&crl_path, &ca_subject)?;
-    let newly = !entries.iter().any(|e| e.serial_number.as_ref() == serial.as_slice());
+    let newly = !entries
+        .iter()
+        .any(|e| e.serial_number.as_ref() == serial.as_slice());
     if newly {
         entries.push(RevokedCertParams {
             serial_number: SerialNumber::from_slice(&serial),
@@ -211,7 +212,10 @@ mod tests {
                 .current()
                 .verify_peer(role, &c.cert_chain, UnixTime::now())
                 .unwrap_err();
-            assert_eq!(refusal_reason(&err.to_string()), Some("certificate revoked"));
+            assert_eq!(
+                refusal_reason(&err.to_string()),
+                Some("certificate revoked")
+            );
             assert!(
                 live.current()
                     .verify_peer(role, &b.cert_chain, UnixTime::now())
@@ -230,7 +234,14 @@ mod tests {
         let theirs = tempfile::tempdir().unwrap();
         init_ca(ours.path(), "t", DEFAULT_CA_VALIDITY).unwrap();
         init_ca(theirs.path(), "t", DEFAULT_CA_VALIDITY).unwrap();
-        issue_node_cert(theirs.path(), "x", theirs.path(), &[], DEFAULT_NODE_VALIDITY).unwrap();
+        issue_node_cert(
+            theirs.path(),
+            "x",
+            theirs.path(),
+            &[],
+            DEFAULT_NODE_VALIDITY,
+        )
+        .unwrap();
         let cert = node_cert_path(theirs.path(), "x");
         let err = revoke(ours.path(), "x", Some(&cert), None).unwrap_err();
         assert!(err.to_string().contains("not issued by this CA"), "{err}");

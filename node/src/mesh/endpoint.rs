@@ -21,12 +21,12 @@ pub fn bind(
 ) -> Result<quinn::Endpoint, MeshError> {
     let transport = Arc::new(transport_config(config)?);
 
-    let server_crypto = QuicServerConfig::try_from(tls::server_config(tls)?)
+    let server_crypto = QuicServerConfig::try_from(tls::live_server_config(tls)?)
         .map_err(|err| MeshError::Config(format!("QUIC server TLS: {err}")))?;
     let mut server = quinn::ServerConfig::with_crypto(Arc::new(server_crypto));
     server.transport_config(transport.clone());
 
-    let client_crypto = QuicClientConfig::try_from(tls::client_config(tls)?)
+    let client_crypto = QuicClientConfig::try_from(tls::live_client_config(tls)?)
         .map_err(|err| MeshError::Config(format!("QUIC client TLS: {err}")))?;
     let mut client = quinn::ClientConfig::new(Arc::new(client_crypto));
     client.transport_config(transport);

@@ -15,9 +15,9 @@
 use std::fmt;
 use std::sync::{Arc, RwLock};
 
+use rustls::client::ResolvesClientCert;
 use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::client::ResolvesClientCert;
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
@@ -105,9 +105,7 @@ impl Material {
                 .clients
                 .verify_client_cert(leaf, intermediates, now)
                 .map(drop),
-            PeerRole::Server => self
-                .verify_server(leaf, intermediates, now)
-                .map(drop),
+            PeerRole::Server => self.verify_server(leaf, intermediates, now).map(drop),
         }
     }
 
@@ -270,8 +268,7 @@ impl ServerCertVerifier for LiveTls {
         _ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        self.current()
-            .verify_server(end_entity, intermediates, now)
+        self.current().verify_server(end_entity, intermediates, now)
     }
 
     fn verify_tls12_signature(

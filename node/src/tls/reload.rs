@@ -112,7 +112,10 @@ pub async fn reload_loop(live: Arc<LiveTls>, reload: TlsReload, metrics: TlsMetr
         let why = if forced { "SIGHUP" } else { "files changed" };
         match load(&live, &reload.source) {
             Ok(material) => {
-                metrics.reloads.get_or_create(&OutcomeLabel { outcome: "ok" }).inc();
+                metrics
+                    .reloads
+                    .get_or_create(&OutcomeLabel { outcome: "ok" })
+                    .inc();
                 metrics.loaded(&material);
                 tracing::info!(
                     node = %material.name,
