@@ -178,13 +178,24 @@ fn a_node_rotates_to_a_second_ca_without_a_restart() {
     // Phase 3: a newcomer that trusts only the new CA reaches a, which must therefore
     // present its new certificate in new handshakes.
     let engine = kvmesh_tests::EngineConfig::new("engine d", &["model-d"]).start();
-    let d = SidecarConfig::new("d", &engine.url(), &new_ca)
+    let mut d = SidecarConfig::new("d", &engine.url(), &new_ca)
         .seeds(&[cluster.sidecar("a").mesh_addr()])
         .arg("--tls-reload-interval-ms")
-        .arg(RELOAD_MS)
+        .arg("3600000")
         .start();
     wait_forwarded(&d, "a");
     wait_forwarded(cluster.sidecar("a"), "d");
+    // d polls its files once an hour: SIGHUP reloads them at once.
+    let started = Instant::now();
+    d.process().sighup();
+    wait_reload(&d, "ok", 0.0);
+    eprintln!("SIGHUP reload counted within {:?}", started.elapsed());
+    assert!(
+        d.output_contains("reason=\"SIGHUP\""),
+        "{}",
+        d.output_tail(5)
+    );
+    wait_forwarded(&d, "a");
 
     // Phase 4: a corrupt bundle is refused, counted, and the old material kept.
     let c = cluster.sidecar("c");

@@ -148,11 +148,11 @@ impl Mesh {
             metrics.clone(),
         )));
         if let Some(reload) = config.tls_reload {
-            tasks.push(tokio::spawn(crate::tls::reload::reload_loop(
+            tasks.push(crate::tls::reload::spawn(
                 tls.clone(),
                 reload,
                 metrics.tls.clone(),
-            )));
+            ));
         }
         let pruning = pool.clone();
         tasks.push(tokio::spawn(async move {

@@ -84,14 +84,29 @@ impl TlsMetrics {
     }
 }
 
+/// Spawns [`reload_loop`]. SIGHUP is caught from the moment this returns (before, it would
+/// end the process), so call it before telling anyone the node is up.
+pub fn spawn(
+    live: Arc<LiveTls>,
+    reload: TlsReload,
+    metrics: TlsMetrics,
+) -> tokio::task::JoinHandle<()> {
+    let hangups = hangups();
+    tokio::spawn(reload_loop(live, reload, metrics, hangups))
+}
+
 /// Polls the files of `reload.source` and replaces `live`'s material when they change or on
 /// SIGHUP; runs until aborted.
-pub async fn reload_loop(live: Arc<LiveTls>, reload: TlsReload, metrics: TlsMetrics) {
+async fn reload_loop(
+    live: Arc<LiveTls>,
+    reload: TlsReload,
+    metrics: TlsMetrics,
+    mut hangups: Hangups,
+) {
     let files = reload.source.files();
     metrics.loaded(&live.current());
     warn_if_expiring(&live.current());
     let mut seen = fingerprint(&files);
-    let mut hangups = hangups();
     let mut ticker = tokio::time::interval(reload.interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
