@@ -674,6 +674,25 @@ mod tests {
     }
 
     #[test]
+    fn the_crl_and_the_tls_poll_come_from_the_file_too() {
+        let config = ServeConfig::resolve(args()).unwrap();
+        assert_eq!(config.crl, None);
+        assert_eq!(config.tls_reload_interval, Duration::from_secs(2));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kvmesh.toml");
+        std::fs::write(
+            &path,
+            "crl = \"/etc/kvmesh/crl.pem\"\ntls-reload-interval-ms = 500\n",
+        )
+        .unwrap();
+        let mut cli = args();
+        cli.config = Some(path);
+        let config = ServeConfig::resolve(cli).unwrap();
+        assert_eq!(config.crl, Some("/etc/kvmesh/crl.pem".into()));
+        assert_eq!(config.tls_reload_interval, Duration::from_millis(500));
+    }
+
+    #[test]
     fn exact_mode_hashes_in_token_blocks_of_the_engine() {
         let mut cli = args();
         cli.kv_events = Some("tcp://127.0.0.1:5557".into());
