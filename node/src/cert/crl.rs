@@ -10,9 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use rcgen::{
-    CertificateRevocationListParams, KeyIdMethod, RevocationReason, RevokedCertParams, SerialNumber,
-};
+use rcgen::{CertificateRevocationListParams, KeyIdMethod, RevokedCertParams, SerialNumber};
 use rustls_pki_types::CertificateRevocationListDer;
 use rustls_pki_types::pem::PemObject;
 use time::OffsetDateTime;
@@ -63,7 +61,7 @@ pub fn revoke(
         entries.push(RevokedCertParams {
             serial_number: SerialNumber::from_slice(&serial),
             revocation_time: OffsetDateTime::now_utc(),
-            reason_code: Some(RevocationReason::Unspecified),
+            reason_code: None,
             invalidity_date: None,
         });
     }
@@ -148,7 +146,7 @@ fn existing_entries(path: &Path, ca_subject: &[u8]) -> Result<Vec<RevokedCertPar
             Ok(RevokedCertParams {
                 serial_number: SerialNumber::from_slice(entry.raw_serial()),
                 revocation_time,
-                reason_code: Some(RevocationReason::Unspecified),
+                reason_code: None,
                 invalidity_date: None,
             })
         })
