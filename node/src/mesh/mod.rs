@@ -106,6 +106,7 @@ impl Drop for Mesh {
 
 impl Mesh {
     /// Binds the endpoint, starts accepting peers and starts gossip.
+    ///
     /// With `config.tls_reload`, the node's TLS files are watched and reloaded (and
     /// established connections re-checked against them) for as long as the mesh runs.
     pub async fn start(config: MeshConfig, identity: NodeIdentity) -> Result<Mesh, MeshError> {
