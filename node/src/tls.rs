@@ -95,14 +95,39 @@ impl TlsSource {
         files
     }
 
-    /// Loads and checks everything: the CA bundle (at least one certificate), the node's
-    /// certificate naming node `name`, its key matching it, and the CRLs.
+    /// Reads the files, each once, as they are now.
+    pub fn read(&self) -> FileSnapshot {
+        FileSnapshot {
+            files: self
+                .files()
+                .into_iter()
+                .map(|path| {
+                    let contents = std::fs::read(&path);
+                    (path, contents)
+                })
+                .collect(),
+        }
+    }
+
+    /// Reads and checks everything: the CA bundle (at least one certificate), the node's
+    /// certificate naming node `name`, and the CRLs. (Whether the key matches the certificate
+    /// is checked when the material is built, see [`live::Material::build`].)
     pub fn load(&self) -> Result<NodeIdentity, TlsError> {
+        self.parse(&self.read())
+    }
+
+    /// Like [`load`](Self::load), from files already read.
+    pub fn parse(&self, snapshot: &FileSnapshot) -> Result<NodeIdentity, TlsError> {
         cert::validate_node_name(&self.name)?;
-        let ca_path = self.dir.join(CA_CERT_FILE);
-        let cas = read_pem_all::<CertificateDer<'static>>(&ca_path, "certificate")?;
-        let cert_path = cert::node_cert_path(&self.dir, &self.name);
-        let cert_chain = read_pem_all::<CertificateDer<'static>>(&cert_path, "certificate")?;
+        let [ca, cert, key, crl @ ..] = snapshot.files.as_slice() else {
+            return Err(TlsError::Pem {
+                path: self.dir.display().to_string(),
+                reason: "files missing from the snapshot".into(),
+            });
+        };
+        let cas = parse_pem_all::<CertificateDer<'static>>(ca, "certificate")?;
+        let cert_path = cert.0.clone();
+        let cert_chain = parse_pem_all::<CertificateDer<'static>>(cert, "certificate")?;
         let found = peer_node_name(&cert_chain[0])?;
         if found != self.name {
             return Err(TlsError::NameMismatch {
@@ -111,11 +136,11 @@ impl TlsSource {
                 found,
             });
         }
-        let key_path = cert::node_key_path(&self.dir, &self.name);
-        let key =
-            PrivateKeyDer::from_pem_file(&key_path).map_err(|err| pem_error(&key_path, err))?;
-        let crls = match &self.crl {
-            Some(path) => read_pem_all::<CertificateRevocationListDer<'static>>(path, "CRL")?,
+        let key_path = key.0.clone();
+        let key = PrivateKeyDer::from_pem_slice(contents(key)?)
+            .map_err(|err| pem_error(&key_path, err))?;
+        let crls = match crl.first() {
+            Some(crl) => parse_pem_all::<CertificateRevocationListDer<'static>>(crl, "CRL")?,
             None => Vec::new(),
         };
         Ok(NodeIdentity {
@@ -126,7 +151,47 @@ impl TlsSource {
             crls,
             cert_path,
             key_path,
+            fingerprint: snapshot.fingerprint(),
         })
+    }
+}
+
+/// The TLS files' contents as read at one moment (or why a file could not be read).
+#[derive(Debug)]
+pub struct FileSnapshot {
+    files: Vec<(PathBuf, std::io::Result<Vec<u8>>)>,
+}
+
+impl FileSnapshot {
+    /// A hash of every file's contents (a missing file hashes as such): equal fingerprints,
+    /// same material.
+    pub fn fingerprint(&self) -> blake3::Hash {
+        let mut hasher = blake3::Hasher::new();
+        for (_, contents) in &self.files {
+            match contents {
+                Ok(bytes) => {
+                    hasher.update(&(bytes.len() as u64).to_le_bytes());
+                    hasher.update(bytes);
+                }
+                Err(err) => {
+                    hasher.update(&u64::MAX.to_le_bytes());
+                    hasher.update(err.kind().to_string().as_bytes());
+                }
+            }
+        }
+        hasher.finalize()
+    }
+}
+
+type ReadFile = (PathBuf, std::io::Result<Vec<u8>>);
+
+fn contents(file: &ReadFile) -> Result<&[u8], TlsError> {
+    match &file.1 {
+        Ok(bytes) => Ok(bytes),
+        Err(err) => Err(TlsError::Pem {
+            path: file.0.display().to_string(),
+            reason: err.to_string(),
+        }),
     }
 }
 
@@ -145,6 +210,8 @@ pub struct NodeIdentity {
     /// Where the certificate and key were read from, for error messages.
     pub cert_path: PathBuf,
     pub key_path: PathBuf,
+    /// Of the files' contents this was parsed from (see [`FileSnapshot::fingerprint`]).
+    pub fingerprint: blake3::Hash,
 }
 
 impl Clone for NodeIdentity {
@@ -157,6 +224,7 @@ impl Clone for NodeIdentity {
             crls: self.crls.clone(),
             cert_path: self.cert_path.clone(),
             key_path: self.key_path.clone(),
+            fingerprint: self.fingerprint,
         }
     }
 }
@@ -174,10 +242,10 @@ impl NodeIdentity {
     }
 }
 
-/// Every PEM object of type `T` in `path`; at least one.
-fn read_pem_all<T: PemObject>(path: &Path, what: &str) -> Result<Vec<T>, TlsError> {
-    let all = T::pem_file_iter(path)
-        .map_err(|err| pem_error(path, err))?
+/// Every PEM object of type `T` in `file`; at least one.
+fn parse_pem_all<T: PemObject>(file: &ReadFile, what: &str) -> Result<Vec<T>, TlsError> {
+    let path = &file.0;
+    let all = T::pem_slice_iter(contents(file)?)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|err| pem_error(path, err))?;
     if all.is_empty() {

@@ -48,6 +48,8 @@ pub struct Material {
     /// How many CAs are trusted and how many CRLs are enforced (for logs).
     pub cas: usize,
     pub crls: usize,
+    /// Of the files this was read from.
+    pub fingerprint: blake3::Hash,
 }
 
 impl Material {
@@ -87,6 +89,7 @@ impl Material {
             servers,
             cas: identity.cas.len(),
             crls: identity.crls.len(),
+            fingerprint: identity.fingerprint,
         })
     }
 

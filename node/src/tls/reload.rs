@@ -15,7 +15,6 @@
 //! tried again until they change (or SIGHUP), so a half-written rotation is loaded as soon
 //! as its second file lands.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -26,7 +25,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use super::live::{LiveTls, Material};
-use super::{TlsError, TlsSource};
+use super::{FileSnapshot, TlsError, TlsSource};
 
 /// Default period of the file poll.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(2);
@@ -85,13 +84,16 @@ impl TlsMetrics {
 }
 
 /// Spawns [`reload_loop`]. SIGHUP is caught from the moment this returns (before, it would
-/// end the process), so call it before telling anyone the node is up.
+/// end the process), so call it before telling anyone the node is up. Says at once (in the
+/// log and the expiry gauge) when the node's own certificate runs out.
 pub fn spawn(
     live: Arc<LiveTls>,
     reload: TlsReload,
     metrics: TlsMetrics,
 ) -> tokio::task::JoinHandle<()> {
     let hangups = hangups();
+    metrics.loaded(&live.current());
+    warn_if_expiring(&live.current());
     tokio::spawn(reload_loop(live, reload, metrics, hangups))
 }
 
@@ -103,10 +105,8 @@ async fn reload_loop(
     metrics: TlsMetrics,
     mut hangups: Hangups,
 ) {
-    let files = reload.source.files();
-    metrics.loaded(&live.current());
-    warn_if_expiring(&live.current());
-    let mut seen = fingerprint(&files);
+    // What the current material was read from: a change made since is seen at the first tick.
+    let mut seen = live.current().fingerprint;
     let mut ticker = tokio::time::interval(reload.interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -114,18 +114,18 @@ async fn reload_loop(
             _ = ticker.tick() => false,
             Some(()) = next_hangup(&mut hangups) => true,
         };
-        let mut now = fingerprint(&files);
-        if !forced && now == seen {
+        let mut snapshot = reload.source.read();
+        if !forced && snapshot.fingerprint() == seen {
             continue;
         }
         if !forced {
             tokio::time::sleep(SETTLE).await;
-            now = fingerprint(&files);
+            snapshot = reload.source.read();
         }
-        seen = now;
+        seen = snapshot.fingerprint();
         let started = Instant::now();
         let why = if forced { "SIGHUP" } else { "files changed" };
-        match load(&live, &reload.source) {
+        match load(&live, &reload.source, &snapshot) {
             Ok(material) => {
                 metrics
                     .reloads
@@ -157,8 +157,12 @@ async fn reload_loop(
     }
 }
 
-fn load(live: &LiveTls, source: &TlsSource) -> Result<Arc<Material>, TlsError> {
-    live.replace(source.load()?)
+fn load(
+    live: &LiveTls,
+    source: &TlsSource,
+    snapshot: &FileSnapshot,
+) -> Result<Arc<Material>, TlsError> {
+    live.replace(source.parse(snapshot)?)
 }
 
 fn warn_if_expiring(material: &Material) {
@@ -172,24 +176,6 @@ fn warn_if_expiring(material: &Material) {
         let hours_left = (not_after - now).as_secs() / 3600;
         tracing::warn!(node = %material.name, hours_left, "this node's certificate expires soon");
     }
-}
-
-/// A hash of the files' contents (a missing file hashes as such): equal hashes, same material.
-fn fingerprint(files: &[PathBuf]) -> blake3::Hash {
-    let mut hasher = blake3::Hasher::new();
-    for file in files {
-        match std::fs::read(file) {
-            Ok(bytes) => {
-                hasher.update(&(bytes.len() as u64).to_le_bytes());
-                hasher.update(&bytes);
-            }
-            Err(err) => {
-                hasher.update(&u64::MAX.to_le_bytes());
-                hasher.update(err.kind().to_string().as_bytes());
-            }
-        }
-    }
-    hasher.finalize()
 }
 
 #[cfg(unix)]
@@ -222,4 +208,61 @@ async fn next_hangup(hangups: &mut Hangups) -> Option<()> {
     }
     let _ = hangups;
     std::future::pending().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cert::{
+        CA_CERT_FILE, DEFAULT_CA_VALIDITY, DEFAULT_NODE_VALIDITY, init_ca, issue_node_cert,
+    };
+
+    /// Polls `condition` every 10 ms for up to 5 s.
+    async fn eventually(what: &str, condition: impl Fn() -> bool) {
+        for _ in 0..500 {
+            if condition() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("timed out waiting until {what}");
+    }
+
+    #[tokio::test]
+    async fn a_bad_file_is_counted_once_and_the_good_one_loaded_when_it_returns() {
+        let dir = tempfile::tempdir().unwrap();
+        init_ca(dir.path(), "t", DEFAULT_CA_VALIDITY).unwrap();
+        issue_node_cert(dir.path(), "a", dir.path(), &[], DEFAULT_NODE_VALIDITY).unwrap();
+        let source = TlsSource {
+            dir: dir.path().to_owned(),
+            name: "a".into(),
+            crl: None,
+        };
+        let live = LiveTls::new(source.load().unwrap()).unwrap();
+        let metrics = TlsMetrics::default();
+        let reload = TlsReload {
+            source,
+            interval: Duration::from_millis(20),
+        };
+        let task = spawn(live.clone(), reload, metrics.clone());
+        assert!(metrics.cert_expiry.get() > 0);
+
+        let bundle = dir.path().join(CA_CERT_FILE);
+        let good = std::fs::read(&bundle).unwrap();
+        std::fs::write(&bundle, "not a certificate").unwrap();
+        eventually("the bad bundle is counted", || {
+            metrics.reloads("failed") == 1
+        })
+        .await;
+        // The same bad contents are not tried again, and the old material stays.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(metrics.reloads("failed"), 1);
+        assert_eq!(metrics.reloads("ok"), 0);
+        assert_eq!(*live.subscribe().borrow(), 0);
+
+        std::fs::write(&bundle, good).unwrap();
+        eventually("the good bundle is loaded", || metrics.reloads("ok") == 1).await;
+        assert_eq!(*live.subscribe().borrow(), 1);
+        task.abort();
+    }
 }
