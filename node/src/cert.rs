@@ -1,4 +1,5 @@
-//! The cluster certificate authority: `kvmesh cert init` and `kvmesh cert issue`.
+//! The cluster certificate authority: `kvmesh cert init`, `issue`, `trust`, and (in [`crl`])
+//! `revoke` and `crl`.
 //!
 //! A cluster is defined by one CA. Every sidecar holds a certificate signed by it, usable both
 //! as a QUIC server certificate (peers dial it) and as a client certificate (it dials peers):
@@ -11,8 +12,18 @@
 //!   alternative name of a node certificate is its node name; peers read it from the
 //!   certificate presented during the handshake (see [`crate::tls::peer_node_name`]).
 //!
-//! Private keys are written with mode 0600, and nothing is ever overwritten: re-running a
-//! command over existing files is an error, so a CA key cannot be lost by a typo.
+//! - `crl.pem`: the CA's certificate revocation list (see [`crl`]).
+//!
+//! Private keys are written with mode 0600, and no key or certificate is ever overwritten:
+//! re-running a command over existing files is an error, so a CA key cannot be lost by a
+//! typo. Two files are replaced on purpose, always by rename (a node polling them never reads
+//! half of one): a CA bundle when [`trust_ca`] appends a CA to it, and the CRL.
+//!
+//! Rotating the CA: create the new CA in a directory of its own (`kvmesh cert init`), append
+//! it to every node's bundle (`kvmesh cert trust`), wait for the nodes to reload, issue new node
+//! certificates from it, and finally remove the old CA from the bundles.
+
+pub mod crl;
 
 use std::fs::{self, OpenOptions};
 use std::io::Write;
@@ -25,6 +36,8 @@ use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
     Issuer, KeyPair, KeyUsagePurpose, SanType,
 };
+use rustls_pki_types::CertificateDer;
+use rustls_pki_types::pem::PemObject;
 use time::OffsetDateTime;
 
 /// File name of the CA certificate inside a TLS directory.
@@ -97,9 +110,13 @@ pub fn init_ca(dir: &Path, cluster_id: &str, validity: Duration) -> Result<CaPat
     let mut params = CertificateParams::default();
     let mut dn = DistinguishedName::new();
     dn.push(DnType::OrganizationName, "kvmesh");
+    // The key's fingerprint makes every CA's name its own: a second CA of the same cluster
+    // (a CA rotation) must not pass for the first, whose certificates and CRLs verifiers find
+    // by issuer name.
+    let fingerprint = blake3::hash(key.public_key_raw()).to_hex();
     dn.push(
         DnType::CommonName,
-        format!("kvmesh cluster CA {cluster_id}"),
+        format!("kvmesh cluster CA {cluster_id} {}", &fingerprint[..16]),
     );
     params.distinguished_name = dn;
     params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
@@ -136,19 +153,7 @@ pub fn issue_node_cert(
     refuse_existing(&paths.cert)?;
     refuse_existing(&paths.key)?;
 
-    let ca_cert_path = ca_dir.join(CA_CERT_FILE);
-    let ca_key_path = ca_dir.join(CA_KEY_FILE);
-    let ca_cert_pem = read_to_string(&ca_cert_path)?;
-    let ca_key_pem = read_to_string(&ca_key_path)?;
-    let ca_key = KeyPair::from_pem(&ca_key_pem).map_err(|err| CertError::Corrupt {
-        path: ca_key_path.clone(),
-        reason: format!("not a PEM private key: {err}"),
-    })?;
-    let issuer =
-        Issuer::from_ca_cert_pem(&ca_cert_pem, ca_key).map_err(|err| CertError::Corrupt {
-            path: ca_cert_path.clone(),
-            reason: format!("not a PEM CA certificate: {err}"),
-        })?;
+    let issuer = load_issuer(ca_dir)?;
 
     let mut params = CertificateParams::default();
     let mut dn = DistinguishedName::new();
@@ -172,6 +177,65 @@ pub fn issue_node_cert(
     write_new(&paths.key, key.serialize_pem().as_bytes(), 0o600)?;
     write_new(&paths.cert, cert.pem().as_bytes(), 0o644)?;
     Ok(paths)
+}
+
+/// The CA of `ca_dir` as an issuer: its certificate (the first of `ca.pem`) and its key.
+fn load_issuer(ca_dir: &Path) -> Result<Issuer<'static, KeyPair>, CertError> {
+    let ca_cert_path = ca_dir.join(CA_CERT_FILE);
+    let ca_key_path = ca_dir.join(CA_KEY_FILE);
+    let ca_cert_pem = read_to_string(&ca_cert_path)?;
+    let ca_key_pem = read_to_string(&ca_key_path)?;
+    let ca_key = KeyPair::from_pem(&ca_key_pem).map_err(|err| CertError::Corrupt {
+        path: ca_key_path.clone(),
+        reason: format!("not a PEM private key: {err}"),
+    })?;
+    Issuer::from_ca_cert_pem(&ca_cert_pem, ca_key).map_err(|err| CertError::Corrupt {
+        path: ca_cert_path.clone(),
+        reason: format!("not a PEM CA certificate: {err}"),
+    })
+}
+
+/// Appends the CA certificate(s) of `ca` to the bundle `bundle` (a node's `ca.pem`), so the
+/// node trusts both during a CA rotation. A certificate already in the bundle is not added
+/// twice. Returns how many certificates the bundle holds now.
+pub fn trust_ca(bundle: &Path, ca: &Path) -> Result<usize, CertError> {
+    let parse = |path: &Path| -> Result<Vec<CertificateDer<'static>>, CertError> {
+        let pem = read_to_string(path)?;
+        let certs = CertificateDer::pem_slice_iter(pem.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|err| CertError::Corrupt {
+                path: path.to_owned(),
+                reason: err.to_string(),
+            })?;
+        if certs.is_empty() {
+            return Err(CertError::Corrupt {
+                path: path.to_owned(),
+                reason: "no certificate found".into(),
+            });
+        }
+        Ok(certs)
+    };
+    let mut certs = parse(bundle)?;
+    for cert in parse(ca)? {
+        if !certs.contains(&cert) {
+            certs.push(cert);
+        }
+    }
+    let pem: String = certs.iter().map(|cert| pem_certificate(cert)).collect();
+    replace_file(bundle, pem.as_bytes(), 0o644)?;
+    Ok(certs.len())
+}
+
+fn pem_certificate(der: &[u8]) -> String {
+    use base64::Engine;
+    let body = base64::engine::general_purpose::STANDARD.encode(der);
+    let mut pem = String::from("-----BEGIN CERTIFICATE-----\n");
+    for line in body.as_bytes().chunks(64) {
+        pem.push_str(std::str::from_utf8(line).unwrap_or_default());
+        pem.push('\n');
+    }
+    pem.push_str("-----END CERTIFICATE-----\n");
+    pem
 }
 
 /// A node name is one DNS name (it is carried as a DNS SAN): ASCII letters, digits, `-` and
@@ -255,6 +319,24 @@ pub(crate) fn read_to_string(path: &Path) -> Result<String, CertError> {
     fs::read_to_string(path).map_err(|source| CertError::Io {
         path: path.to_owned(),
         source,
+    })
+}
+
+/// Replaces `path` with `contents` by writing a temporary file beside it and renaming it over
+/// `path`: a reader sees the old file or the new one, never a part.
+fn replace_file(path: &Path, contents: &[u8], mode: u32) -> Result<(), CertError> {
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty());
+    let dir = dir.unwrap_or_else(|| Path::new("."));
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let temp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let _ = fs::remove_file(&temp);
+    write_new(&temp, contents, mode)?;
+    fs::rename(&temp, path).map_err(|source| {
+        let _ = fs::remove_file(&temp);
+        CertError::Io {
+            path: path.to_owned(),
+            source,
+        }
     })
 }
 

@@ -1,4 +1,4 @@
-//! `kvmesh cert init|issue`: command-line front of [`kvmesh_node::cert`].
+//! `kvmesh cert init|issue|trust|revoke|crl`: command-line front of [`kvmesh_node::cert`].
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -39,6 +39,47 @@ pub enum CertCommand {
         /// Validity of the certificate in days (1 to 36500).
         #[arg(long, default_value_t = 365, value_parser = valid_days())]
         days: u64,
+        /// Validity in hours instead of days (1 to 876000), for short-lived certificates.
+        #[arg(long, conflicts_with = "days", value_parser = clap::value_parser!(u64).range(1..=876_000))]
+        hours: Option<u64>,
+        /// Validity in seconds instead (tests of expiry).
+        #[arg(long, hide = true, conflicts_with_all = ["days", "hours"])]
+        seconds: Option<u64>,
+    },
+    /// Append the CA certificate CA_PEM to the CA bundle BUNDLE (a node's ca.pem), so that
+    /// nodes trust both CAs during a CA rotation. Nodes reload the bundle by themselves.
+    Trust {
+        /// The bundle to extend, e.g. a node's TLS_DIR/ca.pem.
+        #[arg(long)]
+        bundle: PathBuf,
+        /// The other CA's certificate, e.g. NEW_CA_DIR/ca.pem.
+        #[arg(long)]
+        ca: PathBuf,
+    },
+    /// Revoke node NAME's certificate: add it to the CA's CRL (DIR/crl.pem by default),
+    /// signed by the CA in DIR. Give the file to the nodes with `kvmesh serve --crl`.
+    Revoke {
+        /// Directory holding ca.pem and ca.key.
+        #[arg(long)]
+        dir: PathBuf,
+        /// Node whose certificate is revoked.
+        #[arg(long)]
+        node: String,
+        /// The certificate to revoke [default: DIR/NAME.pem].
+        #[arg(long)]
+        cert: Option<PathBuf>,
+        /// The CRL to update [default: DIR/crl.pem].
+        #[arg(long)]
+        crl: Option<PathBuf>,
+    },
+    /// Write the CA's CRL again (an empty one the first time), keeping what it lists.
+    Crl {
+        /// Directory holding ca.pem and ca.key.
+        #[arg(long)]
+        dir: PathBuf,
+        /// The CRL to write [default: DIR/crl.pem].
+        #[arg(long)]
+        crl: Option<PathBuf>,
     },
 }
 
@@ -67,12 +108,48 @@ pub fn run(command: CertCommand) -> anyhow::Result<()> {
             out,
             san,
             days,
+            hours,
+            seconds,
         } => {
             let out = out.unwrap_or_else(|| dir.clone());
-            let paths =
-                cert::issue_node_cert(&dir, &node, &out, &san, Duration::from_secs(days * DAY))
-                    .with_context(|| format!("cannot issue a certificate for node {node:?}"))?;
+            let validity = match (seconds, hours) {
+                (Some(seconds), _) => Duration::from_secs(seconds),
+                (None, Some(hours)) => Duration::from_secs(hours * 3600),
+                (None, None) => Duration::from_secs(days * DAY),
+            };
+            let paths = cert::issue_node_cert(&dir, &node, &out, &san, validity)
+                .with_context(|| format!("cannot issue a certificate for node {node:?}"))?;
             println!("wrote {} and {}", paths.cert.display(), paths.key.display());
+        }
+        CertCommand::Trust { bundle, ca } => {
+            let count = cert::trust_ca(&bundle, &ca)
+                .with_context(|| format!("cannot add {} to {}", ca.display(), bundle.display()))?;
+            println!("{} now trusts {count} CA certificate(s)", bundle.display());
+        }
+        CertCommand::Revoke {
+            dir,
+            node,
+            cert,
+            crl,
+        } => {
+            let revoked = cert::crl::revoke(&dir, &node, cert.as_deref(), crl.as_deref())
+                .with_context(|| format!("cannot revoke the certificate of node {node:?}"))?;
+            let what = if revoked.newly {
+                "revoked"
+            } else {
+                "was already revoked"
+            };
+            println!(
+                "{node} (serial {}) {what}; wrote {} ({} revoked)",
+                revoked.serial,
+                revoked.crl.display(),
+                revoked.listed
+            );
+        }
+        CertCommand::Crl { dir, crl } => {
+            let (path, listed) =
+                cert::crl::refresh(&dir, crl.as_deref()).context("cannot write the CRL")?;
+            println!("wrote {} ({listed} revoked)", path.display());
         }
     }
     Ok(())
@@ -97,5 +174,11 @@ mod tests {
         assert!(parse(&["issue", "--dir", "d", "--node", "n", "--days", "36501"]).is_err());
         assert!(parse(&["issue", "--dir", "d", "--node", "n", "--days", "36500"]).is_ok());
         assert!(parse(&["init", "--dir", "d"]).is_ok());
+        assert!(parse(&["issue", "--dir", "d", "--node", "n", "--hours", "2"]).is_ok());
+        assert!(parse(&["issue", "--dir", "d", "--node", "n", "--hours", "0"]).is_err());
+        let both = [
+            "issue", "--dir", "d", "--node", "n", "--hours", "2", "--days", "3",
+        ];
+        assert!(parse(&both).is_err());
     }
 }

@@ -52,13 +52,24 @@ impl ClusterCa {
     /// Issues a certificate for `node` into a directory of its own that holds what a sidecar
     /// gets in production: `ca.pem`, `NODE.pem` and `NODE.key`, but not the CA's key.
     pub fn issue(&self, node: &str) -> PathBuf {
-        let node_dir = self.root.path().join(format!("node-{node}"));
+        self.issue_with(node, &[])
+    }
+
+    /// The directory [`Self::issue`] writes node `node`'s files into.
+    pub fn node_dir(&self, node: &str) -> PathBuf {
+        self.root.path().join(format!("node-{node}"))
+    }
+
+    /// Like [`Self::issue`], with more `kvmesh cert issue` flags (e.g. `--hours 1`).
+    pub fn issue_with(&self, node: &str, flags: &[&str]) -> PathBuf {
+        let node_dir = self.node_dir(node);
         let mut command = Command::new(KVMESH.path());
         command
             .args(["cert", "issue", "--node", node, "--dir"])
             .arg(self.ca_dir())
             .arg("--out")
-            .arg(&node_dir);
+            .arg(&node_dir)
+            .args(flags);
         check(command, "kvmesh cert issue");
         for file in [format!("{node}.pem"), format!("{node}.key")] {
             assert!(
@@ -71,7 +82,15 @@ impl ClusterCa {
     }
 }
 
-fn check(command: Command, what: &str) {
+/// Runs `kvmesh cert ARGS` (e.g. `revoke`, `crl`, `trust`), which must succeed; returns what
+/// it printed.
+pub fn kvmesh_cert(args: &[&std::ffi::OsStr]) -> String {
+    let mut command = Command::new(KVMESH.path());
+    command.arg("cert").args(args);
+    check(command, "kvmesh cert")
+}
+
+fn check(command: Command, what: &str) -> String {
     let finished = run_to_completion(command, CERT_COMMAND_TIMEOUT);
     assert!(
         finished.status.success(),
@@ -80,6 +99,7 @@ fn check(command: Command, what: &str) {
         finished.stdout,
         finished.stderr
     );
+    finished.stdout
 }
 
 fn copy(from: &Path, to: &Path) {

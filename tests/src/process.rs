@@ -177,6 +177,11 @@ impl ManagedProcess {
         self.signal("TERM");
     }
 
+    /// Sends SIGHUP (`kvmesh serve` reloads its TLS files) without waiting.
+    pub fn sighup(&mut self) {
+        self.signal("HUP");
+    }
+
     /// Freezes the process (SIGSTOP), as a long GC pause or a starved CPU would.
     pub fn sigstop(&mut self) {
         self.signal("STOP");

@@ -39,11 +39,17 @@ pub struct SidecarConfig {
 impl SidecarConfig {
     /// A sidecar `node_id` in front of the engine at `backend`, with a certificate from `ca`.
     pub fn new(node_id: &str, backend: &str, ca: &ClusterCa) -> Self {
+        Self::with_tls_dir(node_id, backend, ca, ca.issue(node_id))
+    }
+
+    /// Like [`Self::new`], with certificates already in `tls_dir` (e.g. issued with
+    /// [`ClusterCa::issue_with`]) instead of new ones.
+    pub fn with_tls_dir(node_id: &str, backend: &str, ca: &ClusterCa, tls_dir: PathBuf) -> Self {
         SidecarConfig {
             node_id: node_id.to_string(),
             cluster_id: ca.cluster_id().to_string(),
             backend: backend.to_string(),
-            tls_dir: ca.issue(node_id),
+            tls_dir,
             seeds: Vec::new(),
             api_key: None,
             max_body_bytes: None,
@@ -179,6 +185,16 @@ impl Sidecar {
 
     pub fn kill9(&mut self) {
         self.process.kill9();
+    }
+
+    /// Whether any line the sidecar printed so far contains `needle`.
+    pub fn output_contains(&self, needle: &str) -> bool {
+        self.process.output_contains(needle)
+    }
+
+    /// The last `lines` lines it printed, both pipes.
+    pub fn output_tail(&self, lines: usize) -> String {
+        self.process.output_tail(lines)
     }
 
     pub fn sigterm(&mut self) {

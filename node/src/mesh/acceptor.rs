@@ -16,8 +16,9 @@ use tokio::time::timeout;
 
 use super::metrics::MeshMetrics;
 use super::pool::PeerConnection;
+use super::trust::Established;
 use super::wire::{GossipFrame, MAX_GOSSIP_STREAM, StreamKind, codes};
-use crate::tls::{self, TlsError};
+use crate::tls::{self, PeerRole, TlsError};
 
 /// A gossip datagram received over QUIC, on its way to the loopback relay.
 #[derive(Debug)]
@@ -49,6 +50,8 @@ pub(crate) struct StreamRouter {
     pub metrics: MeshMetrics,
     /// Bound on receiving a stream's header (kind byte, whole gossip frame).
     pub header_timeout: Duration,
+    /// Every open connection, for re-checking its peer's certificate after a TLS reload.
+    pub established: Arc<Established>,
 }
 
 /// The node name in the certificate the peer presented during the handshake.
@@ -74,11 +77,20 @@ pub(crate) async fn accept_loop(
             match timeout(handshake_timeout, welcome(incoming)).await {
                 Ok(Ok(peer)) => {
                     tracing::debug!(peer = %peer.peer_name, %remote, "mesh connection accepted");
-                    router.serve(peer);
+                    router.serve(peer, PeerRole::Client);
                 }
                 Ok(Err(err)) => {
                     router.metrics.handshakes_rejected.inc();
-                    tracing::warn!(%remote, error = %err, "mesh handshake rejected");
+                    let error = err.to_string();
+                    match tls::refusal_reason(&error) {
+                        Some(reason) => tracing::warn!(
+                            %remote,
+                            reason,
+                            %error,
+                            "mesh handshake rejected: peer at {remote} refused, {reason}"
+                        ),
+                        None => tracing::warn!(%remote, %error, "mesh handshake rejected"),
+                    }
                 }
                 Err(_) => {
                     router.metrics.handshakes_rejected.inc();
@@ -120,8 +132,10 @@ enum AcceptError {
 }
 
 impl StreamRouter {
-    /// Serves the streams the peer opens on `peer` until the connection closes.
-    pub fn serve(&self, peer: PeerConnection) {
+    /// Serves the streams the peer opens on `peer` until the connection closes. `role` is the
+    /// side the peer took in the handshake.
+    pub fn serve(&self, peer: PeerConnection, role: PeerRole) {
+        self.established.insert(&peer.conn, &peer.peer_name, role);
         let uni = self.clone();
         let uni_peer = peer.clone();
         tokio::spawn(async move {
@@ -139,6 +153,7 @@ impl StreamRouter {
                 let addr = peer.remote_address();
                 tokio::spawn(async move { router.handle_bi(name, addr, send, recv).await });
             }
+            bi.established.remove(&peer.conn);
         });
     }
 

@@ -3,6 +3,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::tls::TlsReload;
+
 /// Everything [`crate::mesh::Mesh::start`] needs besides the node's TLS identity.
 #[derive(Debug, Clone)]
 pub struct MeshConfig {
@@ -17,6 +19,9 @@ pub struct MeshConfig {
     pub seeds: Vec<String>,
     pub gossip: GossipConfig,
     pub quic: QuicConfig,
+    /// Where the node's TLS files are and how often to look for changes; `None` keeps the
+    /// material loaded at start for the life of the mesh.
+    pub tls_reload: Option<TlsReload>,
 }
 
 impl MeshConfig {
@@ -29,6 +34,7 @@ impl MeshConfig {
             seeds,
             gossip: GossipConfig::default(),
             quic: QuicConfig::default(),
+            tls_reload: None,
         }
     }
 }

@@ -8,23 +8,25 @@ use quinn::{IdleTimeout, MtuDiscoveryConfig, TransportConfig, VarInt};
 
 use super::MeshError;
 use super::config::QuicConfig;
-use crate::tls::{self, NodeIdentity};
+use crate::tls::{self, LiveTls};
 
 /// Binds the endpoint: it accepts peers (mutual TLS, our certificate as server) and dials
-/// peers with our certificate as client, both with the same transport settings.
+/// peers with our certificate as client, both with the same transport settings. Both sides
+/// read the certificate and trust from `tls` at each handshake, so a reload needs no new
+/// endpoint.
 pub fn bind(
-    identity: &NodeIdentity,
+    tls: &Arc<LiveTls>,
     bind: SocketAddr,
     config: &QuicConfig,
 ) -> Result<quinn::Endpoint, MeshError> {
     let transport = Arc::new(transport_config(config)?);
 
-    let server_crypto = QuicServerConfig::try_from(tls::server_config(identity)?)
+    let server_crypto = QuicServerConfig::try_from(tls::live_server_config(tls)?)
         .map_err(|err| MeshError::Config(format!("QUIC server TLS: {err}")))?;
     let mut server = quinn::ServerConfig::with_crypto(Arc::new(server_crypto));
     server.transport_config(transport.clone());
 
-    let client_crypto = QuicClientConfig::try_from(tls::client_config(identity)?)
+    let client_crypto = QuicClientConfig::try_from(tls::live_client_config(tls)?)
         .map_err(|err| MeshError::Config(format!("QUIC client TLS: {err}")))?;
     let mut client = quinn::ClientConfig::new(Arc::new(client_crypto));
     client.transport_config(transport);

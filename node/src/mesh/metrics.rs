@@ -7,6 +7,8 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+use crate::tls::TlsMetrics;
+
 /// What an operator asks of the mesh: is gossip flowing, how many peers are alive, are
 /// connections failing.
 #[derive(Debug, Clone, Default)]
@@ -32,11 +34,17 @@ pub struct MeshMetrics {
     /// Peers gossip declared dead whose connection kept answering (a gossip hiccup, e.g. a
     /// starved CPU): the connection and its streams were kept.
     pub dead_peer_connections_kept: Counter,
+    /// Established connections closed because the peer's certificate stopped passing
+    /// verification (revoked, expired, its CA dropped from the bundle).
+    pub connections_untrusted: Counter,
+    /// TLS reloads and this node's certificate expiry (`kvmesh_tls_*`).
+    pub tls: TlsMetrics,
 }
 
 impl MeshMetrics {
     /// Registers every metric under the `kvmesh_mesh` prefix.
     pub fn register(&self, registry: &mut Registry) {
+        self.tls.register(registry);
         let registry = registry.sub_registry_with_prefix("kvmesh_mesh");
         registry.register(
             "gossip_sent_bytes",
@@ -88,6 +96,11 @@ impl MeshMetrics {
             "Connections to peers declared dead by gossip that kept answering and were kept",
             self.dead_peer_connections_kept.clone(),
         );
+        registry.register(
+            "connections_untrusted",
+            "Established connections closed because the peer's certificate is no longer accepted",
+            self.connections_untrusted.clone(),
+        );
     }
 }
 
@@ -109,5 +122,9 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("kvmesh_mesh_peers_alive 3"), "{text}");
+        assert!(
+            text.contains(r#"kvmesh_tls_reloads_total{outcome="failed"} 0"#),
+            "{text}"
+        );
     }
 }

@@ -5,6 +5,7 @@
 //! - [`wire`]: the kind byte that starts every stream, and the gossip frame.
 //! - [`pool`]: one outgoing connection per peer address, re-dialed when closed.
 //! - [`acceptor`]: accepting connections and dispatching their streams.
+//! - [`trust`]: re-checking established connections' certificates after a TLS reload.
 //! - [`gossip`]: chitchat over the endpoint; membership and key-values.
 //! - [`metrics`]: counters for `/metrics`.
 //!
@@ -16,6 +17,7 @@ mod endpoint;
 pub mod gossip;
 pub mod metrics;
 mod pool;
+mod trust;
 pub mod wire;
 
 use std::net::SocketAddr;
@@ -34,7 +36,7 @@ pub use self::gossip::{Gossip, GossipError, Membership, Peer, SelfNode};
 pub use self::metrics::MeshMetrics;
 use self::pool::ConnectionPool;
 use self::wire::{StreamKind, codes};
-use crate::tls::{NodeIdentity, TlsError};
+use crate::tls::{LiveTls, NodeIdentity, TlsError};
 
 /// Incoming forward streams waiting for the forwarding layer; beyond this, peers are told
 /// [`codes::NOT_ACCEPTING`] at once.
@@ -104,9 +106,15 @@ impl Drop for Mesh {
 
 impl Mesh {
     /// Binds the endpoint, starts accepting peers and starts gossip.
+    ///
+    /// With `config.tls_reload`, the node's TLS files are watched and reloaded (and
+    /// established connections re-checked against them) for as long as the mesh runs.
     pub async fn start(config: MeshConfig, identity: NodeIdentity) -> Result<Mesh, MeshError> {
         let metrics = MeshMetrics::default();
-        let endpoint = endpoint::bind(&identity, config.bind, &config.quic)?;
+        let name = identity.name.clone();
+        let tls = LiveTls::new(identity)?;
+        metrics.tls.loaded(&tls.current());
+        let endpoint = endpoint::bind(&tls, config.bind, &config.quic)?;
         let local_addr = endpoint.local_addr().map_err(|source| MeshError::Bind {
             bind: config.bind,
             source,
@@ -115,11 +123,13 @@ impl Mesh {
 
         let (gossip_tx, gossip_rx) = mpsc::channel(GOSSIP_QUEUE);
         let (forward_tx, forward_rx) = mpsc::channel(FORWARD_QUEUE);
+        let established = Arc::new(trust::Established::default());
         let router = StreamRouter {
             gossip: gossip_tx,
             forwards: forward_tx,
             metrics: metrics.clone(),
             header_timeout: config.quic.stream_open_timeout,
+            established: established.clone(),
         };
         let pool = Arc::new(ConnectionPool::new(
             endpoint.clone(),
@@ -133,6 +143,18 @@ impl Mesh {
             router,
             config.quic.connect_timeout,
         ))];
+        tasks.push(tokio::spawn(trust::recheck_loop(
+            tls.clone(),
+            established,
+            metrics.clone(),
+        )));
+        if let Some(reload) = config.tls_reload {
+            tasks.push(crate::tls::reload::spawn(
+                tls.clone(),
+                reload,
+                metrics.tls.clone(),
+            ));
+        }
         let pruning = pool.clone();
         tasks.push(tokio::spawn(async move {
             let mut ticker = tokio::time::interval(Duration::from_secs(60));
@@ -143,7 +165,7 @@ impl Mesh {
         }));
 
         let gossip = gossip::start(gossip::GossipStart {
-            name: identity.name.clone(),
+            name: name.clone(),
             advertise,
             cluster_id: config.cluster_id,
             seeds: config.seeds,
@@ -163,9 +185,9 @@ impl Mesh {
                 return Err(err.into());
             }
         };
-        tracing::info!(node = %identity.name, %local_addr, %advertise, "mesh started");
+        tracing::info!(node = %name, %local_addr, %advertise, "mesh started");
         Ok(Mesh {
-            name: identity.name,
+            name,
             local_addr,
             advertise,
             endpoint,

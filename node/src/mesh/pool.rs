@@ -12,7 +12,7 @@ use super::MeshError;
 use super::acceptor::{StreamRouter, identify_peer};
 use super::metrics::MeshMetrics;
 use super::wire::{StreamKind, codes};
-use crate::tls::SNI;
+use crate::tls::{self, PeerRole, SNI};
 
 /// An established connection and the node name its certificate proves.
 #[derive(Debug, Clone)]
@@ -103,7 +103,20 @@ impl ConnectionPool {
             }
             Err(err) => {
                 self.metrics.connect_failures.inc();
-                guard.failed = Some((Instant::now(), err.to_string()));
+                let error = err.to_string();
+                // A refused certificate is loud once per spell, not at every gossip round.
+                let before = guard.failed.as_ref().map(|(_, e)| tls::refusal_reason(e));
+                if let Some(reason) = tls::refusal_reason(&error)
+                    && before != Some(Some(reason))
+                {
+                    tracing::warn!(
+                        %addr,
+                        reason,
+                        %error,
+                        "mesh connection to {addr} refused: {reason}"
+                    );
+                }
+                guard.failed = Some((Instant::now(), error));
                 Err(err)
             }
         }
@@ -217,7 +230,7 @@ impl ConnectionPool {
                 what: "connect",
             })??;
         tracing::debug!(peer = %peer.peer_name, %addr, "mesh connection established");
-        self.router.serve(peer.clone());
+        self.router.serve(peer.clone(), PeerRole::Server);
         Ok(peer)
     }
 }

@@ -32,6 +32,8 @@ pub mod codes {
     pub const NOT_ACCEPTING: VarInt = VarInt::from_u32(3);
     /// Gossip declared the peer dead: its connection is closed rather than left to time out.
     pub const PEER_DEAD: VarInt = VarInt::from_u32(4);
+    /// The peer's certificate is no longer accepted (revoked, expired, CA no longer trusted).
+    pub const UNTRUSTED: VarInt = VarInt::from_u32(5);
 }
 
 /// The first byte of every mesh stream.

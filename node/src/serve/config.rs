@@ -53,6 +53,13 @@ pub struct ServeArgs {
     /// Directory with ca.pem and this node's certificate and key (see `kvmesh cert`).
     #[arg(long, env = "KVMESH_TLS_DIR")]
     pub tls_dir: Option<PathBuf>,
+    /// PEM file of CRLs (`kvmesh cert revoke`): peers whose certificate it lists are refused.
+    /// Reloaded when it changes, like the files of --tls-dir.
+    #[arg(long, env = "KVMESH_CRL")]
+    pub crl: Option<PathBuf>,
+    /// How often the TLS files (and --crl) are checked for changes; SIGHUP checks at once.
+    #[arg(long, env = "KVMESH_TLS_RELOAD_INTERVAL_MS")]
+    pub tls_reload_interval_ms: Option<u64>,
     /// Require `Authorization: Bearer KEY` on the OpenAI endpoints.
     #[arg(long, env = "KVMESH_API_KEY")]
     pub api_key: Option<String>,
@@ -275,6 +282,9 @@ pub struct ServeConfig {
     pub node_id: String,
     pub cluster_id: String,
     pub tls_dir: PathBuf,
+    /// `--crl`: CRLs enforced on peers.
+    pub crl: Option<PathBuf>,
+    pub tls_reload_interval: Duration,
     pub api_key: Option<String>,
     pub max_body_bytes: usize,
     pub retries: usize,
@@ -452,6 +462,11 @@ impl ServeConfig {
                 .or(file.cluster_id)
                 .unwrap_or_else(|| defaults::CLUSTER_ID.into()),
             tls_dir,
+            crl: cli.crl.or(file.crl),
+            tls_reload_interval: millis(
+                cli.tls_reload_interval_ms.or(file.tls_reload_interval_ms),
+                defaults::TLS_RELOAD_INTERVAL,
+            ),
             api_key: cli.api_key.or(file.api_key).filter(|k| !k.is_empty()),
             max_body_bytes: cli
                 .max_body_bytes
@@ -656,6 +671,25 @@ mod tests {
         assert_eq!(config.worker_threads, 2);
         assert_eq!(config.route.policy, ScoreForm::Cost);
         assert_eq!(config.route.alpha, 2.0);
+    }
+
+    #[test]
+    fn the_crl_and_the_tls_poll_come_from_the_file_too() {
+        let config = ServeConfig::resolve(args()).unwrap();
+        assert_eq!(config.crl, None);
+        assert_eq!(config.tls_reload_interval, Duration::from_secs(2));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kvmesh.toml");
+        std::fs::write(
+            &path,
+            "crl = \"/etc/kvmesh/crl.pem\"\ntls-reload-interval-ms = 500\n",
+        )
+        .unwrap();
+        let mut cli = args();
+        cli.config = Some(path);
+        let config = ServeConfig::resolve(cli).unwrap();
+        assert_eq!(config.crl, Some("/etc/kvmesh/crl.pem".into()));
+        assert_eq!(config.tls_reload_interval, Duration::from_millis(500));
     }
 
     #[test]

@@ -31,6 +31,8 @@ pub const LORA_PATH_TEMPLATE: &str = "{name}";
 pub const LORA_LOAD_TIMEOUT: Duration = Duration::from_secs(60);
 /// 20 MiB: a large photo, well under the body limit it is inlined into.
 pub const FETCH_MEDIA_MAX_BYTES: usize = 20 * 1024 * 1024;
+/// How often the TLS files are polled for changes (why polling: `tls::reload`).
+pub const TLS_RELOAD_INTERVAL: Duration = crate::tls::reload::DEFAULT_INTERVAL;
 /// A fetch on the request path: long enough for an object store, short next to a prefill.
 pub const FETCH_MEDIA_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -64,6 +66,7 @@ fn shown(id: &str) -> Option<String> {
             FETCH_MEDIA_MAX_BYTES >> 20
         ),
         "fetch_media_timeout_ms" => millis(FETCH_MEDIA_TIMEOUT),
+        "tls_reload_interval_ms" => millis(TLS_RELOAD_INTERVAL),
         _ => return None,
     })
 }
@@ -120,7 +123,7 @@ mod tests {
                 ),
             }
         }
-        assert_eq!(shown_count, 21, "a default of `shown` names no flag");
+        assert_eq!(shown_count, 22, "a default of `shown` names no flag");
         assert_eq!(shown("policy").as_deref(), Some("score"));
         assert_eq!(shown("gossip_interval_ms").as_deref(), Some("200 ms"));
         assert_eq!(shown("listen").as_deref(), Some("0.0.0.0:8000"));

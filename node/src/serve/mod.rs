@@ -19,7 +19,7 @@ use crate::front;
 use crate::mesh::{Mesh, MeshConfig};
 use crate::metrics::NodeMetrics;
 use crate::prefix::{IndexMode, LocalPrefixes};
-use crate::tls::NodeIdentity;
+use crate::tls::{TlsReload, TlsSource};
 use crate::view::{HTTP_KEY, INTENTS_KEY, LORA_KEY, SharedView, VERSION_KEY, encode_loadable};
 use anyhow::Context;
 use config::ServeConfig;
@@ -44,7 +44,13 @@ const MESH_CLOSE_WAIT: Duration = Duration::from_secs(1);
 /// Runs the sidecar until SIGTERM or Ctrl-C has drained it. The caller resolves the
 /// configuration first: it says how many threads the runtime gets.
 pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
-    let identity = NodeIdentity::load(&config.tls_dir, &config.node_id)
+    let tls = TlsSource {
+        dir: config.tls_dir.clone(),
+        name: config.node_id.clone(),
+        crl: config.crl.clone(),
+    };
+    let identity = tls
+        .load()
         .with_context(|| format!("loading the TLS identity of node `{}`", config.node_id))?;
     let client = EngineClient::new(&config.backend, config.backend_api_key.clone())?;
     let listener = TcpListener::bind(config.listen)
@@ -56,6 +62,10 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         MeshConfig::new(config.mesh, config.cluster_id.clone(), config.seeds.clone());
     mesh_config.advertise = config.advertise;
     mesh_config.gossip.interval = config.gossip_interval;
+    mesh_config.tls_reload = Some(TlsReload {
+        source: tls,
+        interval: config.tls_reload_interval,
+    });
     let mesh = Arc::new(
         Mesh::start(mesh_config, identity)
             .await

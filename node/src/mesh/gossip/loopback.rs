@@ -379,7 +379,7 @@ mod tests {
         issue_node_cert(dir.path(), "me", dir.path(), &[], DEFAULT_NODE_VALIDITY).unwrap();
         let identity = NodeIdentity::load(dir.path(), "me").unwrap();
         let endpoint = crate::mesh::endpoint::bind(
-            &identity,
+            &crate::tls::LiveTls::new(identity).unwrap(),
             "127.0.0.1:0".parse().unwrap(),
             &QuicConfig::default(),
         )
@@ -390,6 +390,7 @@ mod tests {
             forwards: mpsc::channel(1).0,
             metrics: metrics.clone(),
             header_timeout: Duration::from_secs(1),
+            established: Default::default(),
         };
         let connect_timeout = Duration::from_millis(200);
         let pool = Arc::new(ConnectionPool::new(
