@@ -28,7 +28,7 @@ usage() {
 Usage: scripts/demo.sh [options]
 
   --nodes N             engines and sidecars (default 4)
-  --workload W          gsp | trace | chat | rag | rag-pressure | pd-burst, or a comma-separated
+  --workload W          gsp | trace | chat | rag | rag-pressure | pd-burst | vision, or a comma-separated
                         list (default gsp,trace; with --pd, pd-burst; rag-pressure: RAG on
                         engines whose KV cache holds only two or three of its document pairs;
                         pd-burst: long prompts with decode bursts, see --pd)
@@ -133,7 +133,7 @@ fi
 [[ $DURATION =~ ^[0-9]+$ && $DURATION -ge 5 ]] || { echo "demo.sh: --duration must be an integer >= 5" >&2; exit 2; }
 IFS=, read -r -a WORKLOAD_LIST <<<"$WORKLOADS"
 for w in "${WORKLOAD_LIST[@]}"; do
-    case $w in gsp | trace | chat | rag | rag-pressure | pd-burst) ;; *) echo "demo.sh: unknown workload $w" >&2; exit 2 ;; esac
+    case $w in gsp | trace | chat | rag | rag-pressure | pd-burst | vision) ;; *) echo "demo.sh: unknown workload $w" >&2; exit 2 ;; esac
 done
 
 T0=$(date +%s)
@@ -270,6 +270,20 @@ configure() {
             ENGINE_ARGS=(--kv-blocks 640 --block-size 16)
             LOAD_ARGS+=(--rate "$rate" --duration "$secs")
             ENGINE_NOTE="rag-pressure: 6 documents of 2048 tokens, 2 per request (Zipf), 64-token questions, 32 output tokens, at $rate req/s (Poisson) for $secs s; engines: 640 KV blocks x 16 tokens, two or three document pairs each"
+            ;;
+        vision)
+            # Product photos asked about (sim/src/workload/vision.rs): 24 real PNGs of 224x224
+            # to 1024x768 px (64-1036 tokens, 25-390 KB), Zipf-popular, each session keeping
+            # its picture for 4 turns, 16 sessions open at a time, sent as data URLs. 512 KV
+            # blocks per engine (8192 tokens): a quarter of the pictures fit on each engine,
+            # not all of them. The engines charge the vision encoder for pictures they miss.
+            # --quick: 15 s of load.
+            local secs=$DURATION
+            [[ $QUICK == 1 ]] && secs=15
+            EXPECTED_S=$secs
+            ENGINE_ARGS=(--kv-blocks 512 --block-size 16)
+            LOAD_ARGS+=(--rate 8 --duration "$secs" --vision-sessions 16)
+            ENGINE_NOTE="vision: 24 PNG pictures (64-1036 tokens each, Zipf-popular) in 4-turn sessions (16 open at a time) at 8 req/s (Poisson) for $secs s; engines: 512 KV blocks x 16 tokens, vision encoder at a third of prefill's cost per token"
             ;;
         pd-burst)
             # Long prefills overlapping decode bursts (scripts/lib/pd-burst-trace.py), replayed
