@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
-use quinn::{IdleTimeout, MtuDiscoveryConfig, TransportConfig, VarInt};
+use quinn::{IdleTimeout, TransportConfig, VarInt};
 
 use super::MeshError;
 use super::config::QuicConfig;
@@ -71,18 +71,9 @@ fn udp_socket(bind: SocketAddr) -> std::io::Result<std::net::UdpSocket> {
     Ok(socket.into())
 }
 
-/// The largest UDP payload MTU discovery probes for: a 9000-byte jumbo frame less the IPv4 and
-/// UDP headers. GPU clusters commonly run jumbo frames, and a request body of hundreds of
-/// kilobytes (an image) costs a packet's encryption and a system call per datagram; where the
-/// path's MTU is Ethernet's 1500, the probes fail harmlessly and 1452 bytes stay in use.
-const MTU_UPPER_BOUND: u16 = 8972;
-
 fn transport_config(config: &QuicConfig) -> Result<TransportConfig, MeshError> {
     let mut transport = TransportConfig::default();
-    let mut mtu_discovery = MtuDiscoveryConfig::default();
-    mtu_discovery.upper_bound(MTU_UPPER_BOUND);
     transport
-        .mtu_discovery_config(Some(mtu_discovery))
         .max_concurrent_bidi_streams(VarInt::from_u32(config.max_concurrent_bidi_streams))
         .max_concurrent_uni_streams(VarInt::from_u32(config.max_concurrent_uni_streams))
         .keep_alive_interval(Some(config.keep_alive_interval))
