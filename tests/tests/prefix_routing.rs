@@ -260,7 +260,13 @@ fn a_killed_node_stops_receiving_traffic_and_no_unstarted_request_is_lost() {
                 &args,
             )
         });
-        std::thread::sleep(Duration::from_secs(2));
+        // Killed while its engine works on requests the survivors forwarded to it: those
+        // have not started (non-streamed) and must be retried elsewhere.
+        wait_until(
+            Duration::from_secs(30),
+            "requests in flight at the node to be killed",
+            || engines[NODES - 1].metric("vllm:num_requests_running", &[]) > 0.0,
+        );
         nodes[NODES - 1].kill9();
         running.join().expect("load thread")
     });
