@@ -26,6 +26,7 @@ pub mod sidecar;
 pub mod sse;
 pub mod tools;
 pub mod traffic;
+pub mod udp_delay;
 pub mod wait;
 
 pub use cluster::{CONVERGENCE_TIMEOUT, Cluster, Node, NodeSpec};

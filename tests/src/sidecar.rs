@@ -34,6 +34,9 @@ pub struct SidecarConfig {
     max_body_bytes: Option<u64>,
     extra_args: Vec<String>,
     env: Vec<(String, String)>,
+    /// The mesh's UDP address and the one it advertises, when not an ephemeral port and
+    /// itself.
+    mesh: Option<(SocketAddr, SocketAddr)>,
 }
 
 impl SidecarConfig {
@@ -55,7 +58,14 @@ impl SidecarConfig {
             max_body_bytes: None,
             extra_args: Vec::new(),
             env: Vec::new(),
+            mesh: None,
         }
+    }
+
+    /// Binds the mesh at `bind` and advertises `advertise` (a relay in front of it).
+    pub fn mesh_behind(mut self, bind: SocketAddr, advertise: SocketAddr) -> Self {
+        self.mesh = Some((bind, advertise));
+        self
     }
 
     /// Mesh addresses of nodes already running.
@@ -104,7 +114,13 @@ impl SidecarConfig {
         command.env("NO_COLOR", "1"); // plain logs in failure reports
         command.envs(self.env.iter().map(|(name, value)| (name, value)));
         command.args(["serve", "--backend", &self.backend]);
-        command.args(["--listen", "127.0.0.1:0", "--mesh", "127.0.0.1:0"]);
+        command.args(["--listen", "127.0.0.1:0"]);
+        match self.mesh {
+            Some((bind, advertise)) => command
+                .args(["--mesh", &bind.to_string()])
+                .args(["--advertise", &advertise.to_string()]),
+            None => command.args(["--mesh", "127.0.0.1:0"]),
+        };
         command.args(["--node-id", &self.node_id, "--cluster-id", &self.cluster_id]);
         command.arg("--tls-dir").arg(&self.tls_dir);
         if !self.seeds.is_empty() {
