@@ -29,6 +29,8 @@ pub struct EngineConfig {
     models: Vec<String>,
     timing: Timing,
     extra_args: Vec<String>,
+    /// A fixed port (to restart an engine where its sidecar expects it); ephemeral if `None`.
+    port: Option<u16>,
 }
 
 impl EngineConfig {
@@ -43,7 +45,14 @@ impl EngineConfig {
             models: models.iter().map(|model| model.to_string()).collect(),
             timing: Timing::Instant,
             extra_args: Vec::new(),
+            port: None,
         }
+    }
+
+    /// Listens on `port` rather than an ephemeral one.
+    pub fn port(mut self, port: u16) -> Self {
+        self.port = Some(port);
+        self
     }
 
     pub fn timing(mut self, timing: Timing) -> Self {
@@ -60,7 +69,8 @@ impl EngineConfig {
     pub fn start(self) -> Engine {
         let mut command = Command::new(KVMESH_SIM.path());
         command.env("NO_COLOR", "1"); // plain logs in failure reports
-        command.args(["engine", "--host", "127.0.0.1", "--port", "0"]);
+        let port = self.port.unwrap_or(0).to_string();
+        command.args(["engine", "--host", "127.0.0.1", "--port", &port]);
         for model in &self.models {
             command.args(["--model", model]);
         }
