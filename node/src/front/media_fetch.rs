@@ -98,11 +98,15 @@ impl MediaFetcher {
             if !response.status().is_success() {
                 return Err(format!("answered {}", response.status()));
             }
+            // The media type alone (`image/png; q=1` → `image/png`): the engine reads the
+            // data URL's type to choose a decoder.
             let content_type = response
                 .headers()
                 .get(http::header::CONTENT_TYPE)
                 .and_then(|v| v.to_str().ok())
-                .filter(|v| !v.is_empty() && !v.contains([',', ';']))
+                .and_then(|v| v.split(';').next())
+                .map(str::trim)
+                .filter(|v| !v.is_empty() && !v.contains([',', ' ']))
                 .unwrap_or("application/octet-stream")
                 .to_owned();
             let limited = Limited::new(response.into_body(), self.rules.max_bytes);
@@ -179,7 +183,7 @@ mod tests {
                         _ => ("404 Not Found", b"no".to_vec()),
                     };
                     let head = format!(
-                        "HTTP/1.1 {status}\r\ncontent-type: image/png\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                        "HTTP/1.1 {status}\r\ncontent-type: image/png; x=1\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
                         body.len()
                     );
                     let _ = socket.write_all(head.as_bytes()).await;
