@@ -243,7 +243,7 @@ impl NodeMetrics {
         let counts = [
             ("pinned", report.pinned - report.replaced),
             ("replaced", report.replaced),
-            ("unverified", report.unverified - report.moved),
+            ("unverified", report.unverified),
             ("moved", report.moved),
         ];
         for (outcome, count) in counts {
@@ -448,7 +448,7 @@ impl NodeMetrics {
         );
         registry.register(
             "media_parts",
-            "Media parts (images, audio, video) of chat requests entering at this node, by outcome: pinned (bytes hashed, identity written as the part's uuid), replaced (pinned over a client uuid), unverified (a URL whose bytes this node did not see), moved (an unverified part whose client uuid posed as a verified one), fetched or fetch_failed (--fetch-media)",
+            "Media parts (images, audio, video) of chat requests entering at this node, by outcome: pinned (bytes hashed, identity written as the part's uuid), replaced (pinned over a client uuid), unverified (a URL whose bytes this node did not see), moved (a part whose bytes this node did not see, media or not, whose client uuid posed as a verified one; also counted as unverified when it is media), fetched or fetch_failed (--fetch-media)",
             self.media_parts.clone(),
         );
         registry.register(

@@ -12,7 +12,8 @@
 //! to be answered from its own) would make the engine reuse KV computed for other pixels. A
 //! part whose bytes the sidecar cannot see (a plain URL) keeps the client's `uuid`, which is
 //! the client's business as it is with vLLM alone, except that one posing as a verified
-//! identity is moved out of that namespace, so that it can never alias bytes a sidecar hashed.
+//! identity is moved out of that namespace, so that it can never alias bytes a sidecar hashed;
+//! so is one on any other part (image embeddings, a kind this code does not read).
 
 use super::media::{MediaPart, VERIFIED_UUID_PREFIX};
 use super::splice;
@@ -25,9 +26,9 @@ pub struct PinReport {
     pub pinned: u32,
     /// Of those, parts that came with a different client `uuid`.
     pub replaced: u32,
-    /// Parts whose bytes the sidecar cannot see (a plain URL): the engine identifies them.
+    /// Media parts whose bytes the sidecar cannot see (a plain URL): the engine identifies them.
     pub unverified: u32,
-    /// Of those, parts whose client `uuid` posed as a verified one.
+    /// Parts not verified here (media or not) whose client `uuid` posed as a verified one.
     pub moved: u32,
     /// Parts whose `uuid` was written: when non-zero, the body must be serialized again.
     pub rewritten: u32,
@@ -72,10 +73,11 @@ fn pin(body: &mut Value) -> (PinReport, Vec<(usize, String)>) {
         .filter_map(|message| message.get_mut("content")?.as_array_mut())
         .flatten();
     for (ordinal, part) in parts.enumerate() {
-        let Some(media) = MediaPart::of(part) else {
-            continue;
-        };
-        let identity = media.verified_identity().map(|id| id.uuid());
+        // A part of a kind not read here (image embeddings, a newer media type) is never
+        // verified: its `uuid` must not pose as a verified one either.
+        let identity = MediaPart::of(part).and_then(|media| media.verified_identity());
+        let identity = identity.map(|id| id.uuid());
+        let is_media = MediaPart::of(part).is_some();
         let Some(object) = part.as_object_mut() else {
             continue;
         };
@@ -94,7 +96,7 @@ fn pin(body: &mut Value) -> (PinReport, Vec<(usize, String)>) {
                 report.rewritten += 1;
             }
             None => {
-                report.unverified += 1;
+                report.unverified += u32::from(is_media);
                 let Some(client) = client
                     .and_then(Value::as_str)
                     .filter(|u| u.starts_with(VERIFIED_UUID_PREFIX))
