@@ -22,7 +22,8 @@ use crate::tls::{LiveTls, PeerRole, refusal_reason};
 /// How often established connections are re-checked without a reload (for expiry).
 pub(crate) const RECHECK_INTERVAL: Duration = Duration::from_secs(60);
 
-struct Entry {
+/// An open connection and whom it was authenticated as.
+struct Tracked {
     conn: Connection,
     peer_name: Arc<str>,
     role: PeerRole,
@@ -31,12 +32,12 @@ struct Entry {
 /// The open connections, by quinn's stable id.
 #[derive(Default)]
 pub(crate) struct Established {
-    connections: Mutex<HashMap<usize, Entry>>,
+    connections: Mutex<HashMap<usize, Tracked>>,
 }
 
 impl Established {
     pub fn insert(&self, conn: &Connection, peer_name: &Arc<str>, role: PeerRole) {
-        let entry = Entry {
+        let entry = Tracked {
             conn: conn.clone(),
             peer_name: peer_name.clone(),
             role,
@@ -86,7 +87,7 @@ impl Established {
         refused.len()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<usize, Entry>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<usize, Tracked>> {
         self.connections.lock().unwrap_or_else(|e| e.into_inner())
     }
 }

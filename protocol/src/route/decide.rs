@@ -143,13 +143,14 @@ pub enum RouteError {
 /// Reusable buffers, so a busy node allocates nothing per decision beyond the result.
 #[derive(Debug, Default)]
 pub struct DecideScratch {
-    entries: Vec<Entry>,
+    entries: Vec<Considered>,
     scored: Vec<Scored>,
     weights: Vec<u64>,
 }
 
+/// A candidate as this decision considers it: its match and its load, read once.
 #[derive(Copy, Clone, Debug)]
-struct Entry {
+struct Considered {
     index: usize,
     node_key: u64,
     matched: u32,
@@ -265,7 +266,7 @@ pub fn decide_with(
             summary_match(digest, candidate.offload, request.chain).saturating_sub(on_gpu);
         let offload_worth =
             (f64::from(offloaded) * config.offload_weight.clamp(0.0, 1.0)).round() as u32;
-        entries.push(Entry {
+        entries.push(Considered {
             index,
             node_key: candidate.node_key,
             matched: on_gpu + offload_worth,
@@ -316,7 +317,7 @@ pub fn decide_with(
         .map(|e| e.ready)
         .max()
         .unwrap_or(LoraReadiness::Running);
-    let is_choice = |e: &Entry, floor: u64| {
+    let is_choice = |e: &Considered, floor: u64| {
         e.ready == best_ready && rendezvous_weight(request.chain[0], e.node_key) >= floor
     };
     let cold_floor = if cold {
@@ -455,7 +456,7 @@ pub(super) fn summary_match(
 /// Calls `each` with every entry's ranking key under `view`: candidates within the spread
 /// margin of the best (among those with the best's bound status) are in the band.
 fn rank(
-    entries: &[Entry],
+    entries: &[Considered],
     scored: &[Scored],
     view: View,
     spread: Option<u64>,
@@ -511,7 +512,7 @@ fn insert_top(top: &mut Vec<Ranked>, item: Ranked, keep: usize) {
 
 fn base_score(
     candidate: &Candidate<'_>,
-    entry: &Entry,
+    entry: &Considered,
     request: &RouteRequest<'_>,
     config: &RouteConfig,
 ) -> f64 {
