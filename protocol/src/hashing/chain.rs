@@ -1,7 +1,7 @@
 //! The chained block hash itself.
 
-use super::BlockHash;
 use super::media::MediaId;
+use super::{BlockHash, MAX_CHAIN_BLOCKS};
 
 /// What a block holds; part of the key so a text block can never collide with a media block
 /// or a token block of the same bytes.
@@ -64,7 +64,7 @@ fn link(prev: u64, kind: BlockKind, block: &[u8]) -> BlockHash {
 /// adds as many blocks as its tokens fill, each keyed by the item's identity and its offset
 /// within the item: an image worth a thousand tokens weighs in a match as a thousand tokens
 /// of text would. A trailing partial text block is dropped: only whole blocks count, as in
-/// vLLM's prefix cache.
+/// vLLM's prefix cache. The chain stops at [`MAX_CHAIN_BLOCKS`].
 #[derive(Debug)]
 pub struct ChainBuilder {
     prev: u64,
@@ -101,8 +101,9 @@ impl ChainBuilder {
             }
         }
         let whole = bytes.len() - bytes.len() % self.block_bytes;
-        self.chain.reserve(whole / self.block_bytes);
-        for block in bytes[..whole].chunks_exact(self.block_bytes) {
+        let room = MAX_CHAIN_BLOCKS.saturating_sub(self.chain.len());
+        self.chain.reserve((whole / self.block_bytes).min(room));
+        for block in bytes[..whole].chunks_exact(self.block_bytes).take(room) {
             self.prev = link(self.prev, BlockKind::Text, block);
             self.chain.push(self.prev);
         }
@@ -117,6 +118,7 @@ impl ChainBuilder {
         }
         self.media_tokens += u64::from(tokens);
         let blocks = (tokens as usize).div_ceil(self.tokens_per_block()).max(1);
+        let blocks = blocks.min(MAX_CHAIN_BLOCKS.saturating_sub(self.chain.len()));
         let mut block = [0u8; 36];
         block[..32].copy_from_slice(&id.0);
         self.chain.reserve(blocks);
@@ -135,8 +137,10 @@ impl ChainBuilder {
     }
 
     fn emit_pending(&mut self) {
-        self.prev = link(self.prev, BlockKind::Text, &self.pending);
-        self.chain.push(self.prev);
+        if self.chain.len() < MAX_CHAIN_BLOCKS {
+            self.prev = link(self.prev, BlockKind::Text, &self.pending);
+            self.chain.push(self.prev);
+        }
         self.pending.clear();
     }
 
@@ -171,6 +175,7 @@ pub fn chain_from_tokens(seed: ChainSeed, tokens: &[u32], block_tokens: usize) -
     let mut bytes = Vec::with_capacity(block_tokens * 4);
     tokens
         .chunks_exact(block_tokens)
+        .take(MAX_CHAIN_BLOCKS)
         .map(|block| {
             bytes.clear();
             for token in block {
@@ -228,6 +233,7 @@ pub fn chain_from_media_tokens(
     let mut media = Vec::new();
     tokens
         .chunks_exact(block_tokens)
+        .take(MAX_CHAIN_BLOCKS)
         .enumerate()
         .map(|(index, block)| {
             let (start, end) = (index * block_tokens, (index + 1) * block_tokens);
@@ -285,6 +291,26 @@ mod tests {
             chain.len(),
             4,
             "partial text block, then 40 tokens' worth of media blocks"
+        );
+    }
+
+    #[test]
+    fn chains_stop_at_their_bound_whatever_the_media_claim() {
+        let seed = ChainSeed::new("m", None);
+        let mut builder = ChainBuilder::new(seed, 64);
+        for i in 0..200u8 {
+            builder.push_text(b"a caption");
+            builder.push_media(&MediaId([i; 32]), 16_384);
+        }
+        let chain = builder.finish();
+        assert_eq!(chain.len(), MAX_CHAIN_BLOCKS);
+        let text = vec![b'x'; 64 * (MAX_CHAIN_BLOCKS + 10)];
+        assert_eq!(chain_from_text(seed, &text, 64).len(), MAX_CHAIN_BLOCKS);
+        let tokens = vec![1u32; 16 * (MAX_CHAIN_BLOCKS + 10)];
+        assert_eq!(chain_from_tokens(seed, &tokens, 16).len(), MAX_CHAIN_BLOCKS);
+        assert_eq!(
+            chain_from_media_tokens(seed, &tokens, 16, &[]).len(),
+            MAX_CHAIN_BLOCKS
         );
     }
 

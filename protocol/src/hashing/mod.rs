@@ -43,6 +43,12 @@ pub type BlockHash = u64;
 /// Bumped whenever the bytes fed to the hash change; nodes with different versions never match.
 pub const HASH_VERSION: u16 = 2;
 
+/// The longest chain hashed: 65,536 blocks, about a million tokens, past any model's context.
+/// Blocks beyond it add nothing to routing, and without a bound a request could claim huge
+/// images a few bytes each (a header says the size) and make the entry hash and hold
+/// millions of blocks.
+pub const MAX_CHAIN_BLOCKS: usize = 1 << 16;
+
 /// Default text block: 64 bytes, about 16 tokens, vLLM's default KV block.
 pub const DEFAULT_BLOCK_BYTES: usize = 64;
 /// Default token block: vLLM's default KV block size.
