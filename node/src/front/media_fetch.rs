@@ -17,7 +17,7 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use kvmesh_protocol::hashing::MediaPart;
+use kvmesh_protocol::hashing::{MediaPart, content_parts_mut};
 use serde_json::Value;
 
 /// Fetches media URLs for one node.
@@ -44,28 +44,19 @@ impl MediaFetcher {
     /// Replaces every fetchable media URL of a chat body's messages with a `data:` URL of its
     /// bytes; returns how many were inlined. Fetches run concurrently.
     pub async fn inline_urls(&self, body: &mut Value, metrics: &NodeMetrics) -> usize {
-        let Some(messages) = body.get_mut("messages").and_then(Value::as_array_mut) else {
-            return 0;
-        };
-        let parts: Vec<&mut Value> = messages
-            .iter_mut()
-            .filter_map(|message| message.get_mut("content")?.as_array_mut())
-            .flatten()
-            .filter(|part| matches!(MediaPart::of(part), Some(MediaPart::Url(url)) if self.fetchable(url)))
+        let targets: Vec<(&mut Value, String)> = content_parts_mut(body)
+            .filter_map(|part| {
+                let url = match MediaPart::of(part) {
+                    Some(MediaPart::Url(url)) if self.fetchable(url) => url.to_owned(),
+                    _ => return None,
+                };
+                Some((part, url))
+            })
             .collect();
-        if parts.is_empty() {
-            return 0;
-        }
-        let fetches = parts.iter().map(|part| {
-            let url = match MediaPart::of(part) {
-                Some(MediaPart::Url(url)) => url.to_owned(),
-                _ => String::new(),
-            };
-            async move { (self.fetch(&url).await, url) }
-        });
+        let fetches = targets.iter().map(|(_, url)| self.fetch(url));
         let fetched = futures::future::join_all(fetches).await;
         let mut inlined = 0;
-        for (part, (result, url)) in parts.into_iter().zip(fetched) {
+        for ((part, url), result) in targets.into_iter().zip(fetched) {
             match result {
                 Ok((content_type, bytes)) => {
                     metrics.media_fetched("fetched");

@@ -107,6 +107,29 @@ fn streamed_identity(base64: &str) -> Option<MediaId> {
     Some(MediaId(*hasher.finalize().as_bytes()))
 }
 
+/// The content parts of a chat body's messages, in order: the elements of every message's
+/// `content` array (a message whose content is a string has none). One definition for
+/// hashing, pinning and fetching, since the raw splice (`splice`) places uuids by a part's
+/// ordinal in this order.
+pub fn content_parts(body: &Value) -> impl Iterator<Item = &Value> {
+    body.get("messages")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|message| message.get("content")?.as_array())
+        .flatten()
+}
+
+/// [`content_parts`], mutable.
+pub fn content_parts_mut(body: &mut Value) -> impl Iterator<Item = &mut Value> {
+    body.get_mut("messages")
+        .and_then(Value::as_array_mut)
+        .into_iter()
+        .flatten()
+        .filter_map(|message| message.get_mut("content")?.as_array_mut())
+        .flatten()
+}
+
 /// Where a chat content part keeps its media, if it is a media part.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum MediaPart<'a> {
@@ -155,10 +178,9 @@ impl<'a> MediaPart<'a> {
 /// may follow kilobytes of metadata) or an unreadable prefix costs a whole decode.
 pub fn data_url_token_estimate(url: &str) -> u32 {
     const HEAD_CHARS: usize = 64;
-    let payload = url
-        .strip_prefix("data:")
-        .and_then(|rest| rest.split_once(','))
-        .map(|(_, payload)| payload.trim_start());
+    // Bytes, not a `str` slice: a client's payload may hold any UTF-8 (it then fails to
+    // decode), and a character boundary is not guaranteed at 64.
+    let payload = data_url_payload(url).map(|payload| payload.trim_start().as_bytes());
     if let Some(payload) = payload.filter(|p| p.len() > HEAD_CHARS)
         && let Ok(head) = base64::engine::general_purpose::STANDARD.decode(&payload[..HEAD_CHARS])
     {

@@ -28,8 +28,8 @@ pub use chain::{
     chain_from_tokens, extend_with_media_tokens, extend_with_tokens,
 };
 pub use media::{
-    DEFAULT_MEDIA_TOKENS, MediaId, MediaPart, VERIFIED_UUID_PREFIX, data_url_bytes,
-    image_dimensions, media_token_estimate,
+    DEFAULT_MEDIA_TOKENS, MediaId, MediaPart, VERIFIED_UUID_PREFIX, content_parts,
+    content_parts_mut, data_url_bytes, image_dimensions, media_token_estimate,
 };
 pub use pin::{MOVED_UUID_PREFIX, PinReport, pin_media_uuids, pin_media_uuids_raw};
 pub use request::{

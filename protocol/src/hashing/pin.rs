@@ -15,7 +15,7 @@
 //! identity is moved out of that namespace, so that it can never alias bytes a sidecar hashed;
 //! so is one on any other part (image embeddings, a kind this code does not read).
 
-use super::media::{MediaPart, VERIFIED_UUID_PREFIX};
+use super::media::{MediaPart, VERIFIED_UUID_PREFIX, content_parts_mut};
 use super::splice;
 use serde_json::Value;
 
@@ -65,19 +65,14 @@ pub fn pin_media_uuids_raw(raw: &[u8], body: &mut Value) -> (PinReport, Option<V
 fn pin(body: &mut Value) -> (PinReport, Vec<(usize, String)>) {
     let mut report = PinReport::default();
     let mut added = Vec::new();
-    let Some(messages) = body.get_mut("messages").and_then(Value::as_array_mut) else {
-        return (report, added);
-    };
-    let parts = messages
-        .iter_mut()
-        .filter_map(|message| message.get_mut("content")?.as_array_mut())
-        .flatten();
-    for (ordinal, part) in parts.enumerate() {
+    for (ordinal, part) in content_parts_mut(body).enumerate() {
         // A part of a kind not read here (image embeddings, a newer media type) is never
         // verified: its `uuid` must not pose as a verified one either.
-        let identity = MediaPart::of(part).and_then(|media| media.verified_identity());
-        let identity = identity.map(|id| id.uuid());
-        let is_media = MediaPart::of(part).is_some();
+        let media = MediaPart::of(part);
+        let is_media = media.is_some();
+        let identity = media
+            .and_then(MediaPart::verified_identity)
+            .map(|id| id.uuid());
         let Some(object) = part.as_object_mut() else {
             continue;
         };

@@ -10,7 +10,9 @@ use super::canonical_json::write_canonical;
 use super::chain::{
     ChainBuilder, ChainSeed, MediaSpan, chain_from_media_tokens, chain_from_tokens,
 };
-use super::media::{DEFAULT_MEDIA_TOKENS, MediaId, MediaPart, data_url_token_estimate};
+use super::media::{
+    DEFAULT_MEDIA_TOKENS, MediaId, MediaPart, content_parts, data_url_token_estimate,
+};
 use super::{BYTES_PER_TOKEN_ESTIMATE, BlockHash, HashConfig, HashMode};
 use serde_json::Value;
 
@@ -152,7 +154,7 @@ pub fn hash_tokenized_seeded(
     let block_tokens = block_tokens.max(1);
     let seed = ChainSeed::new(seed_model.unwrap_or(&meta.model), meta.cache_salt);
     let media = match endpoint {
-        Endpoint::ChatCompletions => chat_media_identities(object),
+        Endpoint::ChatCompletions => chat_media_identities(body),
         Endpoint::Completions => Vec::new(),
     };
     let chain = if media.is_empty() {
@@ -191,14 +193,8 @@ pub fn hash_tokenized_seeded(
 }
 
 /// Per media part of a chat, in order: the identity its pinned `uuid` names, if verified.
-fn chat_media_identities(object: &serde_json::Map<String, Value>) -> Vec<Option<MediaId>> {
-    let Some(Value::Array(messages)) = object.get("messages") else {
-        return Vec::new();
-    };
-    messages
-        .iter()
-        .filter_map(|message| message.get("content")?.as_array())
-        .flatten()
+fn chat_media_identities(body: &Value) -> Vec<Option<MediaId>> {
+    content_parts(body)
         .filter(|part| MediaPart::of(part).is_some())
         .map(|part| {
             part.get("uuid")
