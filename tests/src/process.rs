@@ -195,15 +195,9 @@ impl ManagedProcess {
     fn signal(&mut self, signal: &str) {
         // The child is not reaped until `exit` is set, so its pid cannot have been reused.
         if self.is_running() {
-            let status = Command::new("kill")
-                .arg(format!("-{signal}"))
-                .arg(self.pid().to_string())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .unwrap_or_else(|error| {
-                    panic!("{}: cannot run `kill -{signal}`: {error}", self.name)
-                });
+            let status = send_signal(self.pid(), signal).unwrap_or_else(|error| {
+                panic!("{}: cannot run `kill -{signal}`: {error}", self.name)
+            });
             assert!(
                 status.success() || !self.is_running(),
                 "{}: `kill -{signal}` failed",
@@ -380,4 +374,15 @@ pub fn run_to_completion(mut command: Command, timeout: Duration) -> Finished {
         stdout: stdout.join().unwrap_or_default(),
         stderr: stderr.join().unwrap_or_default(),
     }
+}
+
+/// Runs `kill -SIGNAL PID`. For a child of this process that is not reaped yet the pid is
+/// still its own; [`ManagedProcess`]'s own signals go through here.
+pub fn send_signal(pid: u32, signal: &str) -> std::io::Result<std::process::ExitStatus> {
+    Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
 }

@@ -8,6 +8,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use kvmesh_tests::process::send_signal;
 use kvmesh_tests::{
     CONVERGENCE_TIMEOUT, Call, Cluster, EngineConfig, NodeSpec, Sidecar, call, try_call, wait_for,
 };
@@ -61,14 +62,9 @@ fn until_b_serves(cluster: &Cluster, label: &str) {
     );
 }
 
-/// Sends `signal` to the process `pid` (a child of this test, not yet reaped: its pid is
-/// still its own).
+/// Sends `signal` to b's engine, a child of this test that is not reaped yet.
 fn signal(pid: u32, signal: &str) {
-    let status = std::process::Command::new("kill")
-        .arg(format!("-{signal}"))
-        .arg(pid.to_string())
-        .status()
-        .expect("kill runs");
+    let status = send_signal(pid, signal).expect("kill runs");
     assert!(status.success(), "kill -{signal} {pid}");
 }
 
