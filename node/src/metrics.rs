@@ -49,6 +49,10 @@ pub const PD_FALLBACK_CAUSES: [&str; 4] = [
 /// - `not_forwardable`: a method, path or hop count a peer may not send.
 pub const PEER_REFUSAL_REASONS: [&str; 4] = ["malformed", "too_large", "slow", "not_forwardable"];
 
+/// Why an attempt was given up before its first byte (`kvmesh_attempts_abandoned_total`).
+pub const ABANDON_PEER_DEAD: &str = "peer_dead";
+pub const ABANDON_ENGINE_UNHEALTHY: &str = "engine_unhealthy";
+
 /// Outcome of a request that entered at this node.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 pub enum Outcome {
@@ -154,8 +158,10 @@ pub struct NodeMetrics {
     pub attempts_declined: Counter,
     /// Load reports peers sent back on answers and declines, applied to this node's view.
     pub load_reports: Counter,
-    /// Attempts given up because their peer was declared dead before it answered.
-    pub attempts_abandoned: Counter,
+    /// Attempts given up before their first byte, by cause: `peer_dead` (the failure
+    /// detector declared the serving peer dead) or `engine_unhealthy` (this node's engine
+    /// stopped answering its poller).
+    pub attempts_abandoned: Family<ReasonLabels, Counter>,
     /// Requests peers forwarded here that were refused as bad input, by reason (see
     /// `PEER_REFUSAL_REASONS`): a misbehaving peer shows here.
     pub peer_requests_refused: Family<ReasonLabels, Counter>,
@@ -209,7 +215,7 @@ impl Default for NodeMetrics {
             declined: Family::default(),
             attempts_declined: Counter::default(),
             load_reports: Counter::default(),
-            attempts_abandoned: Counter::default(),
+            attempts_abandoned: Family::default(),
             peer_requests_refused: Family::default(),
             pd_fallbacks: Family::default(),
             pd_prefill_reruns: Counter::default(),
@@ -266,6 +272,15 @@ impl NodeMetrics {
         self.media_parts.get_or_create(&labels).inc();
     }
 
+    /// Counts `n` attempts abandoned for `cause` (`ABANDON_*`).
+    pub fn abandoned(&self, cause: &str, n: u64) {
+        self.attempts_abandoned
+            .get_or_create(&ReasonLabels {
+                reason: cause.to_owned(),
+            })
+            .inc_by(n);
+    }
+
     pub fn target_labels(local: bool) -> TargetLabels {
         TargetLabels {
             target: if local { "local" } else { "peer" }.to_owned(),
@@ -293,6 +308,9 @@ impl NodeMetrics {
             let _ = self.peer_requests_refused.get_or_create(&ReasonLabels {
                 reason: reason.to_owned(),
             });
+        }
+        for cause in [ABANDON_PEER_DEAD, ABANDON_ENGINE_UNHEALTHY] {
+            self.abandoned(cause, 0);
         }
         for cause in PD_FALLBACK_CAUSES {
             let _ = self.pd_fallbacks.get_or_create(&ReasonLabels {
@@ -346,7 +364,7 @@ impl NodeMetrics {
         );
         registry.register(
             "attempts_abandoned",
-            "Attempts given up because their peer was declared dead before it answered",
+            "Attempts given up before their first byte because the serving peer was declared dead (peer_dead) or its engine unhealthy (engine_unhealthy)",
             self.attempts_abandoned.clone(),
         );
         registry.register(

@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use kvmesh_protocol::route::{node_key, rendezvous_weight};
-use kvmesh_tests::http::OpenResponse;
+use kvmesh_tests::http::SentRequest;
 use kvmesh_tests::openai::{completion_body, served_by};
 use kvmesh_tests::{CONVERGENCE_TIMEOUT, Cluster, NodeSpec, Request, Timing, wait_until};
 use serde_json::Value;
@@ -44,14 +44,15 @@ fn estimate_of(cluster: &Cluster, entry: &str, peer: &str) -> Value {
 }
 
 /// Three long prefills queued at b, through b's own sidecar (its queue counts them), once a
-/// knows it: the premise of a decline is a's belief, not luck. The streams are left open.
-fn queue_three_at_b(cluster: &Cluster) -> Vec<OpenResponse> {
-    let busy: Vec<OpenResponse> = (0..3)
+/// knows it: the premise of a decline is a's belief, not luck. The requests are left waiting
+/// (a sidecar sends a client the response head with the first token).
+fn queue_three_at_b(cluster: &Cluster) -> Vec<SentRequest> {
+    let busy: Vec<SentRequest> = (0..3)
         .map(|i| {
             cluster
                 .sidecar("b")
-                .try_open(long_streamed("only-b", &format!("load {i}")))
-                .expect("the response head")
+                .try_start(long_streamed("only-b", &format!("load {i}")))
+                .expect("the request sent")
         })
         .collect();
     wait_until(Duration::from_secs(10), "b to count 3 queued", || {
@@ -71,7 +72,9 @@ fn sessions_preferring(node: &'static str, other: &'static str) -> impl Iterator
     })
 }
 
-fn finish(mut response: OpenResponse) {
+fn finish(request: SentRequest) {
+    let mut response = request.finish().expect("the response head");
+    assert_eq!(response.status, 200);
     let mut body = String::new();
     std::io::Read::read_to_string(&mut response, &mut body).expect("response body");
     assert!(
@@ -86,12 +89,13 @@ fn an_answer_carries_the_serving_engines_load_back_to_the_entry() {
     let reports_before = metric(&cluster, "a", "kvmesh_load_reports_total");
     // Only b serves `only-b`: a forwards it, and b's answer head comes back while the engine
     // is still prefilling (no first token, so queued there).
-    let response = cluster
+    let request = cluster
         .sidecar("a")
-        .try_open(long_streamed("only-b", "reported"))
-        .expect("the response head");
-    assert_eq!(response.status, 200);
-    assert_eq!(response.header("x-kvmesh-node"), Some("b"));
+        .try_start(long_streamed("only-b", "reported"))
+        .expect("the request sent");
+    wait_until(Duration::from_secs(10), "b's report to reach a", || {
+        metric(&cluster, "a", "kvmesh_load_reports_total") > reports_before
+    });
     let estimate = estimate_of(&cluster, "a", "b");
     let report = &estimate["last_report"];
     assert_eq!(
@@ -112,7 +116,14 @@ fn an_answer_carries_the_serving_engines_load_back_to_the_entry() {
         metric(&cluster, "a", "kvmesh_load_reports_total"),
         reports_before + 1.0
     );
-    finish(response);
+    let response = request.finish().expect("the response head");
+    assert_eq!(response.header("x-kvmesh-node"), Some("b"));
+    let mut body = String::new();
+    std::io::Read::read_to_string(&mut { response }, &mut body).expect("response body");
+    assert!(
+        body.contains("data: [DONE]"),
+        "the stream completes: {body}"
+    );
 }
 
 #[test]

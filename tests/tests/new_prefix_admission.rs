@@ -162,17 +162,11 @@ fn round(cluster: &Cluster, tag: &str, a_entry_is_x: bool) {
     let declined = [("reason", "new-prefix")];
     let declined_before = cluster.labelled_metric(x, "kvmesh_declined_total", &declined);
 
+    // A's response head comes with its first token: it is sent now and read at the end.
     let a = cluster
         .node(a_entry)
-        .try_open(Request::post_json("/v1/completions", &a_body).timeout(PREFILL_TIMEOUT))
-        .expect("A's response head");
-    assert_eq!(a.status, 200);
-    assert_eq!(
-        a.header("x-kvmesh-node"),
-        Some(x),
-        "A goes to its first choice"
-    );
-    assert_eq!(a.header("x-kvmesh-reason"), Some("cold-hash"));
+        .try_start(Request::post_json("/v1/completions", &a_body).timeout(PREFILL_TIMEOUT))
+        .expect("A sent");
     wait_until(Duration::from_secs(10), "A to be counted on X", || {
         cluster.metric(x, "kvmesh_new_prefixes_in_flight") == 1.0
     });
@@ -211,6 +205,14 @@ fn round(cluster: &Cluster, tag: &str, a_entry_is_x: bool) {
     assert_eq!(c.status, 200, "{}", c.describe());
     assert_eq!(served_by(&c), x, "A's prefix is never declined for itself");
 
+    let a = a.finish().expect("A's response head");
+    assert_eq!(a.status, 200);
+    assert_eq!(
+        a.header("x-kvmesh-node"),
+        Some(x),
+        "A goes to its first choice"
+    );
+    assert_eq!(a.header("x-kvmesh-reason"), Some("cold-hash"));
     let a_text = finish(a);
     assert!(
         a_text.contains("data: [DONE]"),
@@ -252,21 +254,28 @@ fn a_second_copy_of_a_new_prefix_waits_for_the_first_ones_blocks() {
     let held = [("outcome", "released")];
     let held_before = cluster.labelled_metric(x, "kvmesh_copies_held_total", &held);
     let hits_before = cluster.engine_cache_hits(x);
-    let open = |body: &Value| {
-        cluster
+    // Response heads come with the first token: the requests are sent, then read at the end.
+    let start = |body: &Value, in_flight: f64, what: &str| {
+        let sent = cluster
             .node(x)
-            .try_open(Request::post_json("/v1/completions", body).timeout(PREFILL_TIMEOUT))
-            .expect("response head")
+            .try_start(Request::post_json("/v1/completions", body).timeout(PREFILL_TIMEOUT))
+            .expect("request sent");
+        wait_until(Duration::from_secs(10), what, || {
+            cluster.metric(x, "kvmesh_new_prefixes_in_flight") == in_flight
+        });
+        sent
     };
-    let busy = open(&busy);
-    wait_until(
-        Duration::from_secs(10),
-        "X to compute the other prefix",
-        || cluster.metric(x, "kvmesh_new_prefixes_in_flight") == 1.0,
-    );
-    let first = open(&a);
-    let second = open(&body("copies A", "second question"));
-    for response in [busy, first, second] {
+    let busy = start(&busy, 1.0, "X to compute the other prefix");
+    let first = start(&a, 2.0, "X to compute the first copy");
+    let second = cluster
+        .node(x)
+        .try_start(
+            Request::post_json("/v1/completions", &body("copies A", "second question"))
+                .timeout(PREFILL_TIMEOUT),
+        )
+        .expect("request sent");
+    for sent in [busy, first, second] {
+        let response = sent.finish().expect("response head");
         assert_eq!(response.status, 200);
         assert_eq!(response.header("x-kvmesh-node"), Some(x));
         let text = finish(response);

@@ -108,6 +108,18 @@ impl LocalEngine {
     pub fn watch(&self) -> watch::Receiver<Arc<EngineState>> {
         self.state.clone()
     }
+
+    /// Resolves once a poll has found the engine unhealthy (at once if the last one did);
+    /// never if the poller stops. A request waiting for this engine's first byte races
+    /// it: a frozen engine would otherwise hold the request until the request timeout. (An
+    /// engine never polled yet is not judged: the request finds out by itself.)
+    pub async fn unhealthy(&self) {
+        let mut state = self.state.clone();
+        let judged_unhealthy = |engine: &Arc<EngineState>| engine.polls > 0 && !engine.healthy;
+        if state.wait_for(judged_unhealthy).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
 }
 
 async fn poll_loop(client: EngineClient, interval: Duration, tx: watch::Sender<Arc<EngineState>>) {

@@ -113,9 +113,22 @@ pub async fn run(
         ) {
             state.metrics.load_reports.inc();
         }
-        let progress = plan.on_outcome(&mut lock(&state.entry), chain, outcome, state.now_ms());
+        let mut progress = plan.on_outcome(&mut lock(&state.entry), chain, outcome, state.now_ms());
         let error = match result {
-            Ok(upstream) => {
+            Ok(mut upstream) => {
+                if let Err(lost) = entry::first_byte(state, target, &mut upstream).await {
+                    let failure = match lost.outcome() {
+                        Outcome::Failed(failure) => failure,
+                        _ => Failure::Retryable,
+                    };
+                    let entry = &mut lock(&state.entry);
+                    progress = plan.lost_before_first_byte(entry, chain, failure);
+                    report_failure(state, name, leg, &lost, progress, &mut unanswered);
+                    if progress != Progress::TryNext {
+                        break;
+                    }
+                    continue;
+                }
                 tracing::debug!(
                     served_by = upstream.served_by,
                     reason = attempt.reason.as_str(),
@@ -133,23 +146,35 @@ pub async fn run(
             }
             Err(error) => error,
         };
-        match &error {
-            AttemptError::Declined { message, .. } => {
-                state.metrics.attempts_declined.inc();
-                tracing::debug!(target = name, error = message, "declined");
-            }
-            AttemptError::Failed { failure, message } => {
-                unanswered.timed_out |= *failure == Failure::TimedOut;
-                tracing::warn!(target = name, error = message, ?leg, "attempt failed");
-                unanswered.failures.push(format!("{name}: {message}"));
-                if progress == Progress::TryNext {
-                    state.metrics.retries.inc();
-                }
-            }
-        }
+        report_failure(state, name, leg, &error, progress, &mut unanswered);
         if progress != Progress::TryNext {
             break;
         }
     }
     Err(unanswered)
+}
+
+/// Logs and counts an attempt that got no answer, and keeps why.
+fn report_failure(
+    state: &SharedState,
+    name: &str,
+    leg: Leg,
+    error: &AttemptError,
+    progress: Progress,
+    unanswered: &mut Unanswered,
+) {
+    match error {
+        AttemptError::Declined { message, .. } => {
+            state.metrics.attempts_declined.inc();
+            tracing::debug!(target = name, error = message, "declined");
+        }
+        AttemptError::Failed { failure, message } => {
+            unanswered.timed_out |= *failure == Failure::TimedOut;
+            tracing::warn!(target = name, error = message, ?leg, "attempt failed");
+            unanswered.failures.push(format!("{name}: {message}"));
+            if progress == Progress::TryNext {
+                state.metrics.retries.inc();
+            }
+        }
+    }
 }

@@ -1,8 +1,9 @@
 //! One attempt to get a response head for a request, from the local engine or from a peer.
 
 use super::headers::response_headers_from_engine;
+use super::relay::{poll_local, poll_remote};
 use crate::engine::client::error_chain;
-use crate::metrics::NodeMetrics;
+use crate::metrics::{ABANDON_ENGINE_UNHEALTHY, ABANDON_PEER_DEAD, NodeMetrics};
 use crate::serve::engine_queue::HandedOver;
 use crate::serve::state::AppState;
 use bytes::{Bytes, BytesMut};
@@ -38,6 +39,9 @@ pub struct Upstream {
     /// The body's length, when the engine declared it (`content-length`).
     pub content_length: Option<u64>,
     pub body: UpstreamBody,
+    /// The body's first chunk (`None`: its end), read before the client's head is sent (see
+    /// [`first_byte`]); the relay sends it first.
+    pub first: Option<Option<Bytes>>,
     /// The serving engine's load as its sidecar reported it with the head (peers only: this
     /// node reads its own engine's live).
     pub report: Option<LoadReport>,
@@ -143,12 +147,16 @@ async fn attempt_local(
         .await
         .map_err(|why| AttemptError::retryable(format!("local engine: {why}")))?;
     let method = Method::from_bytes(head.method.as_bytes()).unwrap_or(Method::POST);
-    let response = state
-        .engine
-        .client
-        .send(method, &head.path, &head.headers, body)
-        .await
-        .map_err(|e| AttemptError::retryable(format!("local engine: {e}")))?;
+    // Until the first byte, an engine that stops answering its poller (frozen, hung) gives
+    // the request back to the plan (see `first_byte` for after the head).
+    let answer = tokio::select! {
+        answer = state.engine.client.send(method, &head.path, &head.headers, body) => answer,
+        () = state.engine.unhealthy() => {
+            state.metrics.abandoned(ABANDON_ENGINE_UNHEALTHY, 1);
+            return Err(AttemptError::retryable("local engine unhealthy before its first byte"));
+        }
+    };
+    let response = answer.map_err(|e| AttemptError::retryable(format!("local engine: {e}")))?;
     state
         .metrics
         .served
@@ -163,9 +171,64 @@ async fn attempt_local(
         served_by: state.node_name.clone(),
         content_length: response.body().size_hint().exact(),
         body: UpstreamBody::Local(response.into_body()),
+        first: None,
         report: None,
         handed: Some(handed),
     })
+}
+
+/// Waits for `upstream`'s first byte (or its end) and keeps it for the relay. Nothing has
+/// reached the client before it, so an answer lost until then is a failed attempt the plan
+/// may retry elsewhere: the engine turning unhealthy (a frozen or hung engine, here or at
+/// the serving peer, which then sends an error frame), the peer declared dead, the upstream
+/// breaking, or the request timeout. An engine sends an event stream's head long before its
+/// first token, so this is where a stream's request spends its queue and prefill.
+pub async fn first_byte(
+    state: &AppState,
+    target: &Target,
+    upstream: &mut Upstream,
+) -> Result<(), AttemptError> {
+    let body = &mut upstream.body;
+    let read = std::future::poll_fn(|cx| match body {
+        UpstreamBody::Local(incoming) => poll_local(incoming, cx),
+        UpstreamBody::Remote { recv, decoder, .. } => poll_remote(recv, decoder, cx),
+    });
+    let lost = async {
+        match target {
+            Target::Local => {
+                state.engine.unhealthy().await;
+                ABANDON_ENGINE_UNHEALTHY
+            }
+            Target::Peer { name, .. } => {
+                let mut membership = state.mesh.gossip().watch();
+                let _ = membership.wait_for(|view| view.get(name).is_none()).await;
+                ABANDON_PEER_DEAD
+            }
+        }
+    };
+    let first = tokio::select! {
+        first = tokio::time::timeout(state.config.request_timeout, read) => first,
+        cause = lost => {
+            state.metrics.abandoned(cause, 1);
+            return Err(AttemptError::retryable(format!("{cause} before the first byte")));
+        }
+    };
+    match first {
+        Ok(Ok(first)) => {
+            if let Some(handed) = upstream.handed.as_mut() {
+                handed.started();
+            }
+            upstream.first = Some(first);
+            Ok(())
+        }
+        Ok(Err(why)) => Err(AttemptError::retryable(format!(
+            "answer broke before its first byte: {why}"
+        ))),
+        Err(_) => Err(AttemptError::failed(
+            Failure::TimedOut,
+            "no first byte before the deadline",
+        )),
+    }
 }
 
 /// What the serving side's admission needs of a request head.
@@ -195,7 +258,7 @@ async fn attempt_peer(
     tokio::select! {
         answered = ask_peer(state, name, addr, head, body) => answered,
         _ = declared_dead => {
-            state.metrics.attempts_abandoned.inc();
+            state.metrics.abandoned(ABANDON_PEER_DEAD, 1);
             Err(AttemptError::retryable(format!("peer {name} declared dead before answering")))
         }
     }
@@ -246,6 +309,7 @@ async fn ask_peer(
                         decoder,
                         send,
                     },
+                    first: None,
                     report: response.load,
                     handed: None,
                 });

@@ -89,6 +89,7 @@ fn relay_body(
         silence_limit,
         sse,
         source: Some(upstream.body),
+        first: upstream.first,
         handed: upstream.handed,
         first_byte: false,
         remaining: upstream.content_length,
@@ -147,6 +148,8 @@ struct RelayBody {
     silence_limit: Duration,
     /// `None` once the upstream ended (or broke).
     source: Option<UpstreamBody>,
+    /// The first chunk, read before the response started (see `entry::first_byte`).
+    first: Option<Option<Bytes>>,
     /// This node's own engine serving it: queued until the answer's first byte, in flight
     /// until the relay ends.
     handed: Option<HandedOver>,
@@ -198,9 +201,10 @@ impl Body for RelayBody {
         let Some(source) = this.source.as_mut() else {
             return Poll::Ready(None);
         };
-        let polled = match source {
-            UpstreamBody::Local(incoming) => poll_local(incoming, cx),
-            UpstreamBody::Remote { recv, decoder, .. } => poll_remote(recv, decoder, cx),
+        let polled = match (this.first.take(), source) {
+            (Some(first), _) => Poll::Ready(Ok(first)),
+            (None, UpstreamBody::Local(incoming)) => poll_local(incoming, cx),
+            (None, UpstreamBody::Remote { recv, decoder, .. }) => poll_remote(recv, decoder, cx),
         };
         let Poll::Ready(next) = polled else {
             if this.silence.as_mut().poll(cx).is_ready() {
@@ -280,7 +284,7 @@ impl Drop for RelayBody {
 }
 
 /// The next data chunk of the engine's body; `None` at its end.
-fn poll_local(
+pub(super) fn poll_local(
     incoming: &mut hyper::body::Incoming,
     cx: &mut Context<'_>,
 ) -> Poll<Result<Option<Bytes>, String>> {
@@ -298,7 +302,7 @@ fn poll_local(
 }
 
 /// The next data frame of the peer's stream; `None` when the peer finished it cleanly.
-fn poll_remote(
+pub(super) fn poll_remote(
     recv: &mut quinn::RecvStream,
     decoder: &mut FrameDecoder,
     cx: &mut Context<'_>,

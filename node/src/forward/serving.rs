@@ -9,7 +9,7 @@ use super::forwardable;
 use super::headers::response_headers_from_engine;
 use crate::engine::client::error_chain;
 use crate::mesh::IncomingForward;
-use crate::metrics::{NodeMetrics, ReasonLabels};
+use crate::metrics::{ABANDON_ENGINE_UNHEALTHY, NodeMetrics, ReasonLabels};
 use crate::serve::state::{InflightGuard, SharedState};
 use crate::view::unix_ms;
 use bytes::{Bytes, BytesMut};
@@ -121,9 +121,12 @@ async fn handle(
         .engine
         .client
         .send(method, &head.path, &head.headers, body);
+    // Until the engine's first byte, an engine that stops answering its poller (frozen,
+    // hung) gives the request back to the entry, which tries its next engine.
     let answer = tokio::select! {
         answer = engine_call => answer,
         _ = send.stopped() => return Err("entry gave up before the answer".into()),
+        () = state.engine.unhealthy() => return give_back(state, &mut send).await,
     };
     let response = match answer {
         Ok(response) => response,
@@ -158,6 +161,9 @@ async fn handle(
         load: Some(state.engine_queue.report()),
     })
     .encode_into(&mut out);
+    // The head goes at once (its load report is fresh); the entry commits nothing to its
+    // client before the first byte, which an unhealthy engine may still give back.
+    let mut first_byte = false;
     loop {
         // What the engine has already sent leaves with what is pending in one write (a small
         // answer goes out as one QUIC packet, end of stream included); nothing waits for
@@ -178,8 +184,12 @@ async fn handle(
                     index_later(state, &head.path, &mut to_index);
                     return Err("entry stopped reading".into());
                 }
+                () = state.engine.unhealthy(), if !first_byte => {
+                    return give_back(state, &mut send).await;
+                }
             },
         };
+        first_byte = true;
         handed.started();
         match frame {
             None => break,
@@ -338,6 +348,14 @@ fn chain_of(state: &SharedState, path: &str, body: &[u8]) -> Vec<u64> {
     hash_request_seeded(endpoint, &json, &state.config.hashing, identity.as_deref())
         .map(|hashes| hashes.chain)
         .unwrap_or_default()
+}
+
+/// Gives a request whose engine turned unhealthy before its first byte back to the entry,
+/// which tries its next engine (nothing has reached the client).
+async fn give_back(state: &SharedState, send: &mut SendStream) -> Result<(), String> {
+    state.metrics.abandoned(ABANDON_ENGINE_UNHEALTHY, 1);
+    let why = "engine unhealthy before its first byte";
+    reply_error(send, wire_error(WireErrorCode::EngineUnavailable, why)).await
 }
 
 async fn reply_error(send: &mut SendStream, error: WireError) -> Result<(), String> {

@@ -256,6 +256,11 @@ impl EntryState {
         self.recent.withdraw(key, chain, at_ms);
     }
 
+    /// The send at `at_ms` (settled already) left nothing in that engine's cache.
+    pub(super) fn forget_sent_chain(&mut self, key: u64, chain: &[u64], at_ms: u64) {
+        self.recent.withdraw(key, chain, at_ms);
+    }
+
     /// The send at `at_ms` is no longer pending: a report counted it, or it ended.
     pub(super) fn settle_send(&mut self, key: u64, at_ms: u64) {
         self.ledger.withdraw(key, at_ms);

@@ -104,6 +104,8 @@ struct Sent {
     may_decline: bool,
     /// The next in rank, where a decline would send it (counted there meanwhile).
     returns_to: Option<u64>,
+    /// The serving node's report with the response head counted it (it is pending no more).
+    reported: bool,
 }
 
 /// One request's attempts.
@@ -302,6 +304,7 @@ impl Plan {
             at_ms: now_ms,
             may_decline,
             returns_to,
+            reported: false,
         });
         Some(Attempt {
             candidate: target.candidate,
@@ -335,10 +338,12 @@ impl Plan {
         };
         match outcome {
             Outcome::Started(report) => {
+                let mut sent = sent;
                 if let Some(report) = report {
                     // The report counts this request: it is pending no longer.
                     entry.settle_send(sent.key, sent.at_ms);
                     entry.apply_report(sent.key, report, sent.at_ms, now_ms);
+                    sent.reported = true;
                 }
                 self.served = Some(sent);
                 Progress::Served
@@ -356,17 +361,21 @@ impl Plan {
             }
             Outcome::Failed(failure) => {
                 entry.withdraw_send(sent.key, chain, sent.at_ms);
-                self.failures += 1;
-                self.failed_before = true;
-                let timed_out = failure == Failure::TimedOut;
-                if failure == Failure::Final || self.retries_left == 0 {
-                    self.next = self.targets.len();
-                    return Progress::GaveUp { timed_out };
-                }
-                self.retries_left -= 1;
-                self.progress_after(timed_out)
+                self.failed(failure)
             }
         }
+    }
+
+    fn failed(&mut self, failure: Failure) -> Progress {
+        self.failures += 1;
+        self.failed_before = true;
+        let timed_out = failure == Failure::TimedOut;
+        if failure == Failure::Final || self.retries_left == 0 {
+            self.next = self.targets.len();
+            return Progress::GaveUp { timed_out };
+        }
+        self.retries_left -= 1;
+        self.progress_after(timed_out)
     }
 
     fn progress_after(&self, timed_out: bool) -> Progress {
@@ -376,6 +385,33 @@ impl Plan {
         } else {
             Progress::GaveUp { timed_out }
         }
+    }
+
+    /// The served answer broke before its first byte (its engine stopped answering, its
+    /// peer was declared dead): nothing reached the client, so the request goes on as if
+    /// that attempt had failed with `failure`, and the report that came with its head no
+    /// longer counts it.
+    pub fn lost_before_first_byte(
+        &mut self,
+        entry: &mut EntryState,
+        chain: &[u64],
+        failure: Failure,
+    ) -> Progress {
+        if self.first_byte {
+            return self.progress_after(false);
+        }
+        let Some(sent) = self.served.take() else {
+            return self.progress_after(false);
+        };
+        if sent.reported {
+            // The report settled the send and counted the request as queued there.
+            entry.served_started(sent.key, sent.at_ms);
+            entry.served_ended(sent.key, sent.at_ms);
+            entry.forget_sent_chain(sent.key, chain, sent.at_ms);
+        } else {
+            entry.withdraw_send(sent.key, chain, sent.at_ms);
+        }
+        self.failed(failure)
     }
 
     /// The served answer's first byte was relayed: the request no longer waits there.
@@ -508,30 +544,84 @@ mod tests {
         );
     }
 
-    #[test]
-    fn an_engine_that_declined_gets_the_request_back_when_every_later_one_failed() {
+    fn idle_mixed_digests(n: usize) -> Vec<crate::digest::LoadDigest> {
         use crate::digest::{LoadDigest, Role};
-        use crate::lifecycle::{EntryState, PeerInput};
-        use crate::route::node_key;
-        use crate::route::tests::digest;
-        let digests: Vec<LoadDigest> = (0..2)
+        (0..n)
             .map(|_| LoadDigest {
                 role: Role::Mixed,
-                ..digest(0)
+                ..crate::route::tests::digest(0)
             })
-            .collect();
-        let peers: Vec<PeerInput<'_>> = digests
+            .collect()
+    }
+
+    fn peer_inputs(digests: &[crate::digest::LoadDigest]) -> Vec<crate::lifecycle::PeerInput<'_>> {
+        digests
             .iter()
             .enumerate()
-            .map(|(i, digest)| PeerInput {
-                key: node_key(&format!("n{i}")),
+            .map(|(i, digest)| crate::lifecycle::PeerInput {
+                key: crate::route::node_key(&format!("n{i}")),
                 digest,
                 digest_received_ms: 0,
                 summary: None,
                 offload: None,
                 live: None,
             })
-            .collect();
+            .collect()
+    }
+
+    #[test]
+    fn an_answer_lost_before_its_first_byte_goes_to_the_next_and_its_report_forgets_it() {
+        use crate::lifecycle::EntryState;
+        let digests = idle_mixed_digests(2);
+        let peers = peer_inputs(&digests);
+        let chain: Vec<u64> = (0..8).collect();
+        let mut entry = EntryState::default();
+        let config = RouteConfig::default();
+        let mut plan = entry
+            .route(&peers, &request(&chain), &config, 10)
+            .unwrap()
+            .with_retries(2);
+        let first = plan.next_attempt(&mut entry, &chain, 10).unwrap();
+        let served_at = peers.iter().find(|p| p.key == first.node_key).unwrap();
+        let report = LoadReport {
+            digest_version: 1,
+            running: 0,
+            waiting: 1,
+            kv_usage: 0.0,
+            inflight: 1,
+        };
+        let started = Outcome::Started(Some(report));
+        assert_eq!(
+            plan.on_outcome(&mut entry, &chain, started, 11),
+            Progress::Served
+        );
+        assert_eq!(entry.estimate(served_at, 11).gauges.waiting, 1);
+        assert_eq!(
+            plan.lost_before_first_byte(&mut entry, &chain, Failure::Retryable),
+            Progress::TryNext
+        );
+        let gauges = entry.estimate(served_at, 12).gauges;
+        assert_eq!((gauges.waiting, gauges.running), (0, 0), "{gauges:?}");
+        let second = plan.next_attempt(&mut entry, &chain, 12).unwrap();
+        assert_ne!(second.node_key, first.node_key);
+        assert_eq!(plan.failures(), 1);
+        // The second is lost too, and no engine is left: the plan gives up.
+        assert_eq!(
+            plan.on_outcome(&mut entry, &chain, Outcome::Started(None), 13),
+            Progress::Served
+        );
+        assert_eq!(
+            plan.lost_before_first_byte(&mut entry, &chain, Failure::Retryable),
+            Progress::GaveUp { timed_out: false }
+        );
+        assert_eq!(plan.next_attempt(&mut entry, &chain, 14), None);
+    }
+
+    #[test]
+    fn an_engine_that_declined_gets_the_request_back_when_every_later_one_failed() {
+        use crate::lifecycle::EntryState;
+        let digests = idle_mixed_digests(2);
+        let peers = peer_inputs(&digests);
         let chain: Vec<u64> = (0..8).collect();
         let mut entry = EntryState::default();
         let config = RouteConfig::default();
