@@ -48,6 +48,14 @@ Usage: scripts/demo.sh [options]
                         (repeatable)
   --pd-config FILE      a kvmesh TOML file (e.g. a [pd] table) for the sidecars of the kvmesh
                         pd run (default: none, the built-in [pd] defaults)
+  --chaos               faults while kvmesh serves: during the kvmesh run, kill -9 and restart
+                        an engine and a sidecar, and freeze (SIGSTOP, 5 s) a sidecar and an
+                        engine; the load enters through the first half of the nodes only (a
+                        client cannot reach a sidecar that is down), the faults hit the others
+                        and the last entry's engine. Adds to the report: requests failed
+                        before any byte, requests cut mid-stream, and each fault's detection
+                        and rejoin times. Round-robin and vllm-router run without faults.
+                        Needs python3 and --nodes >= 3
   --duration S          seconds of load per run (default 40)
   --keep                after the runs, leave a kvmesh cluster running and print curl and
                         openai client commands to try it by hand (Ctrl-C stops it)
@@ -81,6 +89,7 @@ PD=0
 MODELS=0
 PD_CONFIG=
 KV_BLOCKS=
+CHAOS=0
 EXTRA_ENGINE_ARGS=()
 while [[ $# -gt 0 ]]; do
     case $1 in
@@ -96,6 +105,7 @@ while [[ $# -gt 0 ]]; do
         --prometheus) PROMETHEUS=1; shift ;;
         --pd) PD=1; shift ;;
         --models) MODELS=1; shift ;;
+        --chaos) CHAOS=1; shift ;;
         --pd-config) PD_CONFIG=$2; shift 2 ;;
         --kv-blocks) KV_BLOCKS=$2; shift 2 ;;
         --engine-arg) EXTRA_ENGINE_ARGS+=("$2"); shift 2 ;;
@@ -122,6 +132,11 @@ if [[ $MODELS == 1 ]]; then
     [[ $NODES =~ ^[0-9]+$ && $NODES -ge 4 && $((NODES % 2)) -eq 0 ]] ||
         { echo "demo.sh: --models needs an even --nodes >= 4 (half model-a, half model-b)" >&2; exit 2; }
     command -v python3 >/dev/null 2>&1 || { echo "demo.sh: --models needs python3" >&2; exit 2; }
+fi
+if [[ $CHAOS == 1 ]]; then
+    [[ $PD == 0 && $MODELS == 0 ]] || { echo "demo.sh: --chaos runs the plain kvmesh cluster (not --pd or --models)" >&2; exit 2; }
+    [[ $NODES =~ ^[0-9]+$ && $NODES -ge 3 ]] || { echo "demo.sh: --chaos needs --nodes >= 3" >&2; exit 2; }
+    command -v python3 >/dev/null 2>&1 || { echo "demo.sh: --chaos needs python3" >&2; exit 2; }
 fi
 [[ -z $KV_BLOCKS || $KV_BLOCKS =~ ^[1-9][0-9]*$ ]] || { echo "demo.sh: --kv-blocks must be a positive integer" >&2; exit 2; }
 if [[ -n $PD_CONFIG ]]; then
@@ -331,14 +346,20 @@ SIDECAR_URLS=()
 SIDECAR_PIDS=()
 SIDECAR_ADDRS=()
 
+# spawn_engine TAG I PORT: engine I (1-based) on PORT (0: any); sets SPAWNED_PID.
+spawn_engine() {
+    local tag=$1 i=$2 port=$3 models
+    read -r -a models <<<"$(engine_models "$i")"
+    spawn "$tag-engine-$i" "$SIM" engine --port "$port" "${models[@]}" --engine-index "$i" \
+        --seed "$i" --enable-prompt-tokens-details "${ENGINE_ARGS[@]}"
+}
+
 start_engines() {
-    local tag=$1 i line models
+    local tag=$1 i line
     ENGINE_URLS=()
     ENGINE_PIDS=()
     for ((i = 1; i <= NODES; i++)); do
-        read -r -a models <<<"$(engine_models "$i")"
-        spawn "$tag-engine-$i" "$SIM" engine --port 0 "${models[@]}" --engine-index "$i" \
-            --seed "$i" --enable-prompt-tokens-details "${ENGINE_ARGS[@]}"
+        spawn_engine "$tag" "$i" 0
         ENGINE_PIDS+=("$SPAWNED_PID")
     done
     for ((i = 1; i <= NODES; i++)); do
@@ -374,33 +395,41 @@ make_certs() {
     done
 }
 
+# spawn_sidecar TAG I MODE SEED: sidecar node-I (1-based) over engine I, joining SEED (none
+# if empty), and waits until it listens; sets SPAWNED_PID, SPAWNED_HTTP and SPAWNED_MESH.
+spawn_sidecar() {
+    local tag=$1 i=$2 mode=$3 seed=$4 line
+    local args=(serve --backend "${ENGINE_URLS[i - 1]}" --listen 127.0.0.1:0 --mesh 127.0.0.1:0
+        --node-id "node-$i" --tls-dir "$TLS_DIR")
+    [[ -n $seed ]] && args+=(--seeds "$seed")
+    [[ $mode == pd ]] && args+=(--role "$(pd_role "$i")")
+    [[ $mode == pd && -n $PD_CONFIG ]] && args+=(--config "$PD_CONFIG")
+    # Under --models, the sidecars of model-b's engines may load its adapters there.
+    if [[ $MODELS == 1 ]] && ((i > NODES / 2)); then
+        args+=(--lora-adapter "sql=model-b,chat-*=model-b" --lora-path-template "/adapters/{name}")
+    fi
+    spawn "$tag-node-$i" "$KVMESH" "${args[@]}"
+    line=$(wait_line "$WORK/logs/$tag-node-$i.log" 'kvmesh listening on http://' 30 "$SPAWNED_PID") ||
+        die "sidecar node-$i did not start (log: $WORK/logs/$tag-node-$i.log)"
+    # "kvmesh listening on http://HTTP mesh MESH node NAME"
+    SPAWNED_HTTP=$(sed -E 's/.*listening on http:\/\/([^ ]+).*/\1/' <<<"$line")
+    SPAWNED_MESH=$(sed -E 's/.* mesh ([^ ]+).*/\1/' <<<"$line")
+}
+
 # start_sidecars TAG [pd]: with pd, the first half of the nodes prefill and the rest decode.
+SEED_MESH=
 start_sidecars() {
-    local tag=$1 mode=${2:-mixed} i line seed=
+    local tag=$1 mode=${2:-mixed} i
     SIDECAR_URLS=()
     SIDECAR_PIDS=()
     SIDECAR_ADDRS=()
+    SEED_MESH=
     for ((i = 1; i <= NODES; i++)); do
-        local args=(serve --backend "${ENGINE_URLS[i - 1]}" --listen 127.0.0.1:0 --mesh 127.0.0.1:0
-            --node-id "node-$i" --tls-dir "$TLS_DIR")
-        [[ -n $seed ]] && args+=(--seeds "$seed")
-        [[ $mode == pd ]] && args+=(--role "$(pd_role "$i")")
-        [[ $mode == pd && -n $PD_CONFIG ]] && args+=(--config "$PD_CONFIG")
-        # Under --models, the sidecars of model-b's engines may load its adapters there.
-        if [[ $MODELS == 1 ]] && ((i > NODES / 2)); then
-            args+=(--lora-adapter "sql=model-b,chat-*=model-b" --lora-path-template "/adapters/{name}")
-        fi
-        spawn "$tag-node-$i" "$KVMESH" "${args[@]}"
+        spawn_sidecar "$tag" "$i" "$mode" "$SEED_MESH"
         SIDECAR_PIDS+=("$SPAWNED_PID")
-        line=$(wait_line "$WORK/logs/$tag-node-$i.log" 'kvmesh listening on http://' 30 "$SPAWNED_PID") ||
-            die "sidecar node-$i did not start (log: $WORK/logs/$tag-node-$i.log)"
-        # "kvmesh listening on http://HTTP mesh MESH node NAME"
-        local http mesh
-        http=$(sed -E 's/.*listening on http:\/\/([^ ]+).*/\1/' <<<"$line")
-        mesh=$(sed -E 's/.* mesh ([^ ]+).*/\1/' <<<"$line")
-        SIDECAR_URLS+=("http://$http")
-        SIDECAR_ADDRS+=("$http")
-        if [[ -z $seed ]]; then seed=$mesh; fi
+        SIDECAR_URLS+=("http://$SPAWNED_HTTP")
+        SIDECAR_ADDRS+=("$SPAWNED_HTTP")
+        if [[ -z $SEED_MESH ]]; then SEED_MESH=$SPAWNED_MESH; fi
     done
     prometheus_targets
 }
@@ -600,6 +629,7 @@ run_load() {
         if ((el % 10 == 0)); then
             log "  $w / $policy: ${el} s of about ${EXPECTED_S} s"
         fi
+        [[ $CHAOS_NOW == 1 ]] && chaos_step "$el"
     done
     local rc=0
     wait "$load" || rc=$?
@@ -640,6 +670,184 @@ pd_summary() {
         log "    $line"
         NOTES+=(--note "$w / $policy: $line")
     done <"$RUNS_DIR/$w-$slug.pd.txt"
+}
+
+# --- chaos (--chaos) -----------------------------------------------------------------------
+# Faults injected while the kvmesh run's load goes on, one at a time, each when its slot comes
+# (the run split in equal parts). Each is timed as another node sees it in /debug/cluster: how
+# long until the fault shows there (detected), and from the restart or thaw until the node
+# serves again there (back). The load enters through the first half of the nodes
+# (chaos_entries), which no sidecar fault touches: a client cannot reach a sidecar that is
+# down, whatever the router.
+CHAOS_NOW=0
+CHAOS_FAULTS=()
+CHAOS_NEXT=0
+CHAOS_LINES=()
+CHAOS_TAG=
+# How long a frozen process stays frozen, and the bound on every wait for a fault to show.
+CHAOS_FREEZE_S=5
+CHAOS_WAIT_S=30
+
+chaos_entries() { echo $((NODES / 2 > 1 ? NODES / 2 : 1)); }
+
+# chaos_seen ADDR NODE: how the sidecar at ADDR sees NODE: absent, healthy (its engine
+# serves), unhealthy, or unknown (no answer).
+chaos_seen() {
+    http_get "$1" /debug/cluster 2>/dev/null | python3 -c '
+import json, sys
+text = sys.stdin.read()
+try:
+    peers = json.loads(text[text.find("{"):]).get("peers", [])
+except ValueError:
+    print("unknown")
+    sys.exit()
+for peer in peers:
+    if peer.get("node") == sys.argv[1]:
+        print("healthy" if (peer.get("digest") or {}).get("healthy") else "unhealthy")
+        break
+else:
+    print("absent")' "$2"
+}
+
+# chaos_wait ADDR NODE STATE T0: waits until ADDR sees NODE in STATE; prints the time since
+# T0 (date +%s.%N), or that it did not come within CHAOS_WAIT_S.
+chaos_wait() {
+    local addr=$1 node=$2 want=$3 t0=$4 now
+    while :; do
+        now=$(date +%s.%N)
+        if [[ $(chaos_seen "$addr" "$node") == "$want" ]]; then
+            awk -v a="$t0" -v b="$now" 'BEGIN { printf "%.2f s", b - a }'
+            return 0
+        fi
+        if awk -v a="$t0" -v b="$now" -v l="$CHAOS_WAIT_S" 'BEGIN { exit !(b - a > l) }'; then
+            echo "not within $CHAOS_WAIT_S s"
+            return 0
+        fi
+        sleep 0.1
+    done
+}
+
+# chaos_thaw_after T0: sleeps until CHAOS_FREEZE_S after T0.
+chaos_thaw_after() {
+    local left
+    left=$(awk -v a="$1" -v b="$(date +%s.%N)" -v f="$CHAOS_FREEZE_S" 'BEGIN { l = a + f - b; printf "%.2f", (l > 0 ? l : 0) }')
+    sleep "$left"
+}
+
+# chaos_kill PID: kill -9 of the process group PID leads, reaped at once (quietly: bash
+# would report the kill on its own otherwise).
+chaos_kill() {
+    kill -KILL -- "-$1" 2>/dev/null || kill -KILL "$1" 2>/dev/null || true
+    wait "$1" 2>/dev/null || true
+}
+
+# chaos_fault KIND I: one fault on node I (1-based), timed as another node sees it.
+chaos_fault() {
+    local kind=$1 i=$2 observer=1 t0 detected back what pid line
+    ((i == 1)) && observer=2
+    local addr=${SIDECAR_ADDRS[observer - 1]} node=node-$i
+    case $kind in
+        kill-engine)
+            pid=${ENGINE_PIDS[i - 1]}
+            what="kill -9 the engine of $node, restart it on its port"
+            t0=$(date +%s.%N)
+            chaos_kill "$pid"
+            detected=$(chaos_wait "$addr" "$node" unhealthy "$t0")
+            kill_groups "$pid"
+            spawn_engine "$CHAOS_TAG-again" "$i" "${ENGINE_URLS[i - 1]##*:}"
+            ENGINE_PIDS[i - 1]=$SPAWNED_PID
+            t0=$(date +%s.%N)
+            wait_line "$WORK/logs/$CHAOS_TAG-again-engine-$i.log" 'listening on http://' 30 "$SPAWNED_PID" >/dev/null ||
+                die "engine $i did not restart (log: $WORK/logs/$CHAOS_TAG-again-engine-$i.log)"
+            back=$(chaos_wait "$addr" "$node" healthy "$t0")
+            ;;
+        kill-sidecar)
+            pid=${SIDECAR_PIDS[i - 1]}
+            what="kill -9 the sidecar of $node, restart it"
+            t0=$(date +%s.%N)
+            chaos_kill "$pid"
+            detected=$(chaos_wait "$addr" "$node" absent "$t0")
+            kill_groups "$pid"
+            t0=$(date +%s.%N)
+            spawn_sidecar "$CHAOS_TAG-again" "$i" mixed "$SEED_MESH"
+            SIDECAR_PIDS[i - 1]=$SPAWNED_PID
+            SIDECAR_URLS[i - 1]="http://$SPAWNED_HTTP"
+            SIDECAR_ADDRS[i - 1]=$SPAWNED_HTTP
+            prometheus_targets
+            back=$(chaos_wait "$addr" "$node" healthy "$t0")
+            ;;
+        freeze-sidecar | freeze-engine)
+            local gone=absent
+            if [[ $kind == freeze-sidecar ]]; then
+                pid=${SIDECAR_PIDS[i - 1]}
+                what="freeze the sidecar of $node for $CHAOS_FREEZE_S s (SIGSTOP)"
+            else
+                pid=${ENGINE_PIDS[i - 1]}
+                gone=unhealthy
+                what="freeze the engine of $node for $CHAOS_FREEZE_S s (SIGSTOP)"
+            fi
+            t0=$(date +%s.%N)
+            kill -STOP -- "-$pid" 2>/dev/null || kill -STOP "$pid"
+            detected=$(chaos_wait "$addr" "$node" "$gone" "$t0")
+            chaos_thaw_after "$t0"
+            kill -CONT -- "-$pid" 2>/dev/null || kill -CONT "$pid"
+            t0=$(date +%s.%N)
+            back=$(chaos_wait "$addr" "$node" healthy "$t0")
+            ;;
+    esac
+    local again=restart
+    [[ $kind == freeze-* ]] && again=thaw
+    line="$what: node-$observer saw it after $detected; serving again $back after the $again"
+    log "  chaos: $line"
+    CHAOS_LINES+=("$line")
+}
+
+# chaos_begin WORKLOAD: arms the faults for the kvmesh run about to start.
+chaos_begin() {
+    local entries
+    entries=$(chaos_entries)
+    CHAOS_TAG="$1-kvmesh-chaos"
+    CHAOS_FAULTS=("kill-engine $NODES" "kill-sidecar $((entries + 1))" "freeze-sidecar $NODES"
+        "freeze-engine $entries")
+    CHAOS_NEXT=0
+    CHAOS_LINES=()
+    CHAOS_NOW=1
+}
+
+# chaos_step ELAPSED: injects the next fault once its slot in the run has come.
+chaos_step() {
+    local el=$1 n=${#CHAOS_FAULTS[@]}
+    ((CHAOS_NEXT < n)) || return 0
+    ((el >= (CHAOS_NEXT + 1) * EXPECTED_S / (n + 1))) || return 0
+    # shellcheck disable=SC2086 # "KIND I"
+    chaos_fault ${CHAOS_FAULTS[CHAOS_NEXT]}
+    CHAOS_NEXT=$((CHAOS_NEXT + 1))
+}
+
+# chaos_end WORKLOAD: what the faults cost the load, for the log and the report.
+chaos_end() {
+    CHAOS_NOW=0
+    local w=$1 line counts
+    counts=$(python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+r, errors = d["requests"], d.get("errors", {})
+cut = errors.get("stream", 0)
+before = r["failed"] - cut
+why = ", ".join(f"{k} {v}" for k, v in sorted(errors.items()) if k != "stream") or "none"
+print(f"{r['"'"'sent'"'"']} requests under faults: {r['"'"'ok'"'"']} answered, {before} failed before any byte ({why}), {cut} cut mid-stream (an error event ends each)")
+' "$RUNS_DIR/$w-kvmesh.json") || counts="(no request counts: $RUNS_DIR/$w-kvmesh.json unreadable)"
+    log "  chaos: $counts"
+    NOTES+=(--note "$w / kvmesh, chaos: $counts")
+    for line in "${CHAOS_LINES[@]+"${CHAOS_LINES[@]}"}"; do
+        NOTES+=(--note "$w / kvmesh, chaos: $line")
+    done
+    if ((CHAOS_NEXT < ${#CHAOS_FAULTS[@]})); then
+        line="$((${#CHAOS_FAULTS[@]} - CHAOS_NEXT)) of ${#CHAOS_FAULTS[@]} faults not injected: the load ended first (a longer --duration leaves room for all)"
+        log "  chaos: $line"
+        NOTES+=(--note "$w / kvmesh, chaos: $line")
+    fi
+    NOTES+=(--note "$w: --chaos: faults in the kvmesh run only, whose load enters at nodes 1-$(chaos_entries); an engine restarted mid-run counts in the hit rate from its restart")
 }
 
 # --- main -----------------------------------------------------------------------------------
@@ -859,8 +1067,15 @@ for w in "${WORKLOAD_LIST[@]}"; do
     wait_converged
     log "[$w / kvmesh] mesh converged: every node sees $((NODES - 1)) peers"
     show_mesh
-    log "[$w / kvmesh] load through random entry nodes"
-    run_load "$w" kvmesh random "${SIDECAR_URLS[@]}"
+    if [[ $CHAOS == 1 ]]; then
+        log "[$w / kvmesh] load through entry nodes 1-$(chaos_entries), with faults (--chaos)"
+        chaos_begin "$w"
+        run_load "$w" kvmesh random "${SIDECAR_URLS[@]:0:$(chaos_entries)}"
+        chaos_end "$w"
+    else
+        log "[$w / kvmesh] load through random entry nodes"
+        run_load "$w" kvmesh random "${SIDECAR_URLS[@]}"
+    fi
     stop_cluster
 
     log "[$w / round-robin] starting $NODES fresh engines"
