@@ -6,12 +6,15 @@
 
 mod loopback;
 mod membership;
+#[cfg(test)]
+mod partition_tests;
 mod seeds;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use chitchat::transport::Transport;
 use chitchat::{
     ChitchatConfig, ChitchatHandle, ChitchatId, FailureDetectorConfig, ProtocolVersion,
     spawn_chitchat,
@@ -99,15 +102,65 @@ pub(crate) async fn start(start: GossipStart) -> Result<Gossip, GossipError> {
         send_timeout,
         metrics,
     } = start;
+    let (relay, transport) = loopback::Relay::bind(pool, advertise, send_timeout, metrics.clone())
+        .await
+        .map_err(|err| GossipError::Start(format!("loopback gossip socket: {err}")))?;
+    let node = GossipNode {
+        name,
+        advertise,
+        cluster_id,
+        seeds,
+        config,
+        metrics,
+    };
+    let mut gossip = start_over(&transport, node).await?;
+    let delivering = relay.clone();
+    gossip.tasks.push(tokio::spawn(async move {
+        while let Some(gossip) = inbound.recv().await {
+            tracing::trace!(peer = %gossip.peer_name, sender = %gossip.sender, len = gossip.datagram.len(), "gossip in");
+            delivering.deliver(gossip.sender, &gossip.datagram).await;
+        }
+    }));
+    let sweeping = relay;
+    gossip.tasks.push(tokio::spawn(async move {
+        let mut ticker = tokio::time::interval(Duration::from_secs(60));
+        loop {
+            ticker.tick().await;
+            sweeping.sweep(Instant::now());
+        }
+    }));
+    Ok(gossip)
+}
+
+/// What chitchat needs to run for this node, whatever carries its datagrams.
+pub(crate) struct GossipNode {
+    pub name: String,
+    pub advertise: SocketAddr,
+    pub cluster_id: String,
+    pub seeds: Vec<String>,
+    pub config: GossipConfig,
+    pub metrics: MeshMetrics,
+}
+
+/// Runs chitchat for `node` over `transport`: the mesh's QUIC relay in a node, chitchat's
+/// in-process channels (with links cut, datagrams dropped or delayed) in tests.
+pub(crate) async fn start_over(
+    transport: &dyn Transport,
+    node: GossipNode,
+) -> Result<Gossip, GossipError> {
+    let GossipNode {
+        name,
+        advertise,
+        cluster_id,
+        seeds,
+        config,
+        metrics,
+    } = node;
     let self_node = SelfNode {
         name,
         generation: generation_now(),
         mesh_addr: advertise,
     };
-    let (relay, transport) = loopback::Relay::bind(pool, advertise, send_timeout, metrics.clone())
-        .await
-        .map_err(|err| GossipError::Start(format!("loopback gossip socket: {err}")))?;
-
     let chitchat_config = ChitchatConfig {
         chitchat_id: ChitchatId::new(self_node.name.clone(), self_node.generation, advertise),
         cluster_id,
@@ -127,34 +180,17 @@ pub(crate) async fn start(start: GossipStart) -> Result<Gossip, GossipError> {
         // Every node of a kvmesh cluster runs this chitchat, so the compressed digest is safe.
         protocol_version: ProtocolVersion::V1,
     };
-    let handle = spawn_chitchat(chitchat_config, Vec::new(), &transport)
+    let handle = spawn_chitchat(chitchat_config, Vec::new(), transport)
         .await
         .map_err(|err| GossipError::Start(err.to_string()))?;
     let handle = Arc::new(handle);
 
-    let mut tasks = Vec::new();
-    let delivering = relay.clone();
-    tasks.push(tokio::spawn(async move {
-        while let Some(gossip) = inbound.recv().await {
-            tracing::trace!(peer = %gossip.peer_name, sender = %gossip.sender, len = gossip.datagram.len(), "gossip in");
-            delivering.deliver(gossip.sender, &gossip.datagram).await;
-        }
-    }));
-    let sweeping = relay;
-    tasks.push(tokio::spawn(async move {
-        let mut ticker = tokio::time::interval(Duration::from_secs(60));
-        loop {
-            ticker.tick().await;
-            sweeping.sweep(Instant::now());
-        }
-    }));
-    tasks.push(tokio::spawn(seeds::refresh_loop(
+    let mut tasks = vec![tokio::spawn(seeds::refresh_loop(
         handle.clone(),
         seeds,
         advertise,
         config.seed_refresh_interval,
-    )));
-
+    ))];
     let live = handle.with_chitchat(|c| c.live_nodes_watcher()).await;
     let (membership_tx, membership) = watch::channel(Arc::new(Membership::default()));
     tasks.push(tokio::spawn(publish_membership(
