@@ -6,12 +6,14 @@
 # warm-up (the first fifth of the run; the target is growth of at most 5%) and counts the
 # requests that failed (the load is not streamed, so no request has started when its node
 # dies: the target is 0). With --heaptrack, a runs under heaptrack and its heap profile is
-# summarised at the end (peak, leaked). Figures go to RELIABILITY.md by hand.
+# summarised at the end (peak, leaked, and the heap in use after the warm-up against the end);
+# --keep-profile FILE keeps the profile. Figures go to RELIABILITY.md by hand.
 #
 # Usage: scripts/soak.sh [--bin-dir DIR] [--minutes 10] [--churn 60] [--rate 20] [--heaptrack]
+#                        [--keep-profile FILE]
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-BIN=; MINUTES=10; CHURN=60; RATE=20; HEAPTRACK=0
+BIN=; MINUTES=10; CHURN=60; RATE=20; HEAPTRACK=0; KEEP_PROFILE=
 while [[ $# -gt 0 ]]; do
     case $1 in
         --bin-dir) BIN=$2; shift 2 ;;
@@ -19,6 +21,7 @@ while [[ $# -gt 0 ]]; do
         --churn) CHURN=$2; shift 2 ;;
         --rate) RATE=$2; shift 2 ;;
         --heaptrack) HEAPTRACK=1; shift ;;
+        --keep-profile) KEEP_PROFILE=$2; shift 2 ;;
         *) echo "unknown option $1" >&2; exit 2 ;;
     esac
 done
@@ -83,6 +86,8 @@ sample() { # elapsed seconds: one line of a's figures
 
 restart() { # NAME INDEX: kill -9 the sidecar, start it again a few seconds later
     kill -9 "${SIDECAR_PID[$1]}" 2>/dev/null || true
+    # Reaped at once, quietly (bash would report the kill on its own otherwise).
+    wait "${SIDECAR_PID[$1]}" 2>/dev/null || true
     sleep 3
     # start_sidecar issues the node's certificate, and `cert issue` keeps an existing one.
     rm -f "$WORK/tls/$1.pem" "$WORK/tls/$1.key"
@@ -123,6 +128,30 @@ if [[ $HEAPTRACK == 1 ]]; then
     kill -TERM "${SIDECAR_PID[a]}" 2>/dev/null || true
     for _ in $(seq 100); do ls "$WORK"/a.heaptrack* >/dev/null 2>&1 && ! kill -0 "${SIDECAR_PID[a]}" 2>/dev/null && break; sleep 0.5; done
     sleep 2
-    heaptrack_print "$(ls "$WORK"/a.heaptrack* | head -n 1)" 2>/dev/null |
+    PROFILE=$(ls "$WORK"/a.heaptrack* | head -n 1)
+    heaptrack_print "$PROFILE" 2>/dev/null |
         grep -E '^(peak heap memory consumption|peak RSS|total memory leaked|calls to allocation functions)' || true
+    # The heap in use over time (heaptrack's massif snapshots): unlike RSS, it does not
+    # include what the allocator keeps after a free, so growth here is memory still held.
+    heaptrack_print "$PROFILE" -M "$WORK/a.massif" >/dev/null 2>&1 || true
+    awk '
+        /^time=/ { t = substr($0, 6) + 0 }
+        /^mem_heap_B=/ { n++; time[n] = t; heap[n] = substr($0, 12) + 0 }
+        END {
+            if (n < 10) { print "heap over time: too few snapshots"; exit }
+            # Mean heap over a tenth of the profile right after the warm-up (a fifth), and
+            # over the tenth before the last twentieth (the shutdown frees everything).
+            T = time[n]
+            for (i = 1; i <= n; i++) {
+                if (time[i] >= 0.2 * T && time[i] < 0.3 * T) { a += heap[i]; na++ }
+                if (time[i] >= 0.85 * T && time[i] < 0.95 * T) { b += heap[i]; nb++ }
+            }
+            if (!na || !nb) { print "heap over time: too few snapshots"; exit }
+            printf "heap in use (mean): %.2f MB after the warm-up, %.2f MB at the end (%+.1f%%)\n",
+                a / na / 1e6, b / nb / 1e6, (b / nb - a / na) * 100 / (a / na)
+        }' "$WORK/a.massif"
+    if [[ -n $KEEP_PROFILE ]]; then
+        cp "$PROFILE" "$KEEP_PROFILE"
+        echo "heap profile: $KEEP_PROFILE (heaptrack_print or heaptrack_gui)"
+    fi
 fi

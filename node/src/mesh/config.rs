@@ -63,8 +63,11 @@ pub struct GossipConfig {
     /// must not teach the detector to be lenient afterwards).
     pub max_heartbeat_interval: Duration,
     /// How long a dead node's state is kept before it is forgotten. Long enough that every
-    /// node has declared it dead before any forgets it; a restarted node is a new
-    /// generation, so this never delays a rejoin.
+    /// node has declared it dead before any forgets it (seconds, at the failure detector's
+    /// pace); a restarted node is a new generation, so this never delays a rejoin, and a
+    /// node forgotten during a partition is learnt again from its newer heartbeats after
+    /// the heal. Short enough that restarts do not pile up dead state: each restart leaves
+    /// one dead identity (its summary, its digest, a gossip link) for this long.
     pub dead_node_grace_period: Duration,
     /// Tombstones of deleted keys are kept this long so lagging peers learn the deletion.
     pub deleted_key_grace_period: Duration,
@@ -80,7 +83,7 @@ impl Default for GossipConfig {
             phi_threshold: 8.0,
             sampling_window_size: 200,
             max_heartbeat_interval: Duration::from_secs(2),
-            dead_node_grace_period: Duration::from_secs(10 * 60),
+            dead_node_grace_period: Duration::from_secs(2 * 60),
             deleted_key_grace_period: Duration::from_secs(60),
             seed_refresh_interval: Duration::from_secs(5),
         }

@@ -46,8 +46,10 @@ use crate::mesh::wire::{GossipFrame, MAX_GOSSIP_PAYLOAD};
 
 /// Peers the relay keeps a link for at most; a bound against a flood of invented addresses.
 const MAX_LINKS: usize = 4096;
-/// A link unused for this long is closed (it is recreated on the next datagram).
-const LINK_IDLE: Duration = Duration::from_secs(10 * 60);
+/// A link unused for this long is closed (it is recreated on the next datagram). chitchat
+/// keeps gossiping to a dead node until it forgets it (`dead_node_grace_period`), so a dead
+/// peer's link lasts about that long plus this.
+const LINK_IDLE: Duration = Duration::from_secs(2 * 60);
 /// After a failed connect, datagrams to that peer are dropped for a while rather than each
 /// paying a connect timeout; the pause doubles up to the maximum and ends early when the
 /// peer is heard from.
@@ -220,19 +222,11 @@ async fn pump_to_quic(
     sender: Arc<QuicSender>,
     heard_from: Arc<AtomicBool>,
 ) {
-    let mut buf = vec![0u8; MAX_GOSSIP_PAYLOAD];
-    let mut frame = Vec::with_capacity(MAX_GOSSIP_PAYLOAD + 32);
     let mut backoff = BACKOFF_MIN;
     let mut paused_until: Option<Instant> = None;
     loop {
-        let len = match socket.recv(&mut buf).await {
-            Ok(len) => len,
-            Err(err) => {
-                // A transient error (an ICMP report); pause so a persistent one cannot spin.
-                tracing::debug!(%peer, error = %err, "gossip relay link recv error");
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                continue;
-            }
+        let Some(datagram) = next_datagram(&socket, peer).await else {
+            continue;
         };
         if heard_from.swap(false, Ordering::Relaxed) {
             paused_until = None;
@@ -242,10 +236,10 @@ async fn pump_to_quic(
             sender.metrics.gossip_datagrams_dropped.inc();
             continue;
         }
-        frame.clear();
+        let mut frame = Vec::with_capacity(datagram.len() + 32);
         GossipFrame {
             sender: sender.self_addr,
-            datagram: &buf[..len],
+            datagram: &datagram,
         }
         .encode(&mut frame);
         match timeout(sender.send_timeout, sender.send(peer, &frame)).await {
@@ -264,6 +258,30 @@ async fn pump_to_quic(
                 paused_until = Some(Instant::now() + backoff);
                 backoff = (backoff * 2).min(BACKOFF_MAX);
             }
+        }
+    }
+}
+
+/// The next datagram chitchat wrote to a link, in a buffer of its own: a link waits far more
+/// than it sends, and the relay keeps one for every peer chitchat gossips with, dead ones
+/// included, so a buffer held across the wait would cost 64 KiB per peer for nothing.
+/// `None` after a transient error (an ICMP report), once a short pause has passed so that a
+/// persistent one cannot spin.
+async fn next_datagram(socket: &tokio::net::UdpSocket, peer: SocketAddr) -> Option<Vec<u8>> {
+    let result = match socket.readable().await {
+        Ok(()) => {
+            let mut datagram = Vec::with_capacity(MAX_GOSSIP_PAYLOAD);
+            socket.try_recv_buf(&mut datagram).map(|_| datagram)
+        }
+        Err(err) => Err(err),
+    };
+    match result {
+        Ok(datagram) => Some(datagram),
+        Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => None,
+        Err(err) => {
+            tracing::debug!(%peer, error = %err, "gossip relay link recv error");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            None
         }
     }
 }
