@@ -3,6 +3,8 @@
 //! round-robin straight to fresh engines, and writes its report. kvmesh must beat round-robin
 //! on the engines' prefix-cache hit rate and on mean time to first token, with no errors.
 //!
+//! `scripts/demo.sh --chaos` runs too: its faults must lose no request that had not started.
+//!
 //! The script is run with the binaries `scripts/test.sh` built (`--bin-dir`), so it builds
 //! nothing itself.
 
@@ -23,12 +25,13 @@ struct Demo {
 }
 
 impl Demo {
-    fn start(bin_dir: &Path, out: &Path, log: &Path) -> Self {
+    fn start(args: &[&str], bin_dir: &Path, out: &Path, log: &Path) -> Self {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
         let log_file = std::fs::File::create(log).expect("create the demo log");
         let child = Command::new("bash")
             .arg(root.join("scripts/demo.sh"))
-            .args(["--quick", "--no-vllm-router", "--bin-dir"])
+            .args(args)
+            .args(["--no-vllm-router", "--bin-dir"])
             .arg(bin_dir)
             .arg("--out")
             .arg(out)
@@ -114,7 +117,7 @@ fn quick_demo_kvmesh_beats_round_robin_on_hit_rate_and_mean_ttft() {
     let tmp = tempfile::tempdir().expect("temp dir");
     let out = tmp.path().join("demo-report");
     let log = tmp.path().join("demo.log");
-    let mut demo = Demo::start(&bin_dir, &out, &log);
+    let mut demo = Demo::start(&["--quick"], &bin_dir, &out, &log);
     let status = demo.wait(DEMO_TIMEOUT);
     let transcript = std::fs::read_to_string(&log).unwrap_or_default();
     let Some(status) = status else {
@@ -160,5 +163,57 @@ fn quick_demo_kvmesh_beats_round_robin_on_hit_rate_and_mean_ttft() {
         transcript.contains("mesh converged"),
         "no convergence line:\n{transcript}"
     );
+    println!("{transcript}");
+}
+
+#[test]
+fn chaos_demo_loses_no_request_that_had_not_started_and_sees_every_fault() {
+    let bin_dir = bin_dir();
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let out = tmp.path().join("demo-report");
+    let log = tmp.path().join("demo.log");
+    let args = ["--chaos", "--workload", "chat", "--duration", "40"];
+    let mut demo = Demo::start(&args, &bin_dir, &out, &log);
+    let status = demo.wait(DEMO_TIMEOUT);
+    let transcript = std::fs::read_to_string(&log).unwrap_or_default();
+    let Some(status) = status else {
+        panic!("scripts/demo.sh --chaos did not finish within {DEMO_TIMEOUT:?}:\n{transcript}");
+    };
+    assert!(
+        status.success(),
+        "scripts/demo.sh --chaos failed ({status}):\n{transcript}"
+    );
+    let text = std::fs::read_to_string(out.join("results.json"))
+        .unwrap_or_else(|e| panic!("no results.json ({e}):\n{transcript}"));
+    let results: serde_json::Value = serde_json::from_str(&text).expect("results.json is JSON");
+    let notes: Vec<&str> = results["notes"]
+        .as_array()
+        .expect("notes")
+        .iter()
+        .filter_map(serde_json::Value::as_str)
+        .filter(|note| note.starts_with("chat / kvmesh, chaos: "))
+        .collect();
+    let counts = notes
+        .iter()
+        .find(|note| note.contains("requests under faults"))
+        .unwrap_or_else(|| panic!("no request counts in the notes:\n{transcript}"));
+    // Requests cut mid-stream (an engine killed under them) may be there; none may fail
+    // before its first byte.
+    assert!(
+        counts.contains(" 0 failed before any byte"),
+        "{counts}\n{transcript}"
+    );
+    let faults: Vec<&&str> = notes
+        .iter()
+        .filter(|n| n.contains(" saw it after "))
+        .collect();
+    assert_eq!(
+        faults.len(),
+        4,
+        "every fault injected and seen:\n{transcript}"
+    );
+    for fault in faults {
+        assert!(!fault.contains("not within"), "{fault}\n{transcript}");
+    }
     println!("{transcript}");
 }
