@@ -569,6 +569,18 @@ mod tests {
             .collect()
     }
 
+    /// The plan for `chain` over `peers`, decided at 10 ms, with two retries.
+    fn plan_with_two_retries(
+        entry: &mut crate::lifecycle::EntryState,
+        peers: &[crate::lifecycle::PeerInput<'_>],
+        chain: &[u64],
+    ) -> Plan {
+        entry
+            .route(peers, &request(chain), &RouteConfig::default(), 10)
+            .unwrap()
+            .with_retries(2)
+    }
+
     #[test]
     fn an_answer_lost_before_its_first_byte_goes_to_the_next_and_its_report_forgets_it() {
         use crate::lifecycle::EntryState;
@@ -576,11 +588,7 @@ mod tests {
         let peers = peer_inputs(&digests);
         let chain: Vec<u64> = (0..8).collect();
         let mut entry = EntryState::default();
-        let config = RouteConfig::default();
-        let mut plan = entry
-            .route(&peers, &request(&chain), &config, 10)
-            .unwrap()
-            .with_retries(2);
+        let mut plan = plan_with_two_retries(&mut entry, &peers, &chain);
         let first = plan.next_attempt(&mut entry, &chain, 10).unwrap();
         let served_at = peers.iter().find(|p| p.key == first.node_key).unwrap();
         let report = LoadReport {
@@ -624,11 +632,7 @@ mod tests {
         let peers = peer_inputs(&digests);
         let chain: Vec<u64> = (0..8).collect();
         let mut entry = EntryState::default();
-        let config = RouteConfig::default();
-        let mut plan = entry
-            .route(&peers, &request(&chain), &config, 10)
-            .unwrap()
-            .with_retries(2);
+        let mut plan = plan_with_two_retries(&mut entry, &peers, &chain);
         let first = plan.next_attempt(&mut entry, &chain, 10).unwrap();
         assert!(first.decline_above_tokens.is_some());
         let declined = Outcome::Declined(None);
