@@ -52,6 +52,7 @@ pub const PEER_REFUSAL_REASONS: [&str; 4] = ["malformed", "too_large", "slow", "
 /// Why an attempt was given up before its first byte (`kvmesh_attempts_abandoned_total`).
 pub const ABANDON_PEER_DEAD: &str = "peer_dead";
 pub const ABANDON_ENGINE_UNHEALTHY: &str = "engine_unhealthy";
+pub const ABANDON_PEER_SILENT: &str = "peer_silent";
 
 /// Outcome of a request that entered at this node.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
@@ -159,8 +160,8 @@ pub struct NodeMetrics {
     /// Load reports peers sent back on answers and declines, applied to this node's view.
     pub load_reports: Counter,
     /// Attempts given up before their first byte, by cause: `peer_dead` (the failure
-    /// detector declared the serving peer dead) or `engine_unhealthy` (this node's engine
-    /// stopped answering its poller).
+    /// detector declared the serving peer dead), `peer_silent` (its connection went silent)
+    /// or `engine_unhealthy` (this node's engine stopped answering its poller).
     pub attempts_abandoned: Family<ReasonLabels, Counter>,
     /// Requests peers forwarded here that were refused as bad input, by reason (see
     /// `PEER_REFUSAL_REASONS`): a misbehaving peer shows here.
@@ -309,7 +310,11 @@ impl NodeMetrics {
                 reason: reason.to_owned(),
             });
         }
-        for cause in [ABANDON_PEER_DEAD, ABANDON_ENGINE_UNHEALTHY] {
+        for cause in [
+            ABANDON_PEER_DEAD,
+            ABANDON_PEER_SILENT,
+            ABANDON_ENGINE_UNHEALTHY,
+        ] {
             self.abandoned(cause, 0);
         }
         for cause in PD_FALLBACK_CAUSES {
@@ -364,7 +369,7 @@ impl NodeMetrics {
         );
         registry.register(
             "attempts_abandoned",
-            "Attempts given up before their first byte because the serving peer was declared dead (peer_dead) or its engine unhealthy (engine_unhealthy)",
+            "Attempts given up before their first byte because the serving peer was declared dead (peer_dead) or went silent (peer_silent), or its engine unhealthy (engine_unhealthy)",
             self.attempts_abandoned.clone(),
         );
         registry.register(

@@ -64,13 +64,26 @@ fn requests_forwarded_to_a_frozen_peer_fail_over_before_their_first_byte() {
         .map(|(_, took)| *took)
         .max()
         .unwrap_or_default();
+    let abandoned = |reason: &str| {
+        cluster
+            .sidecar("a")
+            .metric("kvmesh_attempts_abandoned_total", &[("reason", reason)])
+            .expect("a's metrics")
+            .unwrap_or(0.0)
+    };
+    let (silent, dead) = (abandoned("peer_silent"), abandoned("peer_dead"));
     println!(
-        "frozen peer: {} of {} failed, slowest answer {:.2} s",
+        "frozen peer: {} of {} failed, slowest answer {:.2} s; attempts given up: {silent} on \
+         silence, {dead} on the failure detector",
         failed.len(),
         outcomes.len(),
         slowest.as_secs_f64()
     );
     assert!(failed.is_empty(), "{}", failed.join("\n"));
+    assert!(
+        silent + dead >= 1.0,
+        "no request was waiting at b when it froze: the case was not exercised"
+    );
     wait_until(CONVERGENCE_TIMEOUT, "b to rejoin after it thaws", || {
         cluster
             .sidecar("a")

@@ -3,7 +3,9 @@
 use super::headers::response_headers_from_engine;
 use super::relay::{poll_local, poll_remote};
 use crate::engine::client::error_chain;
-use crate::metrics::{ABANDON_ENGINE_UNHEALTHY, ABANDON_PEER_DEAD, NodeMetrics};
+use crate::metrics::{
+    ABANDON_ENGINE_UNHEALTHY, ABANDON_PEER_DEAD, ABANDON_PEER_SILENT, NodeMetrics,
+};
 use crate::serve::engine_queue::HandedOver;
 use crate::serve::state::AppState;
 use bytes::{Bytes, BytesMut};
@@ -199,11 +201,7 @@ pub async fn first_byte(
                 state.engine.unhealthy().await;
                 ABANDON_ENGINE_UNHEALTHY
             }
-            Target::Peer { name, .. } => {
-                let mut membership = state.mesh.gossip().watch();
-                let _ = membership.wait_for(|view| view.get(name).is_none()).await;
-                ABANDON_PEER_DEAD
-            }
+            Target::Peer { name, addr } => peer_lost(state, name, *addr).await,
         }
     };
     let first = tokio::select! {
@@ -242,10 +240,11 @@ pub fn admission(head: &RequestHead) -> Admission {
     }
 }
 
-/// An attempt on a peer, given up when the failure detector declares the peer dead before it
-/// answered: a frozen or partitioned peer holds its requests until the QUIC idle timeout
-/// otherwise, while nothing of them has reached the client and another engine can serve them.
-/// (A stream that has started is left alone: a peer wrongly declared dead finishes it.)
+/// An attempt on a peer, given up when the peer goes silent or the failure detector declares
+/// it dead before it answered: a frozen or partitioned peer holds its requests until the QUIC
+/// idle timeout otherwise, while nothing of them has reached the client and another engine
+/// can serve them. (A stream that has started is left alone: a peer wrongly declared dead
+/// finishes it.)
 async fn attempt_peer(
     state: &AppState,
     name: &str,
@@ -253,14 +252,23 @@ async fn attempt_peer(
     head: RequestHead,
     body: Bytes,
 ) -> Result<Upstream, AttemptError> {
-    let mut membership = state.mesh.gossip().watch();
-    let declared_dead = membership.wait_for(|view| view.get(name).is_none());
     tokio::select! {
         answered = ask_peer(state, name, addr, head, body) => answered,
-        _ = declared_dead => {
-            state.metrics.abandoned(ABANDON_PEER_DEAD, 1);
-            Err(AttemptError::retryable(format!("peer {name} declared dead before answering")))
+        cause = peer_lost(state, name, addr) => {
+            state.metrics.abandoned(cause, 1);
+            Err(AttemptError::retryable(format!("peer {name}: {cause} before answering")))
         }
+    }
+}
+
+/// Resolves when the peer `name` at `addr` is lost to a request waiting for it, with why:
+/// its connection silent for three keep-alive intervals (`peer_silent`), or declared dead by
+/// the failure detector (`peer_dead`).
+async fn peer_lost(state: &AppState, name: &str, addr: SocketAddr) -> &'static str {
+    let mut membership = state.mesh.gossip().watch();
+    tokio::select! {
+        _ = membership.wait_for(|view| view.get(name).is_none()) => ABANDON_PEER_DEAD,
+        () = state.mesh.peer_silent(addr) => ABANDON_PEER_SILENT,
     }
 }
 

@@ -103,7 +103,9 @@ pub struct QuicConfig {
     /// once: a handful are open at a time).
     pub max_concurrent_uni_streams: u32,
     /// Keep-alive pings keep idle connections (and NAT mappings) open and detect a silent
-    /// peer before the idle timeout.
+    /// peer before the idle timeout. Short, because a request waiting for a peer's answer
+    /// gives up after three intervals of silence (`Mesh::peer_silent`): a few small packets a
+    /// second per connection buy failing over from a frozen peer in under a second.
     pub keep_alive_interval: Duration,
     /// A connection with no packet for this long is closed; a pooled connection to a dead
     /// peer is dropped after at most this.
@@ -120,7 +122,7 @@ impl Default for QuicConfig {
         Self {
             max_concurrent_bidi_streams: 1024,
             max_concurrent_uni_streams: 128,
-            keep_alive_interval: Duration::from_secs(1),
+            keep_alive_interval: Duration::from_millis(250),
             idle_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(2),
             stream_open_timeout: Duration::from_secs(2),

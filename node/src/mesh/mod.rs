@@ -279,6 +279,30 @@ impl Mesh {
         }
     }
 
+    /// Resolves once the peer at `peer_addr` has sent nothing on its connection for three
+    /// keep-alive intervals. A live peer sends at least a keep-alive every interval (both
+    /// sides ping), a frozen one (SIGSTOP, a paused VM) nothing, so this notices it well before
+    /// the failure detector does. Never resolves when there is no open connection to watch.
+    pub async fn peer_silent(&self, peer_addr: SocketAddr) {
+        let Some(conn) = self.pool.open_connection(peer_addr).await else {
+            return std::future::pending().await;
+        };
+        let bound = self.keep_alive_interval * 3;
+        let received = || conn.stats().udp_rx.datagrams;
+        let mut last = received();
+        let mut quiet_since = tokio::time::Instant::now();
+        loop {
+            tokio::time::sleep(bound / 4).await;
+            let now = received();
+            if now != last {
+                last = now;
+                quiet_since = tokio::time::Instant::now();
+            } else if quiet_since.elapsed() >= bound {
+                return;
+            }
+        }
+    }
+
     /// Closes the pooled connection to a peer gossip declared dead, unless it keeps answering
     /// for two keep-alive intervals, so requests in flight on a dead peer fail (and are retried
     /// elsewhere) well before the idle timeout, while a peer gossip misjudged keeps its streams.

@@ -169,6 +169,17 @@ impl ConnectionPool {
         true
     }
 
+    /// The open pooled connection to `addr`, if there is one (it is not dialed).
+    pub async fn open_connection(&self, addr: SocketAddr) -> Option<Connection> {
+        let slot = self.slot(addr);
+        let guard = slot.lock().await;
+        guard
+            .conn
+            .as_ref()
+            .filter(|c| c.is_open())
+            .map(|c| c.conn.clone())
+    }
+
     /// Drops slots that hold no open connection and that nobody is dialing, so addresses of
     /// departed peers do not accumulate.
     pub fn prune(&self) {
