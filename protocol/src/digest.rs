@@ -1,6 +1,8 @@
 //! The load digest: what a node tells the mesh about its engine, every ~100 ms.
 
 use crate::codec::{self, DecodeError, Kind};
+use crate::hashing::HASH_VERSION;
+use crate::route::Gauges;
 use rkyv::{Archive, Deserialize, Serialize};
 
 /// What kind of work an engine takes, for prefill/decode disaggregation.
@@ -116,7 +118,64 @@ impl LoraUse {
     }
 }
 
+/// Everything a digest says besides its number, its time and the queue: the engine's
+/// `/metrics` (capacity, block size, models, adapters) and what its node observed of it. The
+/// node's poller and the simulated engine fill it; [`LoadDigest::new`] is the one place it
+/// becomes a digest.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngineFacts {
+    /// `num_gpu_blocks` (0: not reported yet).
+    pub kv_capacity_blocks: u64,
+    /// Tokens per KV block.
+    pub block_size: u32,
+    pub ttft_ewma_ms: f64,
+    /// 0: unknown.
+    pub prefill_tokens_per_s: f64,
+    /// Requests other sidecars forwarded here that have not finished.
+    pub inflight_forwarded: u32,
+    pub role: Role,
+    pub healthy: bool,
+    pub models: Vec<String>,
+    pub loras: Vec<String>,
+    pub lora_use: LoraUse,
+}
+
 impl LoadDigest {
+    /// Digest number `version` (a node numbers its digests with
+    /// [`crate::cadence::DigestPublisher`]), stamped with the publisher's wall clock: the
+    /// engine's queue as the serving state counts it (`ServingState::gauges`), and `engine`.
+    /// Values wider than the digest's fields saturate.
+    pub fn new(version: u64, timestamp_ms: u64, queue: Gauges, engine: EngineFacts) -> Self {
+        LoadDigest {
+            version,
+            timestamp_ms,
+            running: queue.running,
+            waiting: queue.waiting,
+            kv_usage: queue.kv_usage.clamp(0.0, 1.0),
+            kv_capacity_blocks: engine.kv_capacity_blocks.min(u64::from(u32::MAX)) as u32,
+            block_size: engine.block_size.min(u32::from(u16::MAX)) as u16,
+            ttft_ewma_ms: engine.ttft_ewma_ms as f32,
+            prefill_tokens_per_s: engine.prefill_tokens_per_s as f32,
+            inflight_forwarded: engine.inflight_forwarded,
+            role: engine.role,
+            healthy: engine.healthy,
+            hash_version: HASH_VERSION,
+            models: engine.models,
+            loras: engine.loras,
+            lora_use: engine.lora_use,
+        }
+    }
+
+    /// Whether `self` and `other` report the same load: every field but the number and the
+    /// time.
+    pub fn same_load(&self, other: &LoadDigest) -> bool {
+        LoadDigest {
+            version: other.version,
+            timestamp_ms: other.timestamp_ms,
+            ..self.clone()
+        } == *other
+    }
+
     /// Whether this node's engine serves `model` (a model or an adapter name).
     pub fn serves(&self, model: &str) -> bool {
         self.models.iter().chain(&self.loras).any(|m| m == model)

@@ -5,6 +5,8 @@
 //!   the whole prefix up to and including its block.
 //! - [`digest`]: the compact load report each node gossips about its engine; [`cadence`]: how
 //!   often it is refreshed and gossiped.
+//! - [`gossip_keys`]: the key each published fact goes under, and how binary values are
+//!   written as gossip values.
 //! - [`engine_metrics`]: what kvmesh reads of vLLM's `/metrics`, in the text format
 //!   [`prometheus_text`] reads.
 //! - [`index`]: the approximate LRU index of a node's own engine cache.
@@ -26,6 +28,7 @@ pub mod cadence;
 pub mod codec;
 pub mod digest;
 pub mod engine_metrics;
+pub mod gossip_keys;
 pub mod hashing;
 pub mod index;
 pub mod intent;
@@ -37,7 +40,7 @@ pub mod route;
 pub mod summary;
 pub mod wire;
 
-pub use digest::{LoadDigest, LoraReadiness, LoraUse, Role};
+pub use digest::{EngineFacts, LoadDigest, LoraReadiness, LoraUse, Role};
 pub use hashing::{BlockHash, HashConfig, HashMode, RequestHashes};
 pub use mix::mix64;
 pub use route::{Candidate, Decision, RouteConfig, RouteReason, RouteRequest, decide};
