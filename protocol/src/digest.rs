@@ -5,9 +5,23 @@ use crate::hashing::HASH_VERSION;
 use crate::route::Gauges;
 use rkyv::{Archive, Deserialize, Serialize};
 
-/// What kind of work an engine takes, for prefill/decode disaggregation.
-#[derive(Archive, Serialize, Deserialize, Copy, Clone, Debug, PartialEq, Eq, Hash)]
+/// What kind of work an engine takes, for prefill/decode disaggregation (the node's `--role`,
+/// named as [`Role::as_str`] spells it in flags, files and reports).
+#[derive(
+    Archive,
+    Serialize,
+    Deserialize,
+    serde::Serialize,
+    serde::Deserialize,
+    Copy,
+    Clone,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+)]
 #[rkyv(derive(Debug))]
+#[serde(rename_all = "snake_case")]
 #[repr(u8)]
 pub enum Role {
     /// Takes whole requests (the default, and the only role without disaggregation).
@@ -31,6 +45,9 @@ impl Role {
         }
     }
 
+    /// Every role, in the order their names are listed.
+    pub const ALL: [Role; 3] = [Role::Mixed, Role::Prefill, Role::Decode];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Role::Mixed => "mixed",
@@ -39,6 +56,28 @@ impl Role {
         }
     }
 }
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Role {
+    type Err = UnknownRole;
+
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|role| role.as_str() == name)
+            .ok_or_else(|| UnknownRole(name.to_owned()))
+    }
+}
+
+/// A name that is no [`Role`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("expected `mixed`, `prefill` or `decode`, not `{0}`")]
+pub struct UnknownRole(pub String);
 
 /// One node's load report. Gauges come from the engine's `/metrics`; EWMAs from what the node
 /// observed; `version` orders digests of one incarnation, `timestamp_ms` is the publisher's
@@ -234,6 +273,19 @@ pub(crate) fn sample_digest() -> LoadDigest {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn roles_parse_from_the_names_they_are_shown_by() {
+        for role in Role::ALL {
+            assert_eq!(role.as_str().parse::<Role>(), Ok(role));
+            assert_eq!(role.to_string(), role.as_str());
+            let json = serde_json::to_string(&role).unwrap();
+            assert_eq!(json, format!("\"{role}\""));
+            assert_eq!(serde_json::from_str::<Role>(&json).unwrap(), role);
+        }
+        assert_eq!("both".parse::<Role>(), Err(UnknownRole("both".into())));
+        assert!(serde_json::from_str::<Role>("\"Mixed\"").is_err());
+    }
 
     #[test]
     fn round_trips_and_stays_small() {

@@ -40,7 +40,7 @@ pub mod route;
 pub mod summary;
 pub mod wire;
 
-pub use digest::{EngineFacts, LoadDigest, LoraReadiness, LoraUse, Role};
+pub use digest::{EngineFacts, LoadDigest, LoraReadiness, LoraUse, Role, UnknownRole};
 pub use hashing::{BlockHash, HashConfig, HashMode, RequestHashes};
 pub use mix::mix64;
 pub use route::{Candidate, Decision, RouteConfig, RouteReason, RouteRequest, decide};
