@@ -18,7 +18,8 @@
 //!   example prompts.
 //! - [`lifecycle`]: a request's attempts around that decision: the entry ranks and attempts,
 //!   the serving node admits or declines, and every answer carries the engine's load back.
-//! - [`mix`]: the one 64-bit integer mixer, shared with the simulator.
+//! - [`mix`]: the one 64-bit integer mixer, shared with the simulator; [`quantile`]: the one
+//!   percentile definition.
 //!
 //! Nothing here does IO or reads a clock: time is always an argument, so the cluster simulator
 //! runs exactly the code the sidecar runs.
@@ -36,6 +37,7 @@ pub mod kv_events;
 pub mod lifecycle;
 pub mod mix;
 pub mod prometheus_text;
+pub mod quantile;
 pub mod route;
 pub mod summary;
 pub mod wire;
