@@ -29,8 +29,8 @@ pub(super) struct EarlyDecode {
 }
 
 /// Counts what became of disaggregation for an arrival; returns the plan of its first leg.
-pub(super) fn first_leg(sim: &mut Sim<'_>, routed: Placement) -> (Routed, Leg) {
-    let (routed, leg, reason) = match routed {
+pub(super) fn first_leg(sim: &mut Sim<'_>, placement: Placement) -> (Routed, Leg) {
+    let (routed, leg, reason) = match placement {
         Placement::Whole(routed, reason) => (routed, Leg::Whole, reason),
         Placement::Split(routed) => (routed, Leg::Prefill, Some(PdReason::Pd)),
     };
