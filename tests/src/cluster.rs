@@ -70,7 +70,9 @@ impl NodeSpec {
         self
     }
 
-    fn start_engine(&self) -> Engine {
+    /// Starts its engine alone; [`Cluster::join_running`] puts a sidecar in front of it later
+    /// (a test that needs the engine to work before its sidecar exists).
+    pub fn start_engine(&self) -> Engine {
         let models: Vec<&str> = self.models.iter().map(String::as_str).collect();
         let mut config =
             EngineConfig::new(&format!("engine {}", self.name), &models).timing(self.timing);
@@ -129,8 +131,23 @@ impl Cluster {
         spec: &NodeSpec,
         adjust: impl FnOnce(SidecarConfig) -> SidecarConfig,
     ) -> &mut Node {
-        let seeds = self.live_mesh_addrs();
         let engine = spec.start_engine();
+        self.join_running_with(spec, engine, adjust)
+    }
+
+    /// Like [`Self::join`], in front of `engine`, already started by
+    /// [`NodeSpec::start_engine`].
+    pub fn join_running(&mut self, spec: &NodeSpec, engine: Engine) -> &mut Node {
+        self.join_running_with(spec, engine, |config| config)
+    }
+
+    fn join_running_with(
+        &mut self,
+        spec: &NodeSpec,
+        engine: Engine,
+        adjust: impl FnOnce(SidecarConfig) -> SidecarConfig,
+    ) -> &mut Node {
+        let seeds = self.live_mesh_addrs();
         let mut config = SidecarConfig::new(&spec.name, &engine.url(), &self.ca).seeds(&seeds);
         for arg in &spec.sidecar_args {
             config = config.arg(arg);
