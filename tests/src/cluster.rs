@@ -120,6 +120,20 @@ impl Cluster {
         cluster
     }
 
+    /// [`Self::start`], then [`Self::wait_converged`].
+    pub fn start_converged(specs: &[NodeSpec]) -> Self {
+        let cluster = Cluster::start(specs);
+        cluster.wait_converged();
+        cluster
+    }
+
+    /// Waits until every node of the cluster (all running) lists exactly the others as live
+    /// peers, within [`CONVERGENCE_TIMEOUT`]; returns how long that took.
+    pub fn wait_converged(&self) -> Duration {
+        let names: Vec<&str> = self.nodes.iter().map(Node::name).collect();
+        self.wait_membership(&names, CONVERGENCE_TIMEOUT)
+    }
+
     /// Starts a node seeded with every sidecar started so far that is still running.
     pub fn join(&mut self, spec: &NodeSpec) -> &mut Node {
         self.join_with(spec, |config| config)

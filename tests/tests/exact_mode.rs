@@ -8,9 +8,7 @@
 use std::time::{Duration, Instant};
 
 use kvmesh_tests::openai::{chat_body, completion_body, served_by};
-use kvmesh_tests::{
-    CONVERGENCE_TIMEOUT, Cluster, Engine, NodeSpec, Request, Sidecar, wait_for, wait_until,
-};
+use kvmesh_tests::{Cluster, Engine, NodeSpec, Request, Sidecar, wait_for, wait_until};
 use serde_json::{Value, json};
 
 const MODEL: &str = "mock-model";
@@ -38,18 +36,6 @@ fn spec(i: usize) -> NodeSpec {
             "--seed",
             &i.to_string(),
         ])
-}
-
-/// Nodes `n0`… of `specs`, started in order; waits until every node sees all the others.
-fn mesh(specs: &[NodeSpec]) -> Cluster {
-    let cluster = Cluster::start(specs);
-    wait_converged(&cluster);
-    cluster
-}
-
-fn wait_converged(cluster: &Cluster) {
-    let names: Vec<&str> = cluster.nodes().iter().map(|n| n.name()).collect();
-    cluster.wait_membership(&names, CONVERGENCE_TIMEOUT);
 }
 
 /// A prompt of `PROMPT_BYTES` unique to `key`.
@@ -138,7 +124,7 @@ fn counter(sidecar: &Sidecar, name: &str, labels: &[(&str, &str)]) -> f64 {
 
 #[test]
 fn stored_blocks_are_advertised_and_evicted_ones_withdrawn() {
-    let cluster = mesh(&(0..NODES).map(spec).collect::<Vec<_>>());
+    let cluster = Cluster::start_converged(&(0..NODES).map(spec).collect::<Vec<_>>());
     let engines: Vec<&Engine> = cluster.nodes().iter().map(|n| &n.engine).collect();
     let sidecars: Vec<&Sidecar> = cluster.nodes().iter().map(|n| &n.sidecar).collect();
 
@@ -264,7 +250,7 @@ fn a_late_sidecar_replays_what_its_engine_cached_before_it_started() {
     let mut cluster = Cluster::empty();
     cluster.join_running(&specs[0], engine);
     cluster.join(&specs[1]);
-    wait_converged(&cluster);
+    cluster.wait_converged();
     let (n0, n1) = (cluster.node("n0"), cluster.sidecar("n1"));
     // The first live batch shows the gap (its sequence number is not 0); the gap is replayed.
     send_direct(&n0.engine, &prompt("after-the-sidecar"));
@@ -319,7 +305,7 @@ fn offloaded_blocks_are_advertised_in_the_offload_tier_after_the_gpu_evicts_them
     let specs: Vec<NodeSpec> = (0..2)
         .map(|i| spec(i).engine_args(&["--kv-offload-blocks", "256"]))
         .collect();
-    let cluster = mesh(&specs);
+    let cluster = Cluster::start_converged(&specs);
     let (n0, n1) = (cluster.node("n0"), cluster.sidecar("n1"));
     let text = prompt("offloaded");
     let wait_tiers = |what: &str, want: (u64, u64)| {

@@ -39,8 +39,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use kvmesh_protocol::prometheus_text;
-use kvmesh_tests::load::{number, run_load};
-use kvmesh_tests::{CONVERGENCE_TIMEOUT, Cluster, NodeSpec, Request, Timing};
+use kvmesh_tests::load::{engine_urls, number, run_load, sidecar_urls};
+use kvmesh_tests::{Cluster, NodeSpec, Request, Timing};
 use serde_json::Value;
 
 const NODES: usize = 4;
@@ -68,12 +68,9 @@ const HOLDER_HITS: f64 = 10.0;
 /// Four nodes over modelled engines, their sidecars with extra `kvmesh serve` flags; waits
 /// until every node sees all the others.
 fn mesh(sidecar_flags: &[&str]) -> Cluster {
-    let names: Vec<String> = (0..NODES).map(|i| format!("n{i}")).collect();
-    let specs: Vec<NodeSpec> = names
-        .iter()
-        .enumerate()
-        .map(|(i, name)| {
-            NodeSpec::new(name, &["mock-model"])
+    let specs: Vec<NodeSpec> = (0..NODES)
+        .map(|i| {
+            NodeSpec::new(&format!("n{i}"), &["mock-model"])
                 .timing(Timing::Scaled(1.0))
                 .engine_args(&[
                     "--prefill-tokens-per-s",
@@ -86,14 +83,7 @@ fn mesh(sidecar_flags: &[&str]) -> Cluster {
                 .sidecar_args(sidecar_flags)
         })
         .collect();
-    let cluster = Cluster::start(&specs);
-    let names: Vec<&str> = names.iter().map(String::as_str).collect();
-    cluster.wait_membership(&names, CONVERGENCE_TIMEOUT);
-    cluster
-}
-
-fn urls(addrs: impl Iterator<Item = String>) -> String {
-    addrs.collect::<Vec<_>>().join(",")
+    Cluster::start_converged(&specs)
 }
 
 /// Each engine's `vllm:num_requests_waiting`, read every [`SAMPLE_EVERY`].
@@ -206,13 +196,9 @@ fn run(out: &Path, prefixes: u32, sidecar_flags: &[&str]) -> Run {
     let (report, queues) = std::thread::scope(|scope| {
         let sampler = scope.spawn(|| QueueSamples::collect(&engine_addrs, &stop));
         let report = run_load(
-            &urls(
-                nodes
-                    .iter()
-                    .map(|n| format!("http://{}", n.sidecar.http_addr())),
-            ),
+            &sidecar_urls(nodes),
             "random",
-            &urls(nodes.iter().map(|n| n.engine.url())),
+            &engine_urls(nodes),
             out,
             &args,
             LOAD_TIMEOUT,

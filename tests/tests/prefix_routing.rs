@@ -13,7 +13,7 @@ use std::path::Path;
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-use kvmesh_tests::load::{number, run_load};
+use kvmesh_tests::load::{engine_urls, number, run_load, sidecar_urls, url_list};
 use kvmesh_tests::openai::{completion_body, served_by};
 use kvmesh_tests::{
     CONVERGENCE_TIMEOUT, Cluster, Engine, EngineConfig, NodeSpec, Request, Timing, wait_until,
@@ -40,39 +40,15 @@ fn engines(timing: Timing, args: &[&str]) -> Vec<Engine> {
 /// Four nodes `n0`…`n3` whose engines run as [`engines`]' do; waits until every node sees all
 /// the others.
 fn mesh(timing: Timing, args: &[&str]) -> Cluster {
-    let names: Vec<String> = (0..NODES).map(|i| format!("n{i}")).collect();
-    let specs: Vec<NodeSpec> = names
-        .iter()
-        .enumerate()
-        .map(|(i, name)| {
-            NodeSpec::new(name, &["mock-model"])
+    let specs: Vec<NodeSpec> = (0..NODES)
+        .map(|i| {
+            NodeSpec::new(&format!("n{i}"), &["mock-model"])
                 .timing(timing)
                 .engine_args(args)
                 .engine_args(&["--seed", &i.to_string()])
         })
         .collect();
-    let cluster = Cluster::start(&specs);
-    let names: Vec<&str> = names.iter().map(String::as_str).collect();
-    cluster.wait_membership(&names, CONVERGENCE_TIMEOUT);
-    cluster
-}
-
-fn urls(addrs: impl Iterator<Item = String>) -> String {
-    addrs.collect::<Vec<_>>().join(",")
-}
-
-/// The client URLs of the sidecars of `nodes`.
-fn sidecar_urls(nodes: &[kvmesh_tests::Node]) -> String {
-    urls(
-        nodes
-            .iter()
-            .map(|n| format!("http://{}", n.sidecar.http_addr())),
-    )
-}
-
-/// The URLs of the engines of `nodes`.
-fn engine_urls(nodes: &[kvmesh_tests::Node]) -> String {
-    urls(nodes.iter().map(|n| n.engine.url()))
+    Cluster::start_converged(&specs)
 }
 
 /// Runs the load generator to completion and returns its JSON report.
@@ -119,7 +95,7 @@ fn shared_prefixes_meet_their_cache_and_beat_round_robin() {
 
     // Fresh engines: round-robin starts from cold caches too.
     let direct = engines(timing, &engine_args);
-    let engine_urls = urls(direct.iter().map(Engine::url));
+    let engine_urls = url_list(direct.iter().map(Engine::url));
     let round_robin = load(
         &engine_urls,
         "round-robin",
