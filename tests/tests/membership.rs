@@ -8,14 +8,13 @@
 //! convergence and failure detection", from this test's `--nocapture` output and the
 //! commands of `node/MESH-NOTES.md`.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use kvmesh_tests::certs::ClusterCa;
 use kvmesh_tests::{
-    CONVERGENCE_TIMEOUT, Call, Cluster, EngineConfig, NodeSpec, SidecarConfig, call, holds_during,
-    try_call, wait_for,
+    CONVERGENCE_TIMEOUT, Call, Cluster, EngineConfig, NodeSpec, SidecarConfig, call,
+    every_call_served_by, holds_during, try_call, wait_for,
 };
 
 #[test]
@@ -143,24 +142,8 @@ fn a_killed_sidecar_is_dropped_and_then_no_request_fails() {
     );
 
     // After detection, not one request fails.
-    let mut served_by: BTreeMap<String, usize> = BTreeMap::new();
-    for round in 0..5 {
-        for entry in ["a", "b"] {
-            for kind in Call::ALL {
-                let served = call(
-                    cluster.sidecar(entry),
-                    kind,
-                    "shared",
-                    &format!("after {round}"),
-                );
-                assert!(
-                    served.node == "a" || served.node == "b",
-                    "served by {served:?}"
-                );
-                *served_by.entry(served.node).or_default() += 1;
-            }
-        }
-    }
+    let entries = [cluster.sidecar("a"), cluster.sidecar("b")];
+    let served_by = every_call_served_by(&entries, "shared", 5, &["a", "b"]);
     println!("40 requests after detection served by {served_by:?}");
     for entry in ["a", "b"] {
         let sidecar = cluster.sidecar(entry);
