@@ -119,12 +119,7 @@ fn eval(args: EvalArgs) -> anyhow::Result<()> {
         }
     }
     micros.sort_by(f64::total_cmp);
-    let quantile = |q: f64| {
-        micros
-            .get(((micros.len() as f64 - 1.0) * q).round() as usize)
-            .copied()
-            .unwrap_or(0.0)
-    };
+    let quantile = |q: f64| kvmesh_protocol::quantile::quantile(&micros, q);
     let mean = micros.iter().sum::<f64>() / micros.len().max(1) as f64;
     println!(
         "intents {} (hash {}), embedding {}, loaded in {load_ms:.1} ms",

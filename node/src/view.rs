@@ -1,31 +1,17 @@
 //! The cluster as this node sees it: every live peer's decoded digest, rebuilt when gossip
 //! changes and read lock-free-ish (an `Arc` swap) on every request.
 
-use crate::engine::models::{MODELS_KEY, ModelCard, decode_cards};
+use crate::engine::models::{ModelCard, decode_cards};
 use crate::mesh::{Membership, Peer};
 use crate::metrics::NodeMetrics;
-use crate::prefix::{OFFLOAD_KEY_PREFIX, SHARD_KEY_PREFIX, decode_shard_value};
-use base64::Engine as _;
 use kvmesh_protocol::LoadDigest;
+use kvmesh_protocol::gossip_keys::{self, Tier};
 use kvmesh_protocol::route::{LoadableAdapters, node_key};
 use kvmesh_protocol::summary::PeerSummary;
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
-
-/// Gossip key of the load digest (base64 of the rkyv envelope).
-pub const DIGEST_KEY: &str = "digest";
-/// Gossip key of the node's client-facing HTTP address, for operators.
-pub const HTTP_KEY: &str = "http";
-/// Gossip key of the node's kvmesh version, for operators (`kvmesh status`).
-pub const VERSION_KEY: &str = "version";
-/// Gossip key of the hash of the node's intents file and embedding (`--intents`): nodes whose
-/// hashes differ give `model: "auto"` different models.
-pub const INTENTS_KEY: &str = "intents";
-/// Gossip key of the LoRA adapters the node's engine may load at run time (JSON of
-/// [`LoadableAdapters`]); absent when it may load none.
-pub const LORA_KEY: &str = "lora";
 
 /// One live peer.
 #[derive(Clone, Debug)]
@@ -92,46 +78,58 @@ impl SharedView {
                 let old = known
                     .get(peer.name.as_str())
                     .filter(|old| old.generation == peer.generation);
-                let raw = peer.key_values.get(DIGEST_KEY).cloned().unwrap_or_default();
+                let raw = peer
+                    .key_values
+                    .get(gossip_keys::DIGEST)
+                    .cloned()
+                    .unwrap_or_default();
                 let (digest, received) = match old {
                     Some(old) if old.digest_raw == raw => {
                         (old.digest.clone(), old.digest_received_ms)
                     }
                     _ => (decode_digest(&peer.name, &raw, metrics), now_ms),
                 };
-                let models_raw = peer.key_values.get(MODELS_KEY).cloned().unwrap_or_default();
+                let models_raw = peer
+                    .key_values
+                    .get(gossip_keys::MODELS)
+                    .cloned()
+                    .unwrap_or_default();
                 let models = match old {
                     Some(old) if old.models_raw == models_raw => old.models.clone(),
                     _ => Arc::new(decode_models(&peer.name, &models_raw)),
                 };
-                let loadable_raw = peer.key_values.get(LORA_KEY).cloned().unwrap_or_default();
+                let loadable_raw = peer
+                    .key_values
+                    .get(gossip_keys::LORA)
+                    .cloned()
+                    .unwrap_or_default();
                 let loadable = match old {
                     Some(old) if old.loadable_raw == loadable_raw => old.loadable.clone(),
                     _ => Arc::new(decode_loadable(&peer.name, &loadable_raw)),
                 };
-                let shards_raw = keys_with_prefix(peer, SHARD_KEY_PREFIX);
-                let offload_raw = keys_with_prefix(peer, OFFLOAD_KEY_PREFIX);
+                let shards_raw = keys_with_prefix(peer, Tier::Gpu.key_prefix());
+                let offload_raw = keys_with_prefix(peer, Tier::Offload.key_prefix());
                 let summary = updated_summary(
                     peer,
                     old.map(|old| (&old.summary, &old.shards_raw)),
                     &shards_raw,
-                    SHARD_KEY_PREFIX,
+                    Tier::Gpu,
                     metrics,
                 );
                 let offload = updated_summary(
                     peer,
                     old.map(|old| (&old.offload, &old.offload_raw)),
                     &offload_raw,
-                    OFFLOAD_KEY_PREFIX,
+                    Tier::Offload,
                     metrics,
                 );
                 PeerView {
                     name: peer.name.clone(),
                     key: node_key(&peer.name),
                     mesh_addr: peer.mesh_addr,
-                    http_addr: peer.key_values.get(HTTP_KEY).cloned(),
-                    version: peer.key_values.get(VERSION_KEY).cloned(),
-                    intents: peer.key_values.get(INTENTS_KEY).cloned(),
+                    http_addr: peer.key_values.get(gossip_keys::HTTP).cloned(),
+                    version: peer.key_values.get(gossip_keys::VERSION).cloned(),
+                    intents: peer.key_values.get(gossip_keys::INTENTS).cloned(),
                     digest,
                     digest_received_ms: received,
                     summary,
@@ -177,7 +175,7 @@ fn decode_loadable(peer: &str, raw: &str) -> LoadableAdapters {
     })
 }
 
-/// What this node gossips under [`LORA_KEY`].
+/// What this node gossips under [`gossip_keys::LORA`].
 pub fn encode_loadable(loadable: &LoadableAdapters) -> String {
     serde_json::to_string(loadable).expect("plain strings serialize")
 }
@@ -191,14 +189,14 @@ fn keys_with_prefix(peer: &Peer, prefix: &str) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// A peer's summary (of one tier, keys under `prefix`) after applying the shards whose gossip
+/// A peer's summary (of one tier) after applying the shards whose gossip
 /// value changed. The summary is shared with older views, so it is copied only when one of its
 /// shards changed.
 fn updated_summary(
     peer: &Peer,
     old: Option<(&Arc<PeerSummary>, &BTreeMap<String, String>)>,
     shards_raw: &BTreeMap<String, String>,
-    prefix: &str,
+    tier: Tier,
     metrics: &NodeMetrics,
 ) -> Arc<PeerSummary> {
     let (mut summary, old_raw) = match old {
@@ -211,7 +209,7 @@ fn updated_summary(
         if old_raw.and_then(|raw| raw.get(key)) == Some(value) {
             continue;
         }
-        let applied = decode_shard_value(value)
+        let applied = gossip_keys::decode_bytes(value)
             .ok_or_else(|| "not base64".to_owned())
             .and_then(|bytes| target.apply_bytes(&bytes).map_err(|e| e.to_string()));
         if let Err(error) = applied {
@@ -221,7 +219,7 @@ fn updated_summary(
     }
     if let Some(old_raw) = old_raw {
         for key in old_raw.keys().filter(|key| !shards_raw.contains_key(*key)) {
-            if let Some(index) = key.strip_prefix(prefix).and_then(|i| i.parse().ok()) {
+            if let Some(index) = tier.shard_index(key) {
                 target.remove_shard(index);
             }
         }
@@ -233,11 +231,7 @@ fn decode_digest(peer: &str, raw: &str, metrics: &NodeMetrics) -> Option<Arc<Loa
     if raw.is_empty() {
         return None;
     }
-    let decoded = base64::engine::general_purpose::STANDARD
-        .decode(raw)
-        .map_err(|e| e.to_string())
-        .and_then(|bytes| LoadDigest::decode(&bytes).map_err(|e| e.to_string()));
-    match decoded {
+    match gossip_keys::decode_digest(raw) {
         Ok(digest) => Some(Arc::new(digest)),
         Err(error) => {
             metrics.digest_decode_errors.inc();
@@ -245,11 +239,6 @@ fn decode_digest(peer: &str, raw: &str, metrics: &NodeMetrics) -> Option<Arc<Loa
             None
         }
     }
-}
-
-/// Encodes a digest as a gossip value.
-pub fn encode_digest(digest: &LoadDigest) -> String {
-    base64::engine::general_purpose::STANDARD.encode(digest.encode())
 }
 
 /// Wall-clock milliseconds since the Unix epoch: for deadlines and timestamps other nodes read

@@ -1,11 +1,27 @@
 //! The load digest: what a node tells the mesh about its engine, every ~100 ms.
 
 use crate::codec::{self, DecodeError, Kind};
+use crate::hashing::HASH_VERSION;
+use crate::route::Gauges;
 use rkyv::{Archive, Deserialize, Serialize};
 
-/// What kind of work an engine takes, for prefill/decode disaggregation.
-#[derive(Archive, Serialize, Deserialize, Copy, Clone, Debug, PartialEq, Eq, Hash)]
+/// What kind of work an engine takes, for prefill/decode disaggregation (the node's `--role`,
+/// named as [`Role::as_str`] spells it in flags, files and reports).
+#[derive(
+    Archive,
+    Serialize,
+    Deserialize,
+    serde::Serialize,
+    serde::Deserialize,
+    Copy,
+    Clone,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+)]
 #[rkyv(derive(Debug))]
+#[serde(rename_all = "snake_case")]
 #[repr(u8)]
 pub enum Role {
     /// Takes whole requests (the default, and the only role without disaggregation).
@@ -29,6 +45,9 @@ impl Role {
         }
     }
 
+    /// Every role, in the order their names are listed.
+    pub const ALL: [Role; 3] = [Role::Mixed, Role::Prefill, Role::Decode];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Role::Mixed => "mixed",
@@ -37,6 +56,28 @@ impl Role {
         }
     }
 }
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Role {
+    type Err = UnknownRole;
+
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|role| role.as_str() == name)
+            .ok_or_else(|| UnknownRole(name.to_owned()))
+    }
+}
+
+/// A name that is no [`Role`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("expected `mixed`, `prefill` or `decode`, not `{0}`")]
+pub struct UnknownRole(pub String);
 
 /// One node's load report. Gauges come from the engine's `/metrics`; EWMAs from what the node
 /// observed; `version` orders digests of one incarnation, `timestamp_ms` is the publisher's
@@ -116,7 +157,64 @@ impl LoraUse {
     }
 }
 
+/// Everything a digest says besides its number, its time and the queue: the engine's
+/// `/metrics` (capacity, block size, models, adapters) and what its node observed of it. The
+/// node's poller and the simulated engine fill it; [`LoadDigest::new`] is the one place it
+/// becomes a digest.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngineFacts {
+    /// `num_gpu_blocks` (0: not reported yet).
+    pub kv_capacity_blocks: u64,
+    /// Tokens per KV block.
+    pub block_size: u32,
+    pub ttft_ewma_ms: f64,
+    /// 0: unknown.
+    pub prefill_tokens_per_s: f64,
+    /// Requests other sidecars forwarded here that have not finished.
+    pub inflight_forwarded: u32,
+    pub role: Role,
+    pub healthy: bool,
+    pub models: Vec<String>,
+    pub loras: Vec<String>,
+    pub lora_use: LoraUse,
+}
+
 impl LoadDigest {
+    /// Digest number `version` (a node numbers its digests with
+    /// [`crate::cadence::DigestPublisher`]), stamped with the publisher's wall clock: the
+    /// engine's queue as the serving state counts it (`ServingState::gauges`), and `engine`.
+    /// Values wider than the digest's fields saturate.
+    pub fn new(version: u64, timestamp_ms: u64, queue: Gauges, engine: EngineFacts) -> Self {
+        LoadDigest {
+            version,
+            timestamp_ms,
+            running: queue.running,
+            waiting: queue.waiting,
+            kv_usage: queue.kv_usage.clamp(0.0, 1.0),
+            kv_capacity_blocks: engine.kv_capacity_blocks.min(u64::from(u32::MAX)) as u32,
+            block_size: engine.block_size.min(u32::from(u16::MAX)) as u16,
+            ttft_ewma_ms: engine.ttft_ewma_ms as f32,
+            prefill_tokens_per_s: engine.prefill_tokens_per_s as f32,
+            inflight_forwarded: engine.inflight_forwarded,
+            role: engine.role,
+            healthy: engine.healthy,
+            hash_version: HASH_VERSION,
+            models: engine.models,
+            loras: engine.loras,
+            lora_use: engine.lora_use,
+        }
+    }
+
+    /// Whether `self` and `other` report the same load: every field but the number and the
+    /// time.
+    pub fn same_load(&self, other: &LoadDigest) -> bool {
+        LoadDigest {
+            version: other.version,
+            timestamp_ms: other.timestamp_ms,
+            ..self.clone()
+        } == *other
+    }
+
     /// Whether this node's engine serves `model` (a model or an adapter name).
     pub fn serves(&self, model: &str) -> bool {
         self.models.iter().chain(&self.loras).any(|m| m == model)
@@ -175,6 +273,19 @@ pub(crate) fn sample_digest() -> LoadDigest {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn roles_parse_from_the_names_they_are_shown_by() {
+        for role in Role::ALL {
+            assert_eq!(role.as_str().parse::<Role>(), Ok(role));
+            assert_eq!(role.to_string(), role.as_str());
+            let json = serde_json::to_string(&role).unwrap();
+            assert_eq!(json, format!("\"{role}\""));
+            assert_eq!(serde_json::from_str::<Role>(&json).unwrap(), role);
+        }
+        assert_eq!("both".parse::<Role>(), Err(UnknownRole("both".into())));
+        assert!(serde_json::from_str::<Role>("\"Mixed\"").is_err());
+    }
 
     #[test]
     fn round_trips_and_stays_small() {

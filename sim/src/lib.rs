@@ -8,15 +8,16 @@
 //! - [`load`] is the load generator.
 //! - [`simulate`] is the discrete-event cluster simulator (`kvmesh-sim simulate`).
 //! - [`report`] samples engines during a run and renders the demo's report.
-//! - [`quantile`] is the one percentile definition of both, and [`chart`] draws the report's
-//!   and the simulator's charts.
+//! - [`quantile`] (protocol's, re-exported) is the one percentile definition of both, and
+//!   [`chart`] draws the report's and the simulator's charts.
 
 pub mod chart;
 pub mod engine;
 pub mod load;
-pub mod quantile;
 pub mod report;
 pub mod rng;
 pub mod simulate;
 pub mod text;
 pub mod workload;
+
+pub use kvmesh_protocol::quantile;

@@ -70,7 +70,9 @@ impl NodeSpec {
         self
     }
 
-    fn start_engine(&self) -> Engine {
+    /// Starts its engine alone; [`Cluster::join_running`] puts a sidecar in front of it later
+    /// (a test that needs the engine to work before its sidecar exists).
+    pub fn start_engine(&self) -> Engine {
         let models: Vec<&str> = self.models.iter().map(String::as_str).collect();
         let mut config =
             EngineConfig::new(&format!("engine {}", self.name), &models).timing(self.timing);
@@ -118,6 +120,20 @@ impl Cluster {
         cluster
     }
 
+    /// [`Self::start`], then [`Self::wait_converged`].
+    pub fn start_converged(specs: &[NodeSpec]) -> Self {
+        let cluster = Cluster::start(specs);
+        cluster.wait_converged();
+        cluster
+    }
+
+    /// Waits until every node of the cluster (all running) lists exactly the others as live
+    /// peers, within [`CONVERGENCE_TIMEOUT`]; returns how long that took.
+    pub fn wait_converged(&self) -> Duration {
+        let names: Vec<&str> = self.nodes.iter().map(Node::name).collect();
+        self.wait_membership(&names, CONVERGENCE_TIMEOUT)
+    }
+
     /// Starts a node seeded with every sidecar started so far that is still running.
     pub fn join(&mut self, spec: &NodeSpec) -> &mut Node {
         self.join_with(spec, |config| config)
@@ -129,8 +145,23 @@ impl Cluster {
         spec: &NodeSpec,
         adjust: impl FnOnce(SidecarConfig) -> SidecarConfig,
     ) -> &mut Node {
-        let seeds = self.live_mesh_addrs();
         let engine = spec.start_engine();
+        self.join_running_with(spec, engine, adjust)
+    }
+
+    /// Like [`Self::join`], in front of `engine`, already started by
+    /// [`NodeSpec::start_engine`].
+    pub fn join_running(&mut self, spec: &NodeSpec, engine: Engine) -> &mut Node {
+        self.join_running_with(spec, engine, |config| config)
+    }
+
+    fn join_running_with(
+        &mut self,
+        spec: &NodeSpec,
+        engine: Engine,
+        adjust: impl FnOnce(SidecarConfig) -> SidecarConfig,
+    ) -> &mut Node {
+        let seeds = self.live_mesh_addrs();
         let mut config = SidecarConfig::new(&spec.name, &engine.url(), &self.ca).seeds(&seeds);
         for arg in &spec.sidecar_args {
             config = config.arg(arg);

@@ -34,5 +34,5 @@ pub use engine::{Engine, EngineConfig, Timing};
 pub use http::{Request, Response};
 pub use sidecar::{Sidecar, SidecarConfig};
 pub use sse::{SseEvent, SseReader, SseTranscript};
-pub use traffic::{Call, Served, call, try_call};
+pub use traffic::{Call, Served, call, every_call_served_by, try_call};
 pub use wait::{holds_during, wait_for, wait_until};

@@ -8,7 +8,27 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::binaries::KVMESH_SIM;
+use crate::cluster::Node;
 use crate::process::run_to_completion;
+
+/// A list of URLs as the load generator's `--targets` and `--engines` take it.
+pub fn url_list(urls: impl IntoIterator<Item = String>) -> String {
+    urls.into_iter().collect::<Vec<_>>().join(",")
+}
+
+/// The client URLs of the sidecars of `nodes`, as `--targets`.
+pub fn sidecar_urls(nodes: &[Node]) -> String {
+    url_list(
+        nodes
+            .iter()
+            .map(|node| format!("http://{}", node.sidecar.http_addr())),
+    )
+}
+
+/// The URLs of the engines of `nodes`, as `--engines` (or round-robin's `--targets`).
+pub fn engine_urls(nodes: &[Node]) -> String {
+    url_list(nodes.iter().map(|node| node.engine.url()))
+}
 
 /// Runs `kvmesh-sim load --targets TARGETS --pick PICK --engines ENGINES --json OUT ARGS…` to
 /// completion within `timeout`, prints its table and returns its JSON report. Panics (with the

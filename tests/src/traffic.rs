@@ -1,6 +1,7 @@
 //! Client traffic through a sidecar: the four kinds of inference call, each checked for a
 //! well-formed answer and for the node that served it.
 
+use std::collections::BTreeMap;
 use std::io::Read;
 use std::time::Duration;
 
@@ -151,4 +152,29 @@ pub fn try_call(
 /// [`try_call`], panicking on failure.
 pub fn call(sidecar: &Sidecar, call: Call, model: &str, prompt: &str) -> Served {
     try_call(sidecar, call, model, prompt).unwrap_or_else(|problem| panic!("{problem}"))
+}
+
+/// Every kind of call for `model`, `rounds` times through each of `entries` (prompts `after
+/// ROUND`), each of which must succeed and be served by one of `servers`; how many each
+/// served.
+pub fn every_call_served_by(
+    entries: &[&Sidecar],
+    model: &str,
+    rounds: usize,
+    servers: &[&str],
+) -> BTreeMap<String, usize> {
+    let mut served_by: BTreeMap<String, usize> = BTreeMap::new();
+    for round in 0..rounds {
+        for entry in entries {
+            for kind in Call::ALL {
+                let served = call(entry, kind, model, &format!("after {round}"));
+                assert!(
+                    servers.contains(&served.node.as_str()),
+                    "served by {served:?}, not one of {servers:?}"
+                );
+                *served_by.entry(served.node).or_default() += 1;
+            }
+        }
+    }
+    served_by
 }

@@ -10,8 +10,8 @@
 
 use std::time::Duration;
 
-use kvmesh_tests::load::{number, run_load};
-use kvmesh_tests::{CONVERGENCE_TIMEOUT, Cluster, NodeSpec, Timing};
+use kvmesh_tests::load::{engine_urls, number, run_load};
+use kvmesh_tests::{Cluster, NodeSpec, Timing};
 
 const LOAD_TIMEOUT: Duration = Duration::from_secs(240);
 /// Short prompts and answers: the burst is about placement, and a thousand of them must fit
@@ -22,19 +22,10 @@ const OUTPUT_LEN: &str = "4";
 
 /// `nodes` modelled engines (default timing) with a sidecar each, converged.
 fn cluster(nodes: usize) -> Cluster {
-    let names: Vec<String> = (0..nodes).map(|i| format!("n{i}")).collect();
-    let specs: Vec<NodeSpec> = names
-        .iter()
-        .map(|name| NodeSpec::new(name, &["mock-model"]).timing(Timing::Scaled(1.0)))
+    let specs: Vec<NodeSpec> = (0..nodes)
+        .map(|i| NodeSpec::new(&format!("n{i}"), &["mock-model"]).timing(Timing::Scaled(1.0)))
         .collect();
-    let cluster = Cluster::start(&specs);
-    let names: Vec<&str> = names.iter().map(String::as_str).collect();
-    cluster.wait_membership(&names, CONVERGENCE_TIMEOUT);
-    cluster
-}
-
-fn urls(addrs: impl Iterator<Item = String>) -> String {
-    addrs.collect::<Vec<_>>().join(",")
+    Cluster::start_converged(&specs)
 }
 
 /// Sends `prompts` distinct prompts at once to `targets` (round-robin) and returns the report.
@@ -74,7 +65,7 @@ fn burst(
 fn a_burst_spreads(nodes: usize, prompts: u64) {
     let dir = tempfile::tempdir().expect("tempdir");
     let cluster = cluster(nodes);
-    let engine_urls = urls(cluster.nodes().iter().map(|node| node.engine.url()));
+    let engine_urls = engine_urls(cluster.nodes());
 
     let through = burst(
         &format!("http://{}", cluster.sidecar("n0").http_addr()),

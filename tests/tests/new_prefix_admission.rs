@@ -10,18 +10,14 @@
 //! functions, as every sidecar does.
 
 use std::io::Read;
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use kvmesh_protocol::HashConfig;
 use kvmesh_protocol::hashing::{Endpoint, hash_request};
 use kvmesh_protocol::route::{node_key, rendezvous_weight};
-use kvmesh_tests::certs::ClusterCa;
 use kvmesh_tests::http::OpenResponse;
 use kvmesh_tests::openai::{completion_body, served_by};
-use kvmesh_tests::{
-    CONVERGENCE_TIMEOUT, Engine, EngineConfig, Request, Sidecar, SidecarConfig, Timing, wait_until,
-};
+use kvmesh_tests::{CONVERGENCE_TIMEOUT, Cluster, NodeSpec, Request, Sidecar, Timing, wait_until};
 use serde_json::Value;
 
 const MODEL: &str = "mock-model";
@@ -47,13 +43,13 @@ fn first_choice<'a>(body: &Value, nodes: &'a [&'a str]) -> &'a str {
         .expect("nodes")
 }
 
-struct Cluster {
-    engines: Vec<Engine>,
-    nodes: Vec<Sidecar>,
+/// Two nodes over slow engines, sharing a configuration file with a `[route]` table.
+struct Mesh {
+    cluster: Cluster,
     _dir: tempfile::TempDir,
 }
 
-impl Cluster {
+impl Mesh {
     fn start() -> Self {
         Self::with_route("cold_choices = 1\n")
     }
@@ -63,52 +59,29 @@ impl Cluster {
         let dir = tempfile::tempdir().expect("tempdir");
         let config = dir.path().join("kvmesh.toml");
         std::fs::write(&config, format!("[route]\n{route}")).expect("config file");
-        let ca = ClusterCa::init("admission-e2e");
-        let engines: Vec<Engine> = (0..2)
-            .map(|i| {
-                EngineConfig::new(&format!("engine {i}"), &[MODEL])
+        let config = config.to_str().expect("utf-8 path");
+        let specs: Vec<NodeSpec> = ["n0", "n1"]
+            .map(|name| {
+                NodeSpec::new(name, &[MODEL])
                     .timing(Timing::Scaled(20.0))
-                    .start()
+                    .sidecar_args(&["--config", config])
             })
-            .collect();
-        let mut nodes: Vec<Sidecar> = Vec::new();
-        for (i, engine) in engines.iter().enumerate() {
-            let seeds: Vec<SocketAddr> = nodes.iter().map(Sidecar::mesh_addr).collect();
-            nodes.push(
-                SidecarConfig::new(&format!("n{i}"), &engine.url(), &ca)
-                    .seeds(&seeds)
-                    .arg("--config")
-                    .arg(config.to_str().expect("utf-8 path"))
-                    .start(),
-            );
-        }
-        wait_until(CONVERGENCE_TIMEOUT, "the mesh to converge", || {
-            nodes
-                .iter()
-                .all(|s| s.peer_ids().is_ok_and(|peers| peers.len() == 1))
-        });
-        Cluster {
-            engines,
-            nodes,
-            _dir: dir,
-        }
+            .into();
+        let cluster = Cluster::start(&specs);
+        cluster.wait_membership(&["n0", "n1"], CONVERGENCE_TIMEOUT);
+        Mesh { cluster, _dir: dir }
     }
 
     fn node(&self, name: &str) -> &Sidecar {
-        self.nodes
-            .iter()
-            .find(|n| n.node_id() == name)
-            .expect("node")
+        self.cluster.sidecar(name)
     }
 
     /// Prompt tokens node `name`'s engine found in its prefix cache so far.
     fn engine_cache_hits(&self, name: &str) -> f64 {
-        let index = self
-            .nodes
-            .iter()
-            .position(|n| n.node_id() == name)
-            .expect("node");
-        self.engines[index].metric("vllm:prefix_cache_hits_total", &[])
+        self.cluster
+            .node(name)
+            .engine
+            .metric("vllm:prefix_cache_hits_total", &[])
     }
 
     fn metric(&self, name: &str, metric: &str) -> f64 {
@@ -143,7 +116,7 @@ fn finish(mut response: OpenResponse) -> String {
 /// One round: a new prefix A enters at `a_entry` and its prefill runs on its first choice X;
 /// meanwhile a different new prefix B whose first choice is also X, entering at the same node
 /// as A, is served by the other node, and a request sharing A's prefix still goes to X.
-fn round(cluster: &Cluster, tag: &str, a_entry_is_x: bool) {
+fn round(cluster: &Mesh, tag: &str, a_entry_is_x: bool) {
     let names = ["n0", "n1"];
     let a_body = completion_body(
         MODEL,
@@ -227,7 +200,7 @@ fn round(cluster: &Cluster, tag: &str, a_entry_is_x: bool) {
 
 #[test]
 fn a_busy_engine_declines_a_second_new_prefix_and_the_next_choice_serves_it() {
-    let cluster = Cluster::start();
+    let cluster = Mesh::start();
     // A forwarded: X's sidecar declines B on the wire, and B's entry serves it itself.
     round(&cluster, "forwarded", false);
     // A local to X's sidecar: it declines B before its own engine and forwards it.
@@ -241,7 +214,7 @@ fn a_busy_engine_declines_a_second_new_prefix_and_the_next_choice_serves_it() {
 fn a_second_copy_of_a_new_prefix_waits_for_the_first_ones_blocks() {
     // No declines: everything goes to its rendezvous first choice.
     let cluster =
-        Cluster::with_route("cold_choices = 1\nmax_declines = 0\nmax_new_prefix_declines = 0\n");
+        Mesh::with_route("cold_choices = 1\nmax_declines = 0\nmax_new_prefix_declines = 0\n");
     let names = ["n0", "n1"];
     let body = |tag: &str, question: &str| completion_body(MODEL, &prompt(tag, question), 1, true);
     let a = body("copies A", "first question");

@@ -1,13 +1,11 @@
 //! The engine's model cards: what its `/v1/models` says of each served name and adapter, as
-//! vLLM reports it, gossiped under their own key (they change only when an engine restarts or
-//! loads an adapter, unlike the load digest) so that every node's `/v1/models` is the
-//! cluster's union in vLLM's shape.
+//! vLLM reports it, gossiped under their own key (`gossip_keys::MODELS`; they change only when
+//! an engine restarts or loads an adapter, unlike the load digest) so that every node's
+//! `/v1/models` is the cluster's union in vLLM's shape.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-/// Gossip key of a node's model cards (JSON, see [`encode_cards`]).
-pub const MODELS_KEY: &str = "models";
 /// Bounds on what a peer may gossip: an engine serves a few names and adapters, with paths.
 const MAX_CARDS: usize = 512;
 const MAX_FIELD_BYTES: usize = 1024;

@@ -3,7 +3,8 @@
 //! Approximate mode (the default): every chain this node's engine served is inserted into an
 //! LRU [`PrefixIndex`] bounded by the engine's real capacity (`num_gpu_blocks × block_size`
 //! from `vllm:cache_config_info`, in hash blocks). Changes flow into a summary builder, whose
-//! changed shards are gossiped as keys `s/NNN` (base64 of the validated shard envelope), and
+//! changed shards are gossiped as keys `s/NNN` (base64 of the validated shard envelope; the
+//! schema is `kvmesh_protocol::gossip_keys`), and
 //! into this node's own [`PeerSummary`], so this node judges itself exactly as peers judge it.
 //!
 //! Exact mode (`--kv-events`): the engine's KV events say what it holds (see
@@ -12,7 +13,7 @@
 
 mod tier;
 
-use base64::Engine as _;
+use kvmesh_protocol::gossip_keys::Tier;
 use kvmesh_protocol::index::{IndexChanges, PrefixIndex};
 use kvmesh_protocol::kv_events::TierChanges;
 use kvmesh_protocol::summary::{PeerSummary, SummaryConfig};
@@ -20,21 +21,8 @@ use std::sync::Arc;
 pub use tier::GossipShard;
 use tier::TierSummary;
 
-/// Gossip key prefix of summary shards (the engine's GPU).
-pub const SHARD_KEY_PREFIX: &str = "s/";
-/// Gossip key prefix of the offload tier's summary shards (exact mode).
-pub const OFFLOAD_KEY_PREFIX: &str = "o/";
-
 /// Capacity assumed until the engine reports its own (blocks of the hash chain).
 const DEFAULT_CAPACITY: usize = 8192;
-
-pub fn encode_shard_value(bytes: &[u8]) -> String {
-    base64::engine::general_purpose::STANDARD.encode(bytes)
-}
-
-pub fn decode_shard_value(value: &str) -> Option<Vec<u8>> {
-    base64::engine::general_purpose::STANDARD.decode(value).ok()
-}
 
 /// Where this node's knowledge of its engine's cache comes from.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -65,8 +53,8 @@ impl LocalPrefixes {
             index: PrefixIndex::new(DEFAULT_CAPACITY),
             exact_blocks: 0,
             exact_offload_blocks: 0,
-            gpu: TierSummary::new(SHARD_KEY_PREFIX, config, generation)?,
-            offload: TierSummary::new(OFFLOAD_KEY_PREFIX, config, generation)?,
+            gpu: TierSummary::new(Tier::Gpu, config, generation)?,
+            offload: TierSummary::new(Tier::Offload, config, generation)?,
         })
     }
 
@@ -184,9 +172,9 @@ mod tests {
         assert_eq!(local.own_summary().longest_match(&chain), 20);
         let mut peer = PeerSummary::new();
         for shard in &shards {
-            assert!(shard.key.starts_with(SHARD_KEY_PREFIX));
+            assert!(Tier::Gpu.shard_index(&shard.key).is_some());
             assert!(shard.value.len() < 2048);
-            peer.apply_bytes(&decode_shard_value(&shard.value).unwrap())
+            peer.apply_bytes(&kvmesh_protocol::gossip_keys::decode_bytes(&shard.value).unwrap())
                 .unwrap();
         }
         assert_eq!(peer.longest_match(&chain), 20);
@@ -219,8 +207,9 @@ mod tests {
         };
         local.apply_events(&gpu, &offload, 2, 3);
         let shards = local.publish();
-        assert!(shards.iter().any(|s| s.key.starts_with(SHARD_KEY_PREFIX)));
-        assert!(shards.iter().any(|s| s.key.starts_with(OFFLOAD_KEY_PREFIX)));
+        for tier in Tier::ALL {
+            assert!(shards.iter().any(|s| tier.shard_index(&s.key).is_some()));
+        }
         assert_eq!(local.own_summary().longest_match(&[10, 11, 12]), 2);
         assert_eq!(local.own_offload().longest_match(&[10, 11, 12]), 3);
         assert_eq!((local.blocks(), local.offload_blocks()), (2, 3));

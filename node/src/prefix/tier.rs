@@ -1,7 +1,7 @@
 //! One advertised tier of the engine's cache: its summary builder, the gossip keys its shards
 //! go under, and this node's own view of it as peers will decode it.
 
-use super::encode_shard_value;
+use kvmesh_protocol::gossip_keys::{self, Tier};
 use kvmesh_protocol::summary::{PeerSummary, SummaryBuilder, SummaryConfig};
 use std::sync::Arc;
 
@@ -14,20 +14,16 @@ pub struct GossipShard {
 
 #[derive(Debug)]
 pub struct TierSummary {
-    key_prefix: &'static str,
+    tier: Tier,
     builder: SummaryBuilder,
     own: Arc<PeerSummary>,
     published_bytes: Vec<usize>,
 }
 
 impl TierSummary {
-    pub fn new(
-        key_prefix: &'static str,
-        config: SummaryConfig,
-        generation: u64,
-    ) -> Result<Self, String> {
+    pub fn new(tier: Tier, config: SummaryConfig, generation: u64) -> Result<Self, String> {
         Ok(Self {
-            key_prefix,
+            tier,
             builder: SummaryBuilder::new(config, generation)?,
             own: Arc::new(PeerSummary::new()),
             published_bytes: vec![0; config.num_shards as usize],
@@ -57,8 +53,8 @@ impl TierSummary {
                     self.published_bytes[shard.index as usize] = shard.bytes.len();
                 }
                 GossipShard {
-                    key: format!("{}{:03}", self.key_prefix, shard.index),
-                    value: encode_shard_value(&shard.bytes),
+                    key: self.tier.shard_key(shard.index),
+                    value: gossip_keys::encode_bytes(&shard.bytes),
                 }
             })
             .collect()

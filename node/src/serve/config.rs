@@ -131,8 +131,8 @@ pub struct ServeArgs {
     /// disaggregated requests) or `decode` (decode legs, and whole requests not worth
     /// disaggregating). Prefill and decode engines must run vLLM with the NixlConnector
     /// (`--kv-transfer-config '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'`).
-    #[arg(long, env = "KVMESH_ROLE")]
-    pub role: Option<String>,
+    #[arg(long, env = "KVMESH_ROLE", value_parser = roles())]
+    pub role: Option<Role>,
     /// Intent routing: a TOML file of intents (see docs/intents.md); a request whose `model` is
     /// its auto name (default `auto`) is given the model of the intent its prompt shows.
     #[arg(long, env = "KVMESH_INTENTS")]
@@ -221,6 +221,12 @@ fn score_forms() -> impl clap::builder::TypedValueParser<Value = ScoreForm> {
     use clap::builder::{PossibleValuesParser, TypedValueParser as _};
     PossibleValuesParser::new(ScoreForm::ALL.map(ScoreForm::name))
         .try_map(|name| name.parse::<ScoreForm>())
+}
+
+/// `--role`'s parser: the protocol's names, listed in the help and in errors.
+fn roles() -> impl clap::builder::TypedValueParser<Value = Role> {
+    use clap::builder::{PossibleValuesParser, TypedValueParser as _};
+    PossibleValuesParser::new(Role::ALL.map(Role::as_str)).try_map(|name| name.parse::<Role>())
 }
 
 /// The `[lora]` table of the configuration file.
@@ -344,13 +350,7 @@ impl ServeConfig {
         if let Some(policy) = cli.policy.or(file.policy) {
             route.policy = policy;
         }
-        let role = match cli.role.or(file.role).as_deref() {
-            None => defaults::ROLE,
-            Some("mixed") => Role::Mixed,
-            Some("prefill") => Role::Prefill,
-            Some("decode") => Role::Decode,
-            Some(other) => bail!("--role must be `mixed`, `prefill` or `decode`, not `{other}`"),
-        };
+        let role = cli.role.or(file.role).unwrap_or(defaults::ROLE);
         let millis = |v: Option<u64>, default: Duration| {
             v.map_or(default, Duration::from_millis)
                 .max(Duration::from_millis(1))
@@ -638,12 +638,25 @@ mod tests {
         );
         let mut cli = args();
         cli.config = Some(path.clone());
-        cli.role = Some("decode".into());
+        cli.role = Some(Role::Decode);
         assert_eq!(ServeConfig::resolve(cli).unwrap().role, Role::Decode);
+        let role = |value: &str| {
+            let command = <ServeArgs as clap::Args>::augment_args(clap::Command::new("serve"));
+            command.try_get_matches_from(["serve", "--role", value])
+        };
+        assert!(role("prefill").is_ok());
+        let error = role("both").unwrap_err().to_string();
+        assert!(
+            error.contains("--role") && error.contains("[possible values: mixed, prefill, decode]"),
+            "{error}"
+        );
+        std::fs::write(&path, "role = \"both\"\n").unwrap();
         let mut cli = args();
-        cli.role = Some("both".into());
-        let error = ServeConfig::resolve(cli).unwrap_err().to_string();
-        assert!(error.contains("--role must be"), "{error}");
+        cli.config = Some(path.clone());
+        assert!(
+            ServeConfig::resolve(cli).is_err(),
+            "an unknown role is refused"
+        );
         std::fs::write(&path, "[pd]\nmin_uncached = 1\n").unwrap();
         let mut cli = args();
         cli.config = Some(path);

@@ -20,10 +20,11 @@ use crate::mesh::{Mesh, MeshConfig};
 use crate::metrics::NodeMetrics;
 use crate::prefix::{IndexMode, LocalPrefixes};
 use crate::tls::{TlsReload, TlsSource};
-use crate::view::{HTTP_KEY, INTENTS_KEY, LORA_KEY, SharedView, VERSION_KEY, encode_loadable};
+use crate::view::{SharedView, encode_loadable};
 use anyhow::Context;
 use config::ServeConfig;
 use engine_queue::EngineQueue;
+use kvmesh_protocol::gossip_keys;
 use kvmesh_protocol::lifecycle::EntryState;
 use kvmesh_protocol::route::{Gauges, node_key};
 use prometheus_client::registry::Registry;
@@ -121,14 +122,18 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
             .transpose()?,
         config,
     });
-    mesh.gossip().set(HTTP_KEY, &http_addr.to_string()).await?;
     mesh.gossip()
-        .set(VERSION_KEY, env!("CARGO_PKG_VERSION"))
+        .set(gossip_keys::HTTP, &http_addr.to_string())
+        .await?;
+    mesh.gossip()
+        .set(gossip_keys::VERSION, env!("CARGO_PKG_VERSION"))
         .await?;
     if let Some(intents) = &state.config.intents {
         // Peers show it in their /debug/cluster: a node that decides intents differently is
         // visible there. Nodes without an intents file gossip no such key.
-        mesh.gossip().set(INTENTS_KEY, &intents.hash).await?;
+        mesh.gossip()
+            .set(gossip_keys::INTENTS, &intents.hash)
+            .await?;
         let path = intents.path.display();
         tracing::info!(%path, hash = %intents.hash, "intent routing");
     }
@@ -138,7 +143,7 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         // Every entry node places an adapter no engine serves among the engines that may
         // load it: it must know which those are.
         mesh.gossip()
-            .set(LORA_KEY, &encode_loadable(loadable))
+            .set(gossip_keys::LORA, &encode_loadable(loadable))
             .await?;
         let rules: Vec<String> = loadable
             .rules

@@ -1,40 +1,26 @@
 //! Publishing this node's load digest: built from the engine poller's state every digest
-//! interval, used locally at once, and gossiped when it changed (or once a second, so peers
-//! can tell a quiet node from a stuck one).
+//! interval, used locally at once, and gossiped when `protocol`'s [`DigestPublisher`] says
+//! (its load changed, or once a second, so peers can tell a quiet node from a stuck one).
 
-use crate::engine::models::{MODELS_KEY, ModelCard, encode_cards};
+use crate::engine::models::{ModelCard, encode_cards};
 use crate::serve::state::{SharedState, lock};
-use crate::view::{DIGEST_KEY, encode_digest};
-use kvmesh_protocol::LoadDigest;
-use kvmesh_protocol::hashing::HASH_VERSION;
+use kvmesh_protocol::cadence::DigestPublisher;
+use kvmesh_protocol::gossip_keys;
+use kvmesh_protocol::{EngineFacts, LoadDigest};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
-
-/// A quiet node re-publishes this often; peers treat a digest older than the routing
-/// config's `max_digest_age_ms` (3 s) as stale.
-const REPUBLISH_EVERY: Duration = Duration::from_secs(1);
 
 pub async fn publish_loop(state: SharedState) {
     let mut ticker = tokio::time::interval(state.config.digest_interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut version = 0u64;
-    let mut last: Option<(LoadDigest, Instant)> = None;
+    let mut publisher = DigestPublisher::new();
     let mut cards_published = None;
     loop {
         ticker.tick().await;
         publish_cards(&state, &mut cards_published).await;
-        version += 1;
-        let digest = refresh_own_digest(&state, version);
-        let changed = match &last {
-            None => true,
-            Some((previous, at)) => {
-                !same_load(previous, &digest) || at.elapsed() >= REPUBLISH_EVERY
-            }
-        };
-        if changed {
+        let digest = refresh_own_digest(&state, publisher.next_version());
+        if publisher.should_gossip(&digest, state.now_ms()) {
             gossip_digest(&state, &digest).await;
-            last = Some((digest, Instant::now()));
         }
         publish_summary(&state).await;
         let now = state.now_ms();
@@ -48,7 +34,7 @@ pub async fn publish_loop(state: SharedState) {
     }
 }
 
-/// Builds and publishes a first digest at once (before the periodic loop's first tick).
+/// Builds and publishes a first digest (version 0) at once, before the periodic loop's.
 pub async fn publish_once(state: &SharedState) {
     let digest = refresh_own_digest(state, 0);
     gossip_digest(state, &digest).await;
@@ -67,7 +53,7 @@ async fn gossip_digest(state: &SharedState, digest: &LoadDigest) {
     if let Err(error) = state
         .mesh
         .gossip()
-        .set(DIGEST_KEY, &encode_digest(digest))
+        .set(gossip_keys::DIGEST, &gossip_keys::encode_digest(digest))
         .await
     {
         tracing::error!(%error, "publishing the load digest");
@@ -83,7 +69,7 @@ async fn publish_cards(state: &SharedState, published: &mut Option<Vec<ModelCard
     match state
         .mesh
         .gossip()
-        .set(MODELS_KEY, &encode_cards(&cards))
+        .set(gossip_keys::MODELS, &encode_cards(&cards))
         .await
     {
         Ok(()) => *published = Some(cards),
@@ -127,36 +113,21 @@ async fn publish_summary(state: &SharedState) {
     }
 }
 
-/// Everything but the version and timestamp.
-fn same_load(a: &LoadDigest, b: &LoadDigest) -> bool {
-    LoadDigest {
-        version: b.version,
-        timestamp_ms: b.timestamp_ms,
-        ..a.clone()
-    } == *b
-}
-
 /// The digest's load is the engine queue's: the last poll's gauges with the queue this node
 /// counts exactly, the same figures its load reports carry.
 fn build_digest(state: &SharedState, version: u64) -> LoadDigest {
     let engine = state.engine.state();
     let metrics = &engine.metrics;
     state.engine_queue.set_digest_version(version);
-    let gauges = state.engine_queue.gauges();
-    LoadDigest {
-        version,
-        timestamp_ms: crate::view::unix_ms(),
-        running: gauges.running,
-        waiting: gauges.waiting,
-        kv_usage: gauges.kv_usage,
-        kv_capacity_blocks: metrics.num_gpu_blocks.unwrap_or(0).min(u64::from(u32::MAX)) as u32,
-        block_size: metrics.block_size.unwrap_or(16).min(u32::from(u16::MAX)) as u16,
-        ttft_ewma_ms: engine.ttft_ewma_ms as f32,
-        prefill_tokens_per_s: engine.prefill_tokens_per_s as f32,
+    let queue = state.engine_queue.gauges();
+    let facts = EngineFacts {
+        kv_capacity_blocks: metrics.num_gpu_blocks.unwrap_or(0),
+        block_size: metrics.block_size.unwrap_or(16),
+        ttft_ewma_ms: engine.ttft_ewma_ms,
+        prefill_tokens_per_s: engine.prefill_tokens_per_s,
         inflight_forwarded: state.inflight_forwarded.load(Ordering::Relaxed),
         role: state.config.role,
         healthy: engine.healthy && !state.is_draining(),
-        hash_version: HASH_VERSION,
         models: engine.models.clone(),
         loras: engine.loras.clone(),
         lora_use: metrics
@@ -164,5 +135,6 @@ fn build_digest(state: &SharedState, version: u64) -> LoadDigest {
             .as_ref()
             .map(|(_, lora_use)| lora_use.clone())
             .unwrap_or_default(),
-    }
+    };
+    LoadDigest::new(version, crate::view::unix_ms(), queue, facts)
 }

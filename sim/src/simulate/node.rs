@@ -4,12 +4,12 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use kvmesh_protocol::cadence::DigestPublisher;
 use kvmesh_protocol::engine_metrics::ewma;
-use kvmesh_protocol::hashing::HASH_VERSION;
 use kvmesh_protocol::index::{IndexChanges, PrefixIndex};
 use kvmesh_protocol::lifecycle::ServingState;
 use kvmesh_protocol::route::Gauges;
-use kvmesh_protocol::{LoadDigest, Role, SummaryBuilder, SummaryConfig};
+use kvmesh_protocol::{EngineFacts, LoadDigest, Role, SummaryBuilder, SummaryConfig};
 
 use super::histogram::LogHistogram;
 use crate::engine::model::{Engine, EngineConfig, EngineRequest, Output};
@@ -47,9 +47,8 @@ pub struct SimNode {
     ttft_since_digest: (f64, u32),
     /// The sidecar's exact count of its engine's queue (the gossiping policies' serving side).
     pub serving: ServingState,
-    digest_version: u64,
-    /// The load fields and time of the last gossiped digest.
-    last_gossiped: Option<((u32, u32, u32), u64)>,
+    /// Numbers its digests and says which are gossiped, as the sidecar's does.
+    publisher: DigestPublisher,
     /// The wake-up time queued for this engine, to skip stale queue entries.
     wake_ns: Option<u64>,
     /// Arrival times of submitted requests that have no first token yet.
@@ -78,8 +77,7 @@ impl SimNode {
             ttft_ewma_ms: 0.0,
             ttft_since_digest: (0.0, 0),
             serving,
-            digest_version: 0,
-            last_gossiped: None,
+            publisher: DigestPublisher::new(),
             wake_ns: None,
             awaiting_first: HashMap::new(),
             role: Role::Mixed,
@@ -226,49 +224,66 @@ impl SimNode {
         if count > 0 {
             self.ttft_ewma_ms = ewma(self.ttft_ewma_ms, sum / f64::from(count));
         }
-        let gauges = self.serving.gauges();
+        let version = self.publisher.next_version();
+        self.serving.set_digest_version(version);
+        let queue = self.serving.gauges();
         let config = self.engine.config();
-        self.digest_version += 1;
-        self.serving.set_digest_version(self.digest_version);
-        LoadDigest {
-            version: self.digest_version,
-            timestamp_ms: now_ns / 1_000_000,
-            running: gauges.running,
-            waiting: gauges.waiting,
-            kv_usage: gauges.kv_usage,
-            kv_capacity_blocks: config.num_gpu_blocks,
-            block_size: config.block_size as u16,
-            ttft_ewma_ms: self.ttft_ewma_ms as f32,
-            prefill_tokens_per_s: config.timing.prefill_tokens_per_s as f32,
+        let facts = EngineFacts {
+            kv_capacity_blocks: u64::from(config.num_gpu_blocks),
+            block_size: config.block_size,
+            ttft_ewma_ms: self.ttft_ewma_ms,
+            prefill_tokens_per_s: config.timing.prefill_tokens_per_s,
             inflight_forwarded: 0,
             role: self.role,
             healthy: true,
-            hash_version: HASH_VERSION,
             models: vec![MODEL.to_owned()],
             loras: vec![],
             lora_use: Default::default(),
-        }
+        };
+        LoadDigest::new(version, now_ns / 1_000_000, queue, facts)
     }
 
-    /// Whether the real node would gossip `digest` now: when its load changed, or once a
-    /// second (`node/src/serve/publish.rs`).
+    /// Whether the real node would gossip `digest` now (the sidecar's rule,
+    /// [`DigestPublisher::should_gossip`]).
     pub fn should_gossip(&mut self, digest: &LoadDigest, now_ns: u64) -> bool {
-        let load = (
-            digest.running,
-            digest.waiting,
-            (digest.kv_usage * 1000.0) as u32,
-        );
-        let due = match self.last_gossiped {
-            None => true,
-            Some((last, at)) => last != load || now_ns >= at + 1_000_000_000,
-        };
-        if due {
-            self.last_gossiped = Some((load, now_ns));
-        }
-        due
+        self.publisher.should_gossip(digest, now_ns / 1_000_000)
     }
 
     pub fn now(ns: u64) -> Duration {
         Duration::from_nanos(ns)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvmesh_protocol::gossip_keys;
+
+    #[test]
+    fn digests_are_the_sidecars_numbered_decodable_and_gossiped_by_its_rule() {
+        let config = EngineConfig::default();
+        let mut node = SimNode::new(0, config.clone(), SummaryConfig::default());
+        let first = node.digest(0);
+        assert_eq!(first.version, 1);
+        // What a peer's view decodes from the value gossiped under the digest key.
+        let value = gossip_keys::encode_digest(&first);
+        let decoded = gossip_keys::decode_digest(&value).unwrap();
+        assert_eq!(decoded, first);
+        assert_eq!(decoded.hash_version, kvmesh_protocol::hashing::HASH_VERSION);
+        assert_eq!(decoded.kv_capacity_blocks, config.num_gpu_blocks);
+        assert!(decoded.serves(MODEL));
+        assert!(node.should_gossip(&first, 0));
+        let quiet = node.digest(100_000_000);
+        assert_eq!(quiet.version, 2);
+        assert!(!node.should_gossip(&quiet, 100_000_000));
+        // Only the TTFT average moved: the sidecar gossips it, so the simulator does.
+        node.observe_ttft(250.0);
+        let moved = node.digest(200_000_000);
+        assert!(moved.ttft_ewma_ms > 0.0);
+        assert!(node.should_gossip(&moved, 200_000_000));
+        let quiet = node.digest(1_100_000_000);
+        assert!(!node.should_gossip(&quiet, 1_100_000_000));
+        let due = node.digest(1_200_000_000);
+        assert!(node.should_gossip(&due, 1_200_000_000), "once a second");
     }
 }

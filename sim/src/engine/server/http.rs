@@ -302,37 +302,26 @@ async fn generate(
     if generation.stream {
         return Ok(stream_response(state, meta, generation, choices, rx));
     }
-    let mut texts = vec![String::new(); choices];
-    let mut finishes: Vec<Option<&'static str>> = vec![None; choices];
+    let done = finish_all(rx, choices).await?;
     let mut usage = Usage::default();
     let mut cached = 0;
     let mut kv_params = None;
-    let mut rx = rx;
-    while let Some((index, out)) = rx.recv().await {
-        let i = index as usize;
-        texts[i].push_str(out.text);
-        if let Some(f) = out.finished {
-            if f.reason == FinishReason::Error {
-                return Err(ApiError::generation_failed());
-            }
-            finishes[i] = Some(f.reason.as_str());
-            usage.prompt_tokens += f.prompt_tokens;
-            usage.completion_tokens += f.completion_tokens;
-            cached += f.cached_tokens;
-            if let (Some(blocks), Some(side_channel), Some(internal_id)) =
-                (f.remote_block_ids, &state.side_channel, internal_ids.get(i))
-            {
-                kv_params = Some(params::prefill_answer(
-                    &state.engine_id,
-                    internal_id,
-                    (&side_channel.0, side_channel.1),
-                    &blocks,
-                ));
-            }
+    for (i, Done { finished: f, .. }) in done.iter().enumerate() {
+        usage.prompt_tokens += f.prompt_tokens;
+        usage.completion_tokens += f.completion_tokens;
+        cached += f.cached_tokens;
+        if let (Some(blocks), Some(side_channel), Some(internal_id)) = (
+            &f.remote_block_ids,
+            &state.side_channel,
+            internal_ids.get(i),
+        ) {
+            kv_params = Some(params::prefill_answer(
+                &state.engine_id,
+                internal_id,
+                (&side_channel.0, side_channel.1),
+                blocks,
+            ));
         }
-    }
-    if finishes.iter().any(Option::is_none) {
-        return Err(ApiError::dropped());
     }
     usage.total_tokens = usage.prompt_tokens + usage.completion_tokens;
     if state.prompt_tokens_details {
@@ -340,12 +329,11 @@ async fn generate(
             cached_tokens: cached,
         });
     }
-    let choices: Vec<ChoiceResult> = texts
+    let choices: Vec<ChoiceResult> = done
         .into_iter()
-        .zip(finishes)
-        .map(|(text, f)| ChoiceResult {
-            text,
-            finish_reason: f.unwrap_or("abort"),
+        .map(|done| ChoiceResult {
+            finish_reason: done.finished.reason.as_str(),
+            text: done.text,
         })
         .collect();
     Ok(json_response(
@@ -389,7 +377,7 @@ pub(super) async fn run_to_end(
     requests: Vec<EngineRequest>,
 ) -> Result<Vec<Done>, ApiError> {
     let n = requests.len();
-    let (tx, mut rx) = mpsc::unbounded_channel();
+    let (tx, rx) = mpsc::unbounded_channel();
     let submission = Submission {
         requests,
         internal_ids: Vec::new(),
@@ -399,6 +387,15 @@ pub(super) async fn run_to_end(
     if !state.driver.submit(submission) {
         return Err(ApiError::unavailable());
     }
+    finish_all(rx, n).await
+}
+
+/// The `n` requests of a submission, each to its end (in submission order): an error if one
+/// failed, or if the engine dropped one before it finished.
+async fn finish_all(
+    mut rx: mpsc::UnboundedReceiver<TokenEvent>,
+    n: usize,
+) -> Result<Vec<Done>, ApiError> {
     let mut texts = vec![String::new(); n];
     let mut finished: Vec<Option<Finished>> = vec![None; n];
     while let Some((index, out)) = rx.recv().await {

@@ -166,9 +166,9 @@ fn arrive(sim: &mut Sim<'_>, state: &mut Loop, request: &SimRequest) {
             .route(entry, &route_request, view, &config.route, now)
             .map(|routed| (routed, Leg::Whole)),
         Some(pd) => {
-            let routed =
+            let placement =
                 kvmesh.route_pd(entry, &route_request, view, &config.route, &pd.config, now);
-            routed.map(|routed| legs::first_leg(sim, routed))
+            placement.map(|placement| legs::first_leg(sim, placement))
         }
     };
     let Ok((routed, leg)) = routed else {

@@ -57,7 +57,7 @@ pub struct Routed {
 }
 
 /// How a request in a disaggregated cluster is served.
-pub enum PdRouted {
+pub enum Placement {
     /// On one engine; why it was not disaggregated, if prefill engines serve its model.
     Whole(Routed, Option<PdReason>),
     /// Its prefill leg first (this plan); the decode leg is planned by
@@ -128,13 +128,13 @@ impl Kvmesh {
         config: &RouteConfig,
         pd: &PdConfig,
         now_ns: u64,
-    ) -> Result<PdRouted, RouteError> {
+    ) -> Result<Placement, RouteError> {
         let now_ms = now_ns / 1_000_000;
         let (peers, nodes) = self.peers(entry, view, now_ns);
         let route = self.entries[entry as usize].route_pd(&peers, request, config, pd, now_ms)?;
         Ok(match route {
-            PdRoute::Whole { plan, pd } => PdRouted::Whole(Routed { plan, nodes }, pd),
-            PdRoute::Split { prefill, .. } => PdRouted::Split(Routed {
+            PdRoute::Whole { plan, pd } => Placement::Whole(Routed { plan, nodes }, pd),
+            PdRoute::Split { prefill, .. } => Placement::Split(Routed {
                 plan: prefill,
                 nodes,
             }),

@@ -18,7 +18,7 @@ use kvmesh_protocol::route::{PdConfig, RouteError};
 use super::{Event, Loop, kvmesh_of, next_attempt, route_request, schedule, send, served, view};
 use crate::simulate::cluster::{Leg, Prepared, Sim};
 use crate::simulate::pd::DecodeChoice;
-use crate::simulate::policy::kvmesh::{PdRouted, Routed};
+use crate::simulate::policy::kvmesh::{Placement, Routed};
 
 /// A decode leg planned at arrival, with its attempt already counted at its engine (as the
 /// central routers count a pair's load from its selection).
@@ -29,10 +29,10 @@ pub(super) struct EarlyDecode {
 }
 
 /// Counts what became of disaggregation for an arrival; returns the plan of its first leg.
-pub(super) fn first_leg(sim: &mut Sim<'_>, routed: PdRouted) -> (Routed, Leg) {
-    let (routed, leg, reason) = match routed {
-        PdRouted::Whole(routed, reason) => (routed, Leg::Whole, reason),
-        PdRouted::Split(routed) => (routed, Leg::Prefill, Some(PdReason::Pd)),
+pub(super) fn first_leg(sim: &mut Sim<'_>, placement: Placement) -> (Routed, Leg) {
+    let (routed, leg, reason) = match placement {
+        Placement::Whole(routed, reason) => (routed, Leg::Whole, reason),
+        Placement::Split(routed) => (routed, Leg::Prefill, Some(PdReason::Pd)),
     };
     if let Some(reason) = reason {
         *sim.pd_reasons

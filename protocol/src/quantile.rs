@@ -1,5 +1,6 @@
-//! The one percentile definition of kvmesh-sim, for the load generator's measured latencies
-//! and the simulator's alike, so that a simulated p99 compares with a measured one.
+//! The one percentile definition of kvmesh: the load generator's measured latencies, the
+//! simulator's and the node's CLI figures (`kvmesh intents`) alike, so that a simulated p99
+//! compares with a measured one.
 //!
 //! Linear interpolation between the closest ranks: numpy's default (`method="linear"`), R's
 //! type 7. The q-quantile of n sorted values sits at rank q · (n − 1), so q = 0 is the
