@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # A soak (issue 18): MINUTES of chat load through one sidecar (a) while the three others are
 # killed -9 and restarted in turn, every CHURN seconds, on loopback. Every 10 s it samples
-# a's resident memory, open file descriptors, threads and the mesh connections it has opened,
+# a's resident memory, open file descriptors (and how many of them are HTTP connections to
+# its engine and from its clients, which follow the load), threads and the mesh connections
+# it has opened,
 # and prints them; at the end it compares the last sample with the first one after the
 # warm-up (the first fifth of the run; the target is growth of at most 5%) and counts the
 # requests that failed (the load is not streamed, so no request has started when its node
@@ -75,12 +77,20 @@ done
 LOAD=$!
 PIDS+=($LOAD)
 
+# a's open TCP connections to its engine and from its clients: hyper keeps as many as the
+# load needed lately, so they rise after a peer dies (a serves more itself, answers take
+# longer) and fall as they idle out. They follow the load, not the uptime.
+tcp_conns() { # ss filter
+    ss -Htnp state established "$1" 2>/dev/null | grep -c "pid=${SIDECAR_PID[a]}," || true
+}
+
 sample() { # elapsed seconds: one line of a's figures
-    local pid=${SIDECAR_PID[a]} opened
+    local pid=${SIDECAR_PID[a]} opened fds pooled
     opened=$(curl -s "$A/metrics" | awk '/^kvmesh_.*connections_opened_total/ {s += $2} END {print s + 0}')
-    printf '%6s %10s %6s %8s %12s\n' "$1" \
-        "$(awk '/VmRSS/ {print $2}' "/proc/$pid/status")" \
-        "$(ls "/proc/$pid/fd" | wc -l)" \
+    fds=$(ls "/proc/$pid/fd" | wc -l)
+    pooled=$(($(tcp_conns "( dport = :${ENGINES[0]##*:} )") + $(tcp_conns "( sport = :${A##*:} )")))
+    printf '%6s %10s %6s %8s %8s %8s %12s\n' "$1" \
+        "$(awk '/VmRSS/ {print $2}' "/proc/$pid/status")" "$fds" "$pooled" "$((fds - pooled))" \
         "$(awk '/Threads/ {print $2}' "/proc/$pid/status")" "$opened"
 }
 
@@ -94,7 +104,8 @@ restart() { # NAME INDEX: kill -9 the sidecar, start it again a few seconds late
     start_sidecar "$BIN" "$WORK/tls" "$1" "${ENGINES[$2]}" "$SEED"
 }
 
-printf '%6s %10s %6s %8s %12s\n' "s" "RSS kB" "fds" "threads" "conn opened" | tee "$WORK/samples.txt"
+printf '%6s %10s %6s %8s %8s %8s %12s\n' "s" "RSS kB" "fds" "http" "others" "threads" \
+    "conn opened" | tee "$WORK/samples.txt"
 START=$(date +%s)
 NEXT_CHURN=$CHURN
 VICTIMS=(b c d)
@@ -117,11 +128,11 @@ echo
 grep -E '^requests:' "$WORK/load.log" || tail -n 5 "$WORK/load.log"
 # Growth from the first sample after the warm-up (a fifth of the run) to the last.
 awk -v warm=$((SECONDS_TOTAL / 5)) 'NR > 1 && $1 ~ /^[0-9]+$/ {
-        if ($1 >= warm && !base) { base = 1; r = $2; f = $3; t = $4 }
-        lr = $2; lf = $3; lt = $4
+        if ($1 >= warm && !base) { base = 1; r = $2; f = $5; t = $6 }
+        lr = $2; lf = $5; lt = $6
     }
     END {
-        printf "growth after the warm-up: RSS %+.1f%% (%d -> %d kB), fds %+.1f%% (%d -> %d), threads %+d\n",
+        printf "growth after the warm-up: RSS %+.1f%% (%d -> %d kB), fds other than HTTP connections %+.1f%% (%d -> %d), threads %+d\n",
             (lr - r) * 100 / r, r, lr, (lf - f) * 100 / f, f, lf, lt - t
     }' "$WORK/samples.txt"
 if [[ $HEAPTRACK == 1 ]]; then
