@@ -154,10 +154,9 @@ impl Frame {
         out.freeze()
     }
 
-    /// The bytes that precede a data frame's `len` bytes of payload (at most
-    /// [`MAX_DATA_FRAME`]).
+    /// The bytes that precede a data frame's `len` bytes of payload (a peer's decoder accepts
+    /// at most [`MAX_DATA_FRAME`]; like `encode_into`, this encodes whatever it is given).
     pub fn data_header(len: usize) -> [u8; 5] {
-        debug_assert!(len <= MAX_DATA_FRAME);
         let [a, b, c, d] = (len as u32 + 1).to_be_bytes();
         [a, b, c, d, TAG_DATA]
     }
