@@ -7,6 +7,18 @@ mod cli_status;
 
 use clap::{Parser, Subcommand};
 
+/// jemalloc, not the system allocator. A forwarded request's body (hundreds of kilobytes with
+/// an image) passes through buffers of its size on each sidecar: the HTTP body, the pinned
+/// copy, QUIC's packets, the serving side's frame. glibc's malloc gave such blocks back to the
+/// kernel when they were freed (munmap, or a trimmed heap top) and took fresh ones for the
+/// next request, each first touch a page fault: page faults, brk and munmap were a fifth of
+/// both sidecars' CPU on 256 KiB images (BENCHMARKS.md, "Multimodal requests"). jemalloc keeps
+/// freed pages and reuses them, returning them to the kernel only after seconds unused.
+/// (Feature `jemalloc`, on by default; heaptrack sees only the system allocator.)
+#[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// A decentralized, cache- and load-aware request router for vLLM clusters.
 #[derive(Parser, Debug)]
 #[command(name = "kvmesh", version, about)]

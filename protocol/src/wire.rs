@@ -137,8 +137,7 @@ impl Frame {
             Frame::Error(error) => (TAG_ERROR, codec::encode(Kind::WireError, error)),
             Frame::Data(data) => {
                 out.reserve(5 + data.len());
-                out.put_u32(data.len() as u32 + 1);
-                out.put_u8(TAG_DATA);
+                out.put_slice(&Self::data_header(data.len()));
                 out.put_slice(data);
                 return;
             }
@@ -153,6 +152,30 @@ impl Frame {
         let mut out = BytesMut::new();
         self.encode_into(&mut out);
         out.freeze()
+    }
+
+    /// The bytes that precede a data frame's `len` bytes of payload (a peer's decoder accepts
+    /// at most [`MAX_DATA_FRAME`]; like `encode_into`, this encodes whatever it is given).
+    pub fn data_header(len: usize) -> [u8; 5] {
+        let [a, b, c, d] = (len as u32 + 1).to_be_bytes();
+        [a, b, c, d, TAG_DATA]
+    }
+
+    /// A body's data frames as the pieces a stream carries, each frame's header then its
+    /// payload, the payloads being slices of `body`: a sender that writes the pieces as they
+    /// are (QUIC streams keep `Bytes` without copying) never copies the body into a frame.
+    /// The bytes are those of [`Frame::data_frames`] encoded one after another.
+    pub fn data_pieces(body: Bytes) -> impl Iterator<Item = Bytes> {
+        let mut rest = body;
+        std::iter::from_fn(move || {
+            if rest.is_empty() {
+                return None;
+            }
+            let payload = rest.split_to(rest.len().min(MAX_DATA_FRAME));
+            let header = Bytes::copy_from_slice(&Self::data_header(payload.len()));
+            Some([header, payload])
+        })
+        .flatten()
     }
 
     /// Frames for a body, split to the data frame limit.
@@ -212,6 +235,10 @@ impl FrameDecoder {
             });
         }
         if self.buffer.len() < 4 + len {
+            // Room for the whole frame at once (its length is within the limit checked
+            // above): a large body arriving a packet at a time is then copied once, not again
+            // at every doubling of the buffer.
+            self.buffer.reserve(4 + len - self.buffer.len());
             return Ok(None);
         }
         self.buffer.advance(5);
@@ -365,5 +392,34 @@ mod tests {
             })
             .collect();
         assert_eq!(sizes, vec![MAX_DATA_FRAME, MAX_DATA_FRAME, 5]);
+    }
+
+    #[test]
+    fn data_pieces_are_the_encoded_data_frames_and_share_the_body() {
+        let body = Bytes::from(
+            (0..MAX_DATA_FRAME * 2 + 5)
+                .map(|i| i as u8)
+                .collect::<Vec<_>>(),
+        );
+        let pieces: Vec<Bytes> = Frame::data_pieces(body.clone()).collect();
+        let mut encoded = BytesMut::new();
+        for frame in Frame::data_frames(body.clone()) {
+            frame.encode_into(&mut encoded);
+        }
+        assert_eq!(pieces.concat(), encoded.to_vec());
+        assert_eq!(pieces.len(), 6);
+        // The payloads point into the body: nothing was copied.
+        assert_eq!(pieces[1].as_ptr(), body.as_ptr());
+        assert_eq!(Frame::data_pieces(Bytes::new()).count(), 0);
+        let mut decoder = FrameDecoder::new();
+        for piece in &pieces {
+            decoder.push(piece);
+        }
+        let mut decoded = BytesMut::new();
+        while let Some(Frame::Data(data)) = decoder.next_frame().unwrap() {
+            decoded.extend_from_slice(&data);
+        }
+        assert_eq!(decoded.freeze(), body);
+        assert!(decoder.finish().is_ok());
     }
 }

@@ -8,7 +8,7 @@ use crate::metrics::{
 };
 use crate::serve::engine_queue::HandedOver;
 use crate::serve::state::AppState;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::Method;
 use hyper::body::{Body, Incoming};
 use kvmesh_protocol::lifecycle::{Admission, Failure, LoadReport, Outcome};
@@ -291,12 +291,12 @@ async fn ask_peer(
         )));
     }
     let (mut send, mut recv) = (stream.send, stream.recv);
-    let mut frames = BytesMut::new();
-    Frame::RequestHead(head).encode_into(&mut frames);
-    for frame in Frame::data_frames(body) {
-        frame.encode_into(&mut frames);
-    }
-    send.write_all(&frames)
+    // The body goes to the stream as it is, beside its frame headers: quinn keeps the
+    // `Bytes` it is given, so a large body (an image) is not copied into a frame first.
+    let mut pieces: Vec<Bytes> = std::iter::once(Frame::RequestHead(head).encode())
+        .chain(Frame::data_pieces(body))
+        .collect();
+    send.write_all_chunks(&mut pieces)
         .await
         .map_err(|e| AttemptError::retryable(format!("peer {name}: {e}")))?;
     send.finish()

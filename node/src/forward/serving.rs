@@ -252,7 +252,10 @@ async fn read_request(
     };
     let mut decoder = FrameDecoder::new();
     let mut head = None;
-    let mut body = BytesMut::new();
+    // The data frames as the decoder hands them over, not copied again: the entry sends a
+    // body of up to a mebibyte as one frame.
+    let mut body = Vec::<Bytes>::new();
+    let mut body_len = 0;
     loop {
         while let Some(frame) = decoder.next_frame().map_err(|e| {
             let reason = match e {
@@ -264,10 +267,11 @@ async fn read_request(
             match (frame, head.is_some()) {
                 (Frame::RequestHead(h), false) => head = Some(h),
                 (Frame::Data(data), true) => {
-                    if body.len() + data.len() > max_body {
+                    body_len += data.len();
+                    if body_len > max_body {
                         return Err(bad("too_large", "body over the size limit".into()));
                     }
-                    body.extend_from_slice(&data);
+                    body.push(data);
                 }
                 (frame, _) => {
                     return Err(bad("malformed", format!("unexpected frame {frame:?}")));
@@ -287,7 +291,11 @@ async fn read_request(
         .finish()
         .map_err(|e| bad("malformed", e.to_string()))?;
     let head = head.ok_or_else(|| bad("malformed", "no request head".into()))?;
-    Ok((head, body.freeze()))
+    let body = match body.len() {
+        0 | 1 => body.pop().unwrap_or_default(),
+        _ => Bytes::from(body.concat()),
+    };
+    Ok((head, body))
 }
 
 /// Refuses a request a peer should not have sent, and counts it by `reason`.
