@@ -28,12 +28,9 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 if [[ -z $BIN ]]; then
-    # heaptrack sees the system allocator's calls only: under it the sidecar is built without
-    # its default jemalloc (node/Cargo.toml); a --bin-dir build must have been made so too.
-    NODE_FEATURES=()
-    [[ $HEAPTRACK == 1 ]] && NODE_FEATURES=(--no-default-features)
-    (cd "$ROOT" && cargo build --release -p kvmesh-node --bins "${NODE_FEATURES[@]}" &&
-        cargo build --release -p kvmesh-sim --bins)
+    # The default build (no jemalloc feature): heaptrack sees the system allocator's calls
+    # only, so a --bin-dir build for --heaptrack must be one without jemalloc too.
+    (cd "$ROOT" && cargo build --release -p kvmesh-node -p kvmesh-sim --bins)
     BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release"
 fi
 if [[ $HEAPTRACK == 1 ]] && ! command -v heaptrack >/dev/null; then

@@ -14,7 +14,7 @@ cargo fmt --all --check
 
 step "cargo clippy (all targets, warnings are errors)"
 cargo clippy --workspace --all-targets -- -D warnings
-cargo clippy -p kvmesh-node --all-targets --features tokenizer -- -D warnings
+cargo clippy -p kvmesh-node --all-targets --features tokenizer,jemalloc -- -D warnings
 
 # The end-to-end tests start the real binaries; build them first so the tests find them.
 step "cargo build --bins"

@@ -14,7 +14,8 @@ use clap::{Parser, Subcommand};
 /// next request, each first touch a page fault: page faults, brk and munmap were a fifth of
 /// both sidecars' CPU on 256 KiB images (BENCHMARKS.md, "Multimodal requests"). jemalloc keeps
 /// freed pages and reuses them, returning them to the kernel only after seconds unused.
-/// (Feature `jemalloc`, on by default; heaptrack sees only the system allocator.)
+/// (Feature `jemalloc`, off by default because building it needs make and a C compiler; the
+/// Docker image turns it on. heaptrack sees only the system allocator.)
 #[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
