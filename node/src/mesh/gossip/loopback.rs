@@ -46,10 +46,11 @@ use crate::mesh::wire::{GossipFrame, MAX_GOSSIP_PAYLOAD};
 
 /// Peers the relay keeps a link for at most; a bound against a flood of invented addresses.
 const MAX_LINKS: usize = 4096;
-/// A link unused for this long is closed (it is recreated on the next datagram). chitchat
-/// keeps gossiping to a dead node until it forgets it (`dead_node_grace_period`), so a dead
-/// peer's link lasts about that long plus this.
-const LINK_IDLE: Duration = Duration::from_secs(2 * 60);
+/// A link unused for this long is closed (it is recreated on the next datagram, at the cost
+/// of binding a loopback socket). chitchat keeps gossiping to a dead node until it forgets it
+/// (`dead_node_grace_period`), so a dead peer's link lasts about that long plus this; a live
+/// peer is written to every few seconds even in a large cluster.
+pub(crate) const LINK_IDLE: Duration = Duration::from_secs(30);
 /// After a failed connect, datagrams to that peer are dropped for a while rather than each
 /// paying a connect timeout; the pause doubles up to the maximum and ends early when the
 /// peer is heard from.

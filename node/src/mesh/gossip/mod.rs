@@ -123,7 +123,7 @@ pub(crate) async fn start(start: GossipStart) -> Result<Gossip, GossipError> {
     }));
     let sweeping = relay;
     gossip.tasks.push(tokio::spawn(async move {
-        let mut ticker = tokio::time::interval(Duration::from_secs(60));
+        let mut ticker = tokio::time::interval(loopback::LINK_IDLE / 2);
         loop {
             ticker.tick().await;
             sweeping.sweep(Instant::now());
