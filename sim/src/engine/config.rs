@@ -3,7 +3,8 @@
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
-use super::model::timing::encoder_s_per_media_token;
+use super::model::config as model_config;
+use super::model::timing::{self, encoder_s_per_media_token};
 use super::model::{EngineConfig, KvLoadFailurePolicy, MediaConfig, TimingModel};
 
 /// KV connector of the engine (vLLM's `--kv-transfer-config` `kv_connector`).
@@ -71,7 +72,7 @@ pub struct EngineArgs {
     #[arg(long)]
     pub allow_runtime_lora_updating: bool,
     /// KV cache capacity in blocks (vLLM's num_gpu_blocks).
-    #[arg(long, default_value_t = 8192)]
+    #[arg(long, default_value_t = model_config::DEFAULT_NUM_GPU_BLOCKS)]
     pub kv_blocks: u32,
     /// Blocks of a modelled CPU offload tier (vLLM's OffloadingConnector); 0 = none. Every
     /// block the GPU caches is copied there, evicted in LRU order, and reported in the KV events
@@ -79,31 +80,31 @@ pub struct EngineArgs {
     #[arg(long, default_value_t = 0)]
     pub kv_offload_blocks: u32,
     /// Tokens per KV block.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = model_config::DEFAULT_BLOCK_SIZE)]
     pub block_size: u32,
     /// Most sequences in a batch.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = model_config::DEFAULT_MAX_NUM_SEQS)]
     pub max_num_seqs: u32,
     /// Token budget of one step (chunked prefill).
-    #[arg(long, default_value_t = 8192)]
+    #[arg(long, default_value_t = model_config::DEFAULT_MAX_NUM_BATCHED_TOKENS)]
     pub max_num_batched_tokens: u32,
     /// Context window (prompt + output); defaults to the KV capacity.
     #[arg(long)]
     pub max_model_len: Option<u32>,
     /// Prefill speed for uncached tokens, tokens per second.
-    #[arg(long, default_value_t = 12_000.0)]
+    #[arg(long, default_value_t = timing::DEFAULT_PREFILL_TOKENS_PER_S)]
     pub prefill_tokens_per_s: f64,
     /// Step time at batch size 1 (the decode step), milliseconds.
-    #[arg(long, default_value_t = 12.0)]
+    #[arg(long, default_value_t = timing::DEFAULT_DECODE_STEP_MS)]
     pub decode_step_ms: f64,
     /// Extra step time per sequence in the batch, milliseconds.
-    #[arg(long, default_value_t = 0.15)]
+    #[arg(long, default_value_t = timing::DEFAULT_DECODE_STEP_MS_PER_SEQ)]
     pub decode_step_ms_per_seq: f64,
     /// Decode cost of reading the KV: nanoseconds per context token of each decoding sequence.
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(long, default_value_t = timing::DEFAULT_DECODE_NS_PER_CTX_TOKEN)]
     pub decode_ns_per_ctx_token: f64,
     /// Attention cost of prefill, nanoseconds per (token × context token).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = timing::DEFAULT_ATTENTION_NS_PER_TOKEN_CTX)]
     pub attention_ns_per_token_ctx: f64,
     /// Placeholder tokens of every chat media item (image, audio, video). Default: an image
     /// sent as a base64 `data:` URL gets one token per 28×28 pixels of its header's size
@@ -294,5 +295,40 @@ impl EngineArgs {
             },
             max_loras: self.max_loras(),
         }
+    }
+}
+
+#[cfg(test)]
+mod defaults_tests {
+    use super::*;
+
+    /// `kvmesh-sim engine` without flags is the engine model's default engine, which the
+    /// simulator's engines are too (`simulate::args`'s `defaults_are_the_sidecars`).
+    #[test]
+    fn the_flags_defaults_are_the_models() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: EngineArgs,
+        }
+        let args = <Cli as clap::Parser>::parse_from(["engine"]).args;
+        let (flags, model) = (args.engine_config(), EngineConfig::default());
+        assert_eq!(flags.num_gpu_blocks, model.num_gpu_blocks);
+        assert_eq!(flags.block_size, model.block_size);
+        assert_eq!(flags.max_num_seqs, model.max_num_seqs);
+        assert_eq!(flags.max_num_batched_tokens, model.max_num_batched_tokens);
+        let (flags, model) = (flags.timing, model.timing);
+        assert_eq!(flags.prefill_tokens_per_s, model.prefill_tokens_per_s);
+        assert_eq!(flags.step_overhead_s, model.step_overhead_s);
+        assert_eq!(flags.per_seq_s, model.per_seq_s);
+        assert_eq!(flags.decode_s_per_ctx_token, model.decode_s_per_ctx_token);
+        assert_eq!(
+            flags.attention_s_per_token_ctx,
+            model.attention_s_per_token_ctx
+        );
+        assert_eq!(
+            flags.encoder_s_per_media_token,
+            model.encoder_s_per_media_token
+        );
     }
 }

@@ -12,11 +12,11 @@ use super::gossip::CALIBRATED_HOP_S;
 use super::gossip::epidemic::GossipParams;
 use super::pd::{DecodeChoice, PdSetup, Slo, SplitRule};
 use super::policy::PolicyKind;
+use crate::engine::model::config::{DEFAULT_MAX_NUM_SEQS, DEFAULT_NUM_GPU_BLOCKS};
+use crate::engine::model::timing::{DEFAULT_DECODE_STEP_MS, DEFAULT_PREFILL_TOKENS_PER_S};
 use crate::engine::model::{EngineConfig, TimingModel};
 use crate::workload::{WorkloadArgs, WorkloadKind};
 
-/// KV blocks per engine unless `--kv-blocks` or the workload says otherwise.
-const DEFAULT_KV_BLOCKS: u32 = 8192;
 /// Lease of a prefill leg's blocks in the simulated engines: longer than any run.
 const KV_LEASE_UNTIL_PULLED: std::time::Duration = std::time::Duration::from_secs(1 << 30);
 
@@ -109,13 +109,13 @@ pub struct SimulateArgs {
     #[arg(long)]
     pub kv_blocks: Option<u32>,
     /// Most sequences in an engine's batch.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = DEFAULT_MAX_NUM_SEQS)]
     pub max_num_seqs: u32,
     /// Engine prefill speed, tokens/s.
-    #[arg(long, default_value_t = 12_000.0)]
+    #[arg(long, default_value_t = DEFAULT_PREFILL_TOKENS_PER_S)]
     pub prefill_tokens_per_s: f64,
     /// Engine decode step at batch size 1, milliseconds.
-    #[arg(long, default_value_t = 12.0)]
+    #[arg(long, default_value_t = DEFAULT_DECODE_STEP_MS)]
     pub decode_step_ms: f64,
     /// Nodes per zone of the kvmesh-zoned policy.
     #[arg(long, default_value_t = 64)]
@@ -204,9 +204,10 @@ impl SimulateArgs {
 
     /// KV cache blocks per engine.
     pub fn kv_blocks(&self) -> u32 {
+        // Unless `--kv-blocks` or the workload says otherwise, the mock engine's default.
         self.kv_blocks
             .or(self.workload_kind().kv_blocks())
-            .unwrap_or(DEFAULT_KV_BLOCKS)
+            .unwrap_or(DEFAULT_NUM_GPU_BLOCKS)
             .max(1)
     }
 
@@ -396,5 +397,17 @@ mod defaults_tests {
             cadence::DIGEST_INTERVAL.as_secs_f64()
         );
         assert_eq!(config.engine.block_size as usize, DEFAULT_BLOCK_TOKENS);
+        // And its engines are the mock engine's, flag for flag (see the engine's own test).
+        let model = EngineConfig::default();
+        assert_eq!(config.engine.num_gpu_blocks, model.num_gpu_blocks);
+        assert_eq!(config.engine.max_num_seqs, model.max_num_seqs);
+        assert_eq!(
+            config.engine.timing.prefill_tokens_per_s,
+            model.timing.prefill_tokens_per_s
+        );
+        assert_eq!(
+            config.engine.timing.step_overhead_s,
+            model.timing.step_overhead_s
+        );
     }
 }

@@ -47,14 +47,21 @@ pub struct EngineConfig {
     pub max_loras: u32,
 }
 
+/// vLLM's shape defaults as the mock engine and the simulator model them (both command lines
+/// read them from here).
+pub const DEFAULT_NUM_GPU_BLOCKS: u32 = 8192;
+pub const DEFAULT_BLOCK_SIZE: u32 = 16;
+pub const DEFAULT_MAX_NUM_SEQS: u32 = 256;
+pub const DEFAULT_MAX_NUM_BATCHED_TOKENS: u32 = 8192;
+
 impl Default for EngineConfig {
     fn default() -> Self {
         Self {
-            num_gpu_blocks: 8192,
+            num_gpu_blocks: DEFAULT_NUM_GPU_BLOCKS,
             num_offload_blocks: 0,
-            block_size: 16,
-            max_num_seqs: 256,
-            max_num_batched_tokens: 8192,
+            block_size: DEFAULT_BLOCK_SIZE,
+            max_num_seqs: DEFAULT_MAX_NUM_SEQS,
+            max_num_batched_tokens: DEFAULT_MAX_NUM_BATCHED_TOKENS,
             max_model_len: 131_072,
             timing: TimingModel::default(),
             seed: 0,

@@ -52,22 +52,29 @@ pub struct TimingModel {
     pub instant: bool,
 }
 
+/// The modelled GPU's defaults, roughly an 8B model on one modern data-centre GPU, in the
+/// units of the mock engine's and the simulator's flags, which both read them from here.
+pub const DEFAULT_PREFILL_TOKENS_PER_S: f64 = 12_000.0;
+pub const DEFAULT_DECODE_STEP_MS: f64 = 12.0;
+pub const DEFAULT_DECODE_STEP_MS_PER_SEQ: f64 = 0.15;
+pub const DEFAULT_DECODE_NS_PER_CTX_TOKEN: f64 = 10.0;
+pub const DEFAULT_ATTENTION_NS_PER_TOKEN_CTX: f64 = 1.0;
+
 impl Default for TimingModel {
-    /// Roughly an 8B model on one modern data-centre GPU.
     fn default() -> Self {
         Self {
-            step_overhead_s: 0.012,
-            per_seq_s: 0.000_15,
-            decode_s_per_ctx_token: 10.0e-9,
-            prefill_tokens_per_s: 12_000.0,
-            attention_s_per_token_ctx: 1.0e-9,
+            step_overhead_s: DEFAULT_DECODE_STEP_MS / 1e3,
+            per_seq_s: DEFAULT_DECODE_STEP_MS_PER_SEQ / 1e3,
+            decode_s_per_ctx_token: DEFAULT_DECODE_NS_PER_CTX_TOKEN / 1e9,
+            prefill_tokens_per_s: DEFAULT_PREFILL_TOKENS_PER_S,
+            attention_s_per_token_ctx: DEFAULT_ATTENTION_NS_PER_TOKEN_CTX / 1e9,
             // 2 MiB blocks (16 tokens of an 8B model's KV) at 10 GB/s.
             kv_transfer_s_per_block: 0.000_21,
             // The NIXL handshake llm-d reports (~5 s per pair: agent metadata exchange).
             kv_handshake_s: 5.0,
             // A rank-16 adapter of an 8B model (tens of MB) read and copied to the GPU.
             lora_load_s: 0.1,
-            encoder_s_per_media_token: encoder_s_per_media_token(12_000.0),
+            encoder_s_per_media_token: encoder_s_per_media_token(DEFAULT_PREFILL_TOKENS_PER_S),
             time_scale: 1.0,
             instant: false,
         }
