@@ -134,6 +134,7 @@ fn round(cluster: &Mesh, tag: &str, a_entry_is_x: bool) {
     let (a_entry, b_entry) = if a_entry_is_x { (x, x) } else { (y, y) };
     let declined = [("reason", "new-prefix")];
     let declined_before = cluster.labelled_metric(x, "kvmesh_declined_total", &declined);
+    let reports_before = cluster.metric(a_entry, "kvmesh_load_reports_total");
 
     // A's response head comes with its first token: it is sent now and read at the end.
     let a = cluster
@@ -143,6 +144,15 @@ fn round(cluster: &Mesh, tag: &str, a_entry_is_x: bool) {
     wait_until(Duration::from_secs(10), "A to be counted on X", || {
         cluster.metric(x, "kvmesh_new_prefixes_in_flight") == 1.0
     });
+    // Until A's attempt has its answer head, its entry counts it at its next in rank too (it
+    // might be declined and come back): forwarded, the head brings X's load report.
+    if a_entry != x {
+        wait_until(
+            Duration::from_secs(10),
+            "A's head to reach its entry",
+            || cluster.metric(a_entry, "kvmesh_load_reports_total") > reports_before,
+        );
+    }
     // B's entry declines only in favour of an engine it believes idler: wait until gossip has
     // told it that Y is idle (Y may have been busy with the previous round).
     wait_until(Duration::from_secs(10), "B's entry to see Y idle", || {
