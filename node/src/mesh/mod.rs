@@ -165,15 +165,17 @@ impl Mesh {
         }));
 
         let gossip = gossip::start(gossip::GossipStart {
-            name: name.clone(),
-            advertise,
-            cluster_id: config.cluster_id,
-            seeds: config.seeds,
-            config: config.gossip,
+            node: gossip::GossipNode {
+                name: name.clone(),
+                advertise,
+                cluster_id: config.cluster_id,
+                seeds: config.seeds,
+                config: config.gossip,
+                metrics: metrics.clone(),
+            },
             pool: pool.clone(),
             inbound: gossip_rx,
             send_timeout: config.quic.connect_timeout + config.quic.stream_open_timeout,
-            metrics: metrics.clone(),
         });
         let gossip = match gossip.await {
             Ok(gossip) => gossip,

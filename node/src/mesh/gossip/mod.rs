@@ -77,42 +77,25 @@ impl Drop for Gossip {
     }
 }
 
-/// What [`start`] needs from the mesh.
+/// What [`start`] needs from the mesh: the node, and how its datagrams cross QUIC.
 pub(crate) struct GossipStart {
-    pub name: String,
-    pub advertise: SocketAddr,
-    pub cluster_id: String,
-    pub seeds: Vec<String>,
-    pub config: GossipConfig,
+    pub node: GossipNode,
     pub pool: Arc<ConnectionPool>,
     pub inbound: mpsc::Receiver<InboundGossip>,
     pub send_timeout: Duration,
-    pub metrics: MeshMetrics,
 }
 
 pub(crate) async fn start(start: GossipStart) -> Result<Gossip, GossipError> {
     let GossipStart {
-        name,
-        advertise,
-        cluster_id,
-        seeds,
-        config,
+        node,
         pool,
         mut inbound,
         send_timeout,
-        metrics,
     } = start;
-    let (relay, transport) = loopback::Relay::bind(pool, advertise, send_timeout, metrics.clone())
-        .await
-        .map_err(|err| GossipError::Start(format!("loopback gossip socket: {err}")))?;
-    let node = GossipNode {
-        name,
-        advertise,
-        cluster_id,
-        seeds,
-        config,
-        metrics,
-    };
+    let (relay, transport) =
+        loopback::Relay::bind(pool, node.advertise, send_timeout, node.metrics.clone())
+            .await
+            .map_err(|err| GossipError::Start(format!("loopback gossip socket: {err}")))?;
     let mut gossip = start_over(&transport, node).await?;
     let delivering = relay.clone();
     gossip.tasks.push(tokio::spawn(async move {
