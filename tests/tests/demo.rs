@@ -114,26 +114,49 @@ fn number(run: &serde_json::Value, pointer: &str) -> f64 {
         .unwrap_or_else(|| panic!("{pointer} missing in {run:#}"))
 }
 
-#[test]
-fn quick_demo_kvmesh_beats_round_robin_on_hit_rate() {
+/// A demo run that finished: its `results.json`, its transcript, and its report directory
+/// (inside `_tmp`, removed with it).
+struct Finished {
+    results: serde_json::Value,
+    transcript: String,
+    out: PathBuf,
+    _tmp: tempfile::TempDir,
+}
+
+/// Runs `scripts/demo.sh` with `args` to its end; panics, with the transcript, unless it
+/// finished within [`DEMO_TIMEOUT`], succeeded and wrote its results.
+fn run_demo(args: &[&str]) -> Finished {
     let bin_dir = bin_dir();
     let tmp = tempfile::tempdir().expect("temp dir");
     let out = tmp.path().join("demo-report");
     let log = tmp.path().join("demo.log");
-    let mut demo = Demo::start(&["--quick"], &bin_dir, &out, &log);
+    let what = format!("scripts/demo.sh {}", args.join(" "));
+    let mut demo = Demo::start(args, &bin_dir, &out, &log);
     let status = demo.wait(DEMO_TIMEOUT);
     let transcript = std::fs::read_to_string(&log).unwrap_or_default();
     let Some(status) = status else {
-        panic!("scripts/demo.sh --quick did not finish within {DEMO_TIMEOUT:?}:\n{transcript}");
+        panic!("{what} did not finish within {DEMO_TIMEOUT:?}:\n{transcript}");
     };
-    assert!(
-        status.success(),
-        "scripts/demo.sh --quick failed ({status}):\n{transcript}"
-    );
-
+    assert!(status.success(), "{what} failed ({status}):\n{transcript}");
     let text = std::fs::read_to_string(out.join("results.json"))
         .unwrap_or_else(|e| panic!("no results.json ({e}):\n{transcript}"));
-    let results: serde_json::Value = serde_json::from_str(&text).expect("results.json is JSON");
+    let results = serde_json::from_str(&text).expect("results.json is JSON");
+    Finished {
+        results,
+        transcript,
+        out,
+        _tmp: tmp,
+    }
+}
+
+#[test]
+fn quick_demo_kvmesh_beats_round_robin_on_hit_rate() {
+    let Finished {
+        results,
+        transcript,
+        out,
+        _tmp,
+    } = run_demo(&["--quick"]);
     assert_eq!(results["schema"], "kvmesh.demo.v1");
     let kvmesh = run(&results, "kvmesh");
     let rr = run(&results, "round-robin");
@@ -166,24 +189,11 @@ fn quick_demo_kvmesh_beats_round_robin_on_hit_rate() {
 
 #[test]
 fn chaos_demo_loses_no_request_that_had_not_started_and_sees_every_fault() {
-    let bin_dir = bin_dir();
-    let tmp = tempfile::tempdir().expect("temp dir");
-    let out = tmp.path().join("demo-report");
-    let log = tmp.path().join("demo.log");
-    let args = ["--chaos", "--workload", "chat", "--duration", "40"];
-    let mut demo = Demo::start(&args, &bin_dir, &out, &log);
-    let status = demo.wait(DEMO_TIMEOUT);
-    let transcript = std::fs::read_to_string(&log).unwrap_or_default();
-    let Some(status) = status else {
-        panic!("scripts/demo.sh --chaos did not finish within {DEMO_TIMEOUT:?}:\n{transcript}");
-    };
-    assert!(
-        status.success(),
-        "scripts/demo.sh --chaos failed ({status}):\n{transcript}"
-    );
-    let text = std::fs::read_to_string(out.join("results.json"))
-        .unwrap_or_else(|e| panic!("no results.json ({e}):\n{transcript}"));
-    let results: serde_json::Value = serde_json::from_str(&text).expect("results.json is JSON");
+    let Finished {
+        results,
+        transcript,
+        ..
+    } = run_demo(&["--chaos", "--workload", "chat", "--duration", "40"]);
     let notes: Vec<&str> = results["notes"]
         .as_array()
         .expect("notes")
