@@ -1,11 +1,13 @@
 //! [`Plan`]: one request's attempts, from the entry's ranking to an answer or a failure.
 //!
-//! The entry tries the ranked engines in order. An attempt may be declined by its serving node
-//! (late binding) when the entry allowed it: never on a request's last attempt, at most
-//! `max_declines` times (`max_new_prefix_declines` for a new prefix), and never after a
-//! failure (a retry goes where it can). A failed attempt is retried on the next in rank while
-//! retries remain and the failure left nothing committed to the client. Every outcome updates
-//! the entry's view of that engine.
+//! The entry tries the ranked engines in order; for a new prefix, the decision's choice
+//! first, then the others by the prefill work it estimates ahead of the request there, least
+//! first. An attempt may be declined by its serving node (late binding) when the entry
+//! allowed it: never on a request's last attempt, at most `max_declines` times
+//! (`max_new_prefix_declines` for a new prefix), and never after a failure (a retry goes
+//! where it can). A failed attempt is retried on the next in that order while retries remain
+//! and the failure left nothing committed to the client. Every outcome updates the entry's
+//! view of that engine.
 
 use super::entry::EntryState;
 use super::report::LoadReport;
@@ -142,33 +144,46 @@ impl Plan {
         request: &RouteRequest<'_>,
         config: &RouteConfig,
     ) -> Self {
-        let targets = decision
-            .ranked
+        // A new prefix's engines after its first choice, in the order a decline or a
+        // failure should try them: the least prefill work ahead of it first (see
+        // [`work_at`]), among the engines readiest for its adapter. The decision ranks them
+        // by rendezvous weight alone, so the one after the first may be busier than a later
+        // one: a serving node would then keep the request while another engine is idle,
+        // judging it against the wrong alternative (issue 21). The price: the order is this
+        // entry's view, so when the first choice declines copies of a new prefix sent through
+        // several entries at once, entries whose views differ send them on to different
+        // engines (before, all went to the second by weight). A request with a cached
+        // prefix keeps the decision's order, which weighs its cache against load already
+        // (trying the least busy first lost more of the cache in the simulator than it won:
+        // BENCHMARKS.md, "A new prefix's next engine").
+        let mut order: Vec<usize> = (0..decision.ranked.len()).collect();
+        if let Some(rest) = order.get_mut(1..).filter(|_| decision.new_prefix) {
+            let work = |rank: usize| work_at(decision.estimates[rank], request, config);
+            rest.sort_by(|&a, &b| {
+                let ready = |rank: usize| decision.estimates[rank].ready;
+                ready(b).cmp(&ready(a)).then(work(a).total_cmp(&work(b)))
+            });
+        }
+        let targets = order
             .iter()
             .enumerate()
-            .map(|(rank, &candidate)| {
+            .map(|(position, &rank)| {
+                let estimate = decision.estimates[rank];
+                let next = order.get(position + 1).map(|&n| decision.estimates[n]);
                 // A request never passes to an engine less ready for its adapter: its queue
                 // in prefill work does not say how long the adapter would take to load.
-                let next_less_ready = decision
-                    .estimates
-                    .get(rank + 1)
-                    .is_some_and(|next| next.ready < decision.estimates[rank].ready);
-                let decline_above_tokens = match decision.ranked.get(rank + 1) {
-                    Some(_) if next_less_ready => u32::MAX,
-                    Some(_) => tokens_bound(
-                        decision.estimates[rank + 1],
-                        decision.estimates[rank].matched,
-                        request,
-                        config,
-                    ),
+                let decline_above_tokens = match next {
+                    Some(next) if next.ready < estimate.ready => u32::MAX,
+                    Some(next) => tokens_bound(next, estimate.matched, request, config),
                     None => u32::MAX,
                 };
+                let candidate = decision.ranked[rank];
                 Planned {
                     candidate,
                     key: candidates[candidate].node_key,
-                    prefill_tokens: uncached_tokens(decision.estimates[rank].matched, request),
+                    prefill_tokens: uncached_tokens(estimate.matched, request),
                     decline_above_tokens,
-                    queued: decision.estimates[rank].queued,
+                    queued: estimate.queued,
                 }
             })
             .collect();
@@ -479,13 +494,20 @@ pub fn tokens_bound(
     config: &RouteConfig,
 ) -> u32 {
     let uncached = f64::from(uncached_tokens(estimate.matched, request));
+    let recomputed = uncached - f64::from(uncached_tokens(matched_here, request));
+    let tokens = work_at(estimate, request, config) + recomputed.max(0.0);
+    tokens.round().min(f64::from(u32::MAX)) as u32
+}
+
+/// The entry's estimate of the prompt tokens an engine would prefill up to this request's
+/// first token, its own included: [`tokens_bound`] without the cached blocks left behind.
+fn work_at(estimate: Estimate, request: &RouteRequest<'_>, config: &RouteConfig) -> f64 {
+    let uncached = f64::from(uncached_tokens(estimate.matched, request));
     let each_queued = uncached.max(f64::from(request.tokens_per_block));
     let shown = f64::from(estimate.queued.saturating_sub(estimate.pending)) * each_queued;
     let left_of_shown = (shown - f64::from(estimate.worked_tokens).min(each_queued)).max(0.0);
     let pending = f64::from(estimate.pending) + config.decline_slack.max(0.0);
-    let recomputed = uncached - f64::from(uncached_tokens(matched_here, request));
-    let tokens = left_of_shown + pending * each_queued + uncached + recomputed.max(0.0);
-    tokens.round().min(f64::from(u32::MAX)) as u32
+    left_of_shown + pending * each_queued + uncached
 }
 
 #[cfg(test)]
@@ -579,6 +601,42 @@ mod tests {
             .route(peers, &request(chain), &RouteConfig::default(), 10)
             .unwrap()
             .with_retries(2)
+    }
+
+    #[test]
+    fn after_the_first_choice_the_least_busy_engine_comes_next_whatever_its_rank() {
+        use crate::lifecycle::EntryState;
+        let chain: Vec<u64> = (100..108).collect();
+        let mut digests = idle_mixed_digests(4);
+        let peers = peer_inputs(&digests);
+        let by_rank: Vec<u64> = plan_with_two_retries(&mut EntryState::default(), &peers, &chain)
+            .ranked_keys()
+            .collect();
+        // The engine the decision ranks second (a new prefix: by rendezvous weight alone)
+        // has three requests waiting; the other two are idle.
+        let busy = by_rank[1];
+        let busy_index = peers.iter().position(|p| p.key == busy).unwrap();
+        digests[busy_index].waiting = 3;
+        let peers = peer_inputs(&digests);
+        let mut entry = EntryState::default();
+        let mut plan = plan_with_two_retries(&mut entry, &peers, &chain);
+        let order: Vec<u64> = plan.ranked_keys().collect();
+        assert_eq!(order[0], by_rank[0], "the first choice stays");
+        assert_eq!(
+            order[1..],
+            [by_rank[2], by_rank[3], busy],
+            "the idle ones first, by rank"
+        );
+        // The first attempt is judged against an idle engine: its own prefill alone.
+        let first = plan.next_attempt(&mut entry, &chain, 10).unwrap();
+        assert_eq!(first.decline_above_tokens, Some(128));
+        let declined = Outcome::Declined(None);
+        assert_eq!(
+            plan.on_outcome(&mut entry, &chain, declined, 10),
+            Progress::TryNext
+        );
+        let second = plan.next_attempt(&mut entry, &chain, 10).unwrap();
+        assert_eq!(second.node_key, by_rank[2]);
     }
 
     #[test]

@@ -251,8 +251,9 @@ impl ServingState {
     /// engine is computing as a new prefix is never declined: here it meets those blocks as
     /// they are computed, anywhere else it would compute them again, and every entry sending a
     /// new prefix at once must land on one engine. For the same reason a new prefix declined
-    /// here is declined again for [`FOLLOW_TTL_MS`], whatever the queue: every entry ranks a
-    /// new prefix's engines alike, so its copies follow the first to its next engine.
+    /// here is declined again for [`FOLLOW_TTL_MS`], whatever the queue, so that its copies
+    /// follow the first to the engine its entry tries next: the least busy of the rest in that
+    /// entry's view, which entries that exchange with the same engines mostly share.
     pub fn admit(&mut self, request: &Admission, now_ms: u64) -> Result<Ticket, DeclineReason> {
         while self
             .declined_new_prefixes
