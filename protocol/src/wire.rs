@@ -191,6 +191,9 @@ impl Frame {
     }
 }
 
+/// Bytes of a frame the decoder buffers before it reserves room for the rest of it.
+const RESERVE_AFTER: usize = 64 * 1024;
+
 /// Incremental frame decoder: push bytes as they arrive, pull whole, validated frames.
 #[derive(Debug, Default)]
 pub struct FrameDecoder {
@@ -235,10 +238,13 @@ impl FrameDecoder {
             });
         }
         if self.buffer.len() < 4 + len {
-            // Room for the whole frame at once (its length is within the limit checked
-            // above): a large body arriving a packet at a time is then copied once, not again
-            // at every doubling of the buffer.
-            self.buffer.reserve(4 + len - self.buffer.len());
+            // Room for the whole frame at once once its first RESERVE_AFTER bytes are in: a
+            // large body arriving a packet at a time is then copied once more, not at every
+            // doubling of the buffer. Not at the header: a peer could then make this node
+            // reserve MAX_DATA_FRAME per stream for five bytes each.
+            if self.buffer.len() >= RESERVE_AFTER {
+                self.buffer.reserve(4 + len - self.buffer.len());
+            }
             return Ok(None);
         }
         self.buffer.advance(5);
@@ -351,6 +357,29 @@ mod tests {
         }
         assert_eq!(decoded, frames);
         assert!(decoder.finish().is_ok());
+    }
+
+    #[test]
+    fn a_bare_header_reserves_nothing_until_the_frame_has_bytes() {
+        let mut decoder = FrameDecoder::new();
+        let len = MAX_DATA_FRAME as u32 + 1;
+        let mut header = len.to_be_bytes().to_vec();
+        header.push(TAG_DATA);
+        decoder.push(&header);
+        assert_eq!(decoder.next_frame().unwrap(), None);
+        assert!(
+            decoder.buffer.capacity() < RESERVE_AFTER,
+            "reserved at the header"
+        );
+        decoder.push(&vec![7; RESERVE_AFTER]);
+        assert_eq!(decoder.next_frame().unwrap(), None);
+        assert!(
+            decoder.buffer.capacity() >= 4 + len as usize,
+            "the rest is reserved"
+        );
+        decoder.push(&vec![7; MAX_DATA_FRAME - RESERVE_AFTER]);
+        let frame = decoder.next_frame().unwrap().expect("a whole frame");
+        assert!(matches!(frame, Frame::Data(body) if body.len() == MAX_DATA_FRAME));
     }
 
     #[test]
