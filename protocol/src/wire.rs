@@ -238,10 +238,10 @@ impl FrameDecoder {
             });
         }
         if self.buffer.len() < 4 + len {
-            // Room for the whole frame at once once its first RESERVE_AFTER bytes are in: a
-            // large body arriving a packet at a time is then copied once more, not at every
-            // doubling of the buffer. Not at the header: a peer could then make this node
-            // reserve MAX_DATA_FRAME per stream for five bytes each.
+            // Room for the rest of the frame in one step when its first RESERVE_AFTER bytes
+            // are in: a large body arriving a packet at a time is then copied once more, not
+            // at every doubling of the buffer. Not at the header: a peer could then make this
+            // node reserve MAX_DATA_FRAME per stream for five bytes each.
             if self.buffer.len() >= RESERVE_AFTER {
                 self.buffer.reserve(4 + len - self.buffer.len());
             }
