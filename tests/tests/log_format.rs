@@ -5,6 +5,7 @@
 use kvmesh_tests::process::Pipe;
 use kvmesh_tests::{CONVERGENCE_TIMEOUT, Cluster, NodeSpec, Request, wait_for};
 use serde_json::{Value, json};
+use std::time::Duration;
 
 #[test]
 fn json_logs_carry_request_id_node_reason_and_peer() {
@@ -44,12 +45,17 @@ fn json_logs_carry_request_id_node_reason_and_peer() {
     });
     let (request_id, reason) = served;
 
+    // The harness reads each process's stderr on a thread of its own, which a loaded machine
+    // may run after the answer is back (a clean clone's CI once found no `forwarded` event
+    // yet): wait for the events.
+    let forwarded = logged_event(&mut cluster, "a", |e| {
+        e["message"] == "forwarded" && e["span"]["request_id"] == request_id.as_str()
+    });
     let lines = cluster
         .node_mut("a")
         .sidecar
         .process()
         .output_lines(Pipe::Stderr);
-    assert!(!lines.is_empty(), "no log line at all");
     let events: Vec<Value> = lines
         .iter()
         .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}")))
@@ -59,10 +65,6 @@ fn json_logs_carry_request_id_node_reason_and_peer() {
         events.iter().any(|e| e["span"]["node"] == "a"),
         "no event names node a: {lines:#?}"
     );
-    let forwarded = events
-        .iter()
-        .find(|e| e["message"] == "forwarded" && e["span"]["request_id"] == request_id.as_str())
-        .unwrap_or_else(|| panic!("no `forwarded` event of {request_id}: {lines:#?}"));
     let span = &forwarded["span"];
     assert_eq!(span["name"], "request", "{forwarded}");
     assert_eq!(span["node"], "a", "{forwarded}");
@@ -71,21 +73,33 @@ fn json_logs_carry_request_id_node_reason_and_peer() {
     assert_eq!(forwarded["level"], "DEBUG", "{forwarded}");
 
     // The serving node's events carry the same request id, with its own name and the entry's.
-    let lines = cluster
-        .node_mut("b")
-        .sidecar
-        .process()
-        .output_lines(Pipe::Stderr);
-    let answered = lines
-        .iter()
-        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
-        .find(|e| {
-            e["message"] == "engine answered" && e["span"]["request_id"] == request_id.as_str()
-        })
-        .unwrap_or_else(|| panic!("no `engine answered` event of {request_id} at b: {lines:#?}"));
+    let answered = logged_event(&mut cluster, "b", |e| {
+        e["message"] == "engine answered" && e["span"]["request_id"] == request_id.as_str()
+    });
     let span = &answered["span"];
     assert_eq!(span["name"], "forwarded", "{answered}");
     assert_eq!(span["node"], "b", "{answered}");
     assert_eq!(span["peer"], "a", "{answered}");
     assert_eq!(span["reason"], reason.as_str(), "{answered}");
+}
+
+/// The first JSON event on `node`'s stderr that `matches`, waiting for the harness to read it.
+fn logged_event(cluster: &mut Cluster, node: &str, matches: impl Fn(&Value) -> bool) -> Value {
+    wait_for(
+        Duration::from_secs(10),
+        &format!("the event at {node}"),
+        || {
+            let lines = cluster
+                .node_mut(node)
+                .sidecar
+                .process()
+                .output_lines(Pipe::Stderr);
+            lines
+                .iter()
+                .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+                .find(|e| matches(e))
+                .ok_or_else(|| format!("not among {} lines: {lines:#?}", lines.len()))
+        },
+    )
+    .0
 }
