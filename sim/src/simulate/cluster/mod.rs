@@ -36,6 +36,7 @@ use super::results::PolicyResult;
 use super::workload::SimRequest;
 use crate::engine::model::{EngineConfig, EngineRequest, KvTransfer, validate};
 use crate::rng::SplitMix64;
+use crate::workload::random_target;
 
 /// Everything a run needs besides the requests.
 #[derive(Debug, Clone)]
@@ -57,7 +58,8 @@ pub struct ClusterConfig {
     /// One-way delay of a message between two sidecars (an attempt, an answer's head, a
     /// decline), nanoseconds.
     pub mesh_hop_ns: u64,
-    /// Requests enter at nodes `0..entry_nodes`, uniformly at random.
+    /// Requests enter at nodes `0..entry_nodes`, uniformly at random (as the load generator
+    /// picks its targets: `workload::random_target`).
     pub entry_nodes: usize,
     /// Disaggregation, if any engine prefills for others.
     pub pd: Option<PdSetup>,
@@ -288,8 +290,9 @@ impl<'c> Sim<'c> {
             Some(chain) => chain.clone(),
             None => prompt::chain(self.config.seed, &tokens),
         };
+        // Entry nodes as the load generator picks its targets at random, request for request.
         let entries = self.config.entry_nodes.clamp(1, self.nodes.len());
-        let entry = self.rng.below(entries as u64) as u32;
+        let entry = random_target(self.config.seed, id, entries) as u32;
         Some(Prepared {
             id,
             entry,
