@@ -174,12 +174,15 @@ pub fn stream(args: &SimulateArgs, inputs: &Inputs, nodes: usize) -> RequestStre
         (None, None, Some(_)) => Arrivals::Own(args.trace_speedup),
         (None, None, None) => Arrivals::Poisson(DEFAULT_RATE_PER_NODE * nodes as f64),
     };
+    // As the load generator: with a duration alone, as many requests as arrive within it.
     let limit = args
         .requests
         .or(args.requests_per_node.map(|r| r * nodes as u64))
+        .or(args.duration.map(|_| u64::MAX))
         .or(natural)
         .unwrap_or(DEFAULT_REQUESTS);
-    RequestStream::new(inputs.workload.clone(), arrivals, limit, args.seed)
+    let until_s = args.duration.map(|d| d.max(0.0));
+    RequestStream::new(inputs.workload.clone(), arrivals, limit, args.seed).until(until_s)
 }
 
 #[cfg(test)]
@@ -187,11 +190,50 @@ mod tests {
     use clap::Parser;
 
     use super::*;
+    use crate::simulate::workload::SimRequest;
 
     #[derive(Parser)]
     struct Cli {
         #[command(flatten)]
         args: SimulateArgs,
+    }
+
+    /// `--duration` keeps the requests the load generator sends under its own `--duration`
+    /// (those released before it), at the same times.
+    #[test]
+    fn a_duration_keeps_what_the_load_generator_sends() {
+        use crate::load::config::LoadArgs;
+        use crate::load::runner::Plan;
+        #[derive(Parser)]
+        struct LoadCli {
+            #[command(flatten)]
+            args: LoadArgs,
+        }
+        let flags = "--workload rag-pressure --rate 4 --duration 10 --seed 7";
+        let sim = Cli::try_parse_from(["simulate"].into_iter().chain(flags.split_whitespace()))
+            .expect("valid flags")
+            .args;
+        let load = LoadCli::try_parse_from(
+            ["load", "--targets", "http://a,http://b,http://c,http://d"]
+                .into_iter()
+                .chain(flags.split_whitespace()),
+        )
+        .expect("valid flags")
+        .args;
+        let simulated: Vec<SimRequest> =
+            stream(&sim, &Inputs::new(&sim).expect("a workload"), 4).collect();
+        let plan = Plan::new(&load).expect("a plan");
+        let sent: Vec<f64> = plan
+            .release_times()
+            .expect("an open loop")
+            .map(|t| t.as_secs_f64())
+            .take_while(|&t| t < 10.0)
+            .collect();
+        assert!(sent.len() > 20, "{} requests in 10 s at 4/s", sent.len());
+        assert_eq!(simulated.len(), sent.len());
+        for (request, at) in simulated.iter().zip(&sent) {
+            assert!((request.arrival_ns as f64 / 1e9 - at).abs() < 1e-6);
+        }
     }
 
     #[test]
