@@ -139,6 +139,11 @@ pub struct SimulateArgs {
     /// Write the full report as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Write every request's record (entry, serving node, reason, TTFT), one JSON line each,
+    /// into this directory as `NODES-POLICY.records.jsonl`: the load generator's `--records`,
+    /// request by request.
+    #[arg(long)]
+    pub records_dir: Option<PathBuf>,
     /// Write SVG plots into this directory.
     #[arg(long)]
     pub svg_dir: Option<PathBuf>,

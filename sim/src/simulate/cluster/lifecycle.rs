@@ -178,9 +178,9 @@ fn arrive(sim: &mut Sim<'_>, state: &mut Loop, request: &SimRequest) {
         sim.rejected += 1;
         return;
     };
-    *sim.reasons
-        .entry(routed.plan.reason().to_string())
-        .or_default() += 1;
+    let reason = routed.plan.reason().as_str();
+    *sim.reasons.entry(reason.to_string()).or_default() += 1;
+    sim.records[id as usize].reason = Some(reason);
     state.routing.insert(
         id,
         Routing {

@@ -14,6 +14,7 @@
 mod central_pd;
 mod lifecycle;
 mod measure;
+mod records;
 mod sequential;
 mod transfer;
 
@@ -22,6 +23,8 @@ use std::collections::{BTreeMap, HashMap};
 use kvmesh_protocol::mix64;
 
 use kvmesh_protocol::{Decision, Role, RouteConfig, RouteRequest, SummaryConfig};
+
+pub use records::RequestRecord;
 
 use super::gossip::epidemic::{DelayDistribution, GossipParams};
 use super::gossip::view::{LagClasses, Published};
@@ -78,6 +81,12 @@ struct Record {
     first_ns: u64,
     done_ns: u64,
     output_tokens: u32,
+    /// The node it entered at.
+    entry: u32,
+    /// The node whose engine served it (a split request's decode engine).
+    node: Option<u32>,
+    /// `decide`'s reason, for the policies that call it at the entry.
+    reason: Option<&'static str>,
 }
 
 enum Router {
@@ -182,6 +191,15 @@ pub fn run(
     policy: PolicyKind,
     requests: impl Iterator<Item = SimRequest>,
 ) -> PolicyResult {
+    run_recorded(config, policy, requests).0
+}
+
+/// [`run`], with every request's own record, in arrival order.
+pub fn run_recorded(
+    config: &ClusterConfig,
+    policy: PolicyKind,
+    requests: impl Iterator<Item = SimRequest>,
+) -> (PolicyResult, Vec<RequestRecord>) {
     let started = std::time::Instant::now();
     let mut sim = Sim::new(config, policy);
     if sim.gossip.is_some() {
@@ -189,7 +207,8 @@ pub fn run(
     } else {
         sequential::run(&mut sim, requests);
     }
-    measure::summarize(&sim, started.elapsed().as_secs_f64())
+    let result = measure::summarize(&sim, started.elapsed().as_secs_f64());
+    (result, measure::records(&sim))
 }
 
 impl<'c> Sim<'c> {
@@ -276,8 +295,12 @@ impl<'c> Sim<'c> {
         let now = request.arrival_ns;
         self.first_arrival.get_or_insert(now);
         let id = self.records.len() as u64;
+        // Entry nodes as the load generator picks its targets at random, request for request.
+        let entries = self.config.entry_nodes.clamp(1, self.nodes.len());
+        let entry = random_target(self.config.seed, id, entries) as u32;
         self.records.push(Record {
             arrival_ns: now,
+            entry,
             ..Record::default()
         });
         let tokens = request.tokens();
@@ -290,9 +313,6 @@ impl<'c> Sim<'c> {
             Some(chain) => chain.clone(),
             None => prompt::chain(self.config.seed, &tokens),
         };
-        // Entry nodes as the load generator picks its targets at random, request for request.
-        let entries = self.config.entry_nodes.clamp(1, self.nodes.len());
-        let entry = random_target(self.config.seed, id, entries) as u32;
         Some(Prepared {
             id,
             entry,
@@ -366,6 +386,9 @@ impl<'c> Sim<'c> {
             ..
         } = prepared;
         self.loads[target] += 1;
+        if leg != Leg::Prefill {
+            self.records[id as usize].node = Some(target as u32);
+        }
         let changes = self.nodes[target].index_chain(&chain);
         if let Router::Oracle(oracle) = &mut self.router {
             oracle.index_changed(target as u32, &changes);
