@@ -33,7 +33,8 @@ pub enum EngineEvent {
 
 #[derive(Debug)]
 pub struct SimNode {
-    /// `node_key("node-{i}")`, as a real node derives it from its id.
+    /// `node_key("node-{i + 1}")`, as a real node derives it from its id: the demo's node
+    /// `i` (0-based) is `node-{i + 1}`, so that both rank the same chain's engines alike.
     pub key: u64,
     pub engine: Engine,
     pub index: PrefixIndex,
@@ -68,7 +69,7 @@ impl SimNode {
         // The speed the sidecar measures of a real engine.
         serving.set_prefill_speed(config.timing.prefill_tokens_per_s);
         Self {
-            key: kvmesh_protocol::route::node_key(&format!("node-{index}")),
+            key: kvmesh_protocol::route::node_key(&super::cluster::node_name(index)),
             engine: Engine::new(config),
             index: PrefixIndex::new(capacity),
             summary: SummaryBuilder::new(summary, 1).expect("validated summary geometry"),

@@ -24,7 +24,7 @@ use kvmesh_protocol::mix64;
 
 use kvmesh_protocol::{Decision, Role, RouteConfig, RouteRequest, SummaryConfig};
 
-pub use records::RequestRecord;
+pub use records::{RequestRecord, node_name};
 
 use super::gossip::epidemic::{DelayDistribution, GossipParams};
 use super::gossip::view::{LagClasses, Published};
