@@ -221,6 +221,9 @@ impl<'c> Sim<'c> {
                     ..config.engine.clone()
                 };
                 let mut node = SimNode::new(i as u32, engine, config.summary);
+                // The speed its queue assumes until it measures its engine's, as configured.
+                node.serving
+                    .set_prefill_speed(config.route.default_prefill_tokens_per_s);
                 node.role = match config.pd {
                     None => Role::Mixed,
                     Some(pd) if i < pd.prefill_nodes => Role::Prefill,
