@@ -197,6 +197,12 @@ pub struct SimulateArgs {
     pub slo_itl_ms: f64,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Mixed into each request's key for spreading among near-equal engines. A sidecar keys
+    /// it by the request's id, which carries its clock (`kvmesh-NODE-MS-N`), so every real run
+    /// draws its own; runs with several values sample what the real runs vary over (the
+    /// workload, arrivals and entries stay those of --seed).
+    #[arg(long, default_value_t = 0)]
+    pub spread_seed: u64,
 }
 
 impl SimulateArgs {
@@ -310,6 +316,7 @@ impl SimulateArgs {
             threads: self.threads.max(1),
             mesh_hop_ns: (self.mesh_rtt_ms.max(0.0) * 1e6 / 2.0) as u64,
             entry_nodes: self.entry_nodes.unwrap_or(nodes).clamp(1, nodes.max(1)),
+            spread_seed: self.spread_seed,
             self_summary: self.self_view == SelfView::Summary,
             seed: self.seed,
         }

@@ -293,6 +293,32 @@ mod tests {
         assert!((ttft / 16.0 - result.ttft_s.mean).abs() < 1e-9);
     }
 
+    /// `--spread-seed` draws the spread keys afresh, as a real run does, and nothing else:
+    /// the requests, their times and their entries stay those of `--seed`.
+    #[test]
+    fn a_spread_seed_keeps_the_requests_and_their_entries() {
+        let records = |spread: u64| {
+            let flags = format!(
+                "--nodes 4 --workload rag-pressure --requests 40 --rate 4 --seed 7 \
+                 --spread-seed {spread}"
+            );
+            let argv = std::iter::once("simulate").chain(flags.split_whitespace());
+            let args = Cli::try_parse_from(argv).expect("valid flags").args;
+            let inputs = Inputs::new(&args).expect("a workload");
+            let config = args.cluster_config(4, args.route_config().expect("defaults"), None);
+            cluster::run_recorded(&config, PolicyKind::Kvmesh, stream(&args, &inputs, 4)).1
+        };
+        let (a, b) = (records(0), records(3));
+        assert_eq!(a.len(), 40);
+        for (x, y) in a.iter().zip(&b) {
+            assert_eq!(
+                (x.index, x.sent_at_s, &x.entry),
+                (y.index, y.sent_at_s, &y.entry)
+            );
+            assert!(y.node.is_some());
+        }
+    }
+
     #[test]
     fn vision_routes_by_picture_and_caching_policies_hit_more() {
         // 60 pictures whose sessions cannot all stay cached on every engine of 512 blocks.

@@ -64,6 +64,9 @@ pub struct ClusterConfig {
     /// Requests enter at nodes `0..entry_nodes`, uniformly at random (as the load generator
     /// picks its targets: `workload::random_target`).
     pub entry_nodes: usize,
+    /// Mixed into every request's spread key: a sidecar keys it by a request id that carries
+    /// its clock, so a real run draws it afresh (see `--spread-seed`).
+    pub spread_seed: u64,
     /// Disaggregation, if any engine prefills for others.
     pub pd: Option<PdSetup>,
     /// The objectives goodput counts requests against.
@@ -118,6 +121,8 @@ struct Prepared {
     chain: Vec<u64>,
     output_tokens: u32,
     session: Option<u64>,
+    /// Its key for spreading among near-equal engines (`RouteRequest::spread`).
+    spread: u64,
     now: u64,
 }
 
@@ -323,6 +328,7 @@ impl<'c> Sim<'c> {
             chain,
             output_tokens,
             session: request.session,
+            spread: mix64(id ^ self.config.spread_seed),
             now,
         })
     }
@@ -343,7 +349,7 @@ impl<'c> Sim<'c> {
             tokens_per_block: BLOCK_TOKENS as f32,
             session: prepared.session,
             role: Role::Mixed,
-            spread: Some(mix64(id)),
+            spread: Some(prepared.spread),
         };
         let config = self.config;
         let target = match &mut self.router {
