@@ -19,10 +19,13 @@
 # runs enter through every node as the load generator picks them (the same function of seed
 # and index, `workload::random_target`); its round-robin runs through one entry node (one
 # counter over the engines, as the load generator's --pick round-robin straight to them).
+# What a real run draws afresh, the sidecars' keys for spreading a request among near-equal
+# engines (their request ids carry the clock), the simulator draws with --spread-seed: kvmesh
+# is also simulated under spread seeds 1..N-1 and the table gives the range over all N.
 #
 # Usage: scripts/sim-vs-real.sh [--bin-dir DIR] [--workload gsp,chat,rag-pressure]
 #            [--runs 1] [--duration 40] [--nodes 4] [--out DIR] [--kv-blocks N]
-#            [--engine-arg ARG]...
+#            [--engine-arg ARG]... [--spreads 5]
 #   --bin-dir DIR    kvmesh and kvmesh-sim release binaries (default: cargo build --release)
 #   --workload W,…   any of gsp, chat, rag, rag-pressure, vision, trace (demo.sh's)
 #   --runs N         real runs per workload (the simulation runs once)
@@ -30,17 +33,21 @@
 #                    (default: a temporary directory, kept and printed)
 #   --kv-blocks, --engine-arg   passed to demo.sh (and so to the simulator)
 #   --sim-only       do not run the demo: simulate against the real runs already in --out
+#   --spreads N      simulate kvmesh under N spread seeds (0..N-1); the figures are seed 0's,
+#                    the range is over all N
 # Needs python3. The demo kills every process it starts on exit, error or Ctrl-C.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 
 BIN_DIR=; WORKLOADS=gsp,chat,rag-pressure; RUNS=1; DURATION=40; NODES=4; OUT=; SIM_ONLY=0
+SPREADS=5
 DEMO_EXTRA=()
 while [[ $# -gt 0 ]]; do
     case $1 in
         --bin-dir) BIN_DIR=$2; shift 2 ;;
         --workload) WORKLOADS=$2; shift 2 ;;
         --runs) RUNS=$2; shift 2 ;;
+        --spreads) SPREADS=$2; shift 2 ;;
         --duration) DURATION=$2; shift 2 ;;
         --nodes) NODES=$2; shift 2 ;;
         --out) OUT=$2; shift 2 ;;
@@ -48,11 +55,12 @@ while [[ $# -gt 0 ]]; do
         --kv-blocks) DEMO_EXTRA+=(--kv-blocks "$2"); shift 2 ;;
         --engine-arg) DEMO_EXTRA+=(--engine-arg "$2"); shift 2 ;;
         --engine-arg=*) DEMO_EXTRA+=("$1"); shift ;;
-        -h | --help) sed -n '2,34p' "$0"; exit 0 ;;
+        -h | --help) sed -n '2,39p' "$0"; exit 0 ;;
         *) echo "sim-vs-real.sh: unknown option $1" >&2; exit 2 ;;
     esac
 done
 [[ $RUNS =~ ^[1-9][0-9]*$ ]] || { echo "--runs: a positive integer" >&2; exit 2; }
+[[ $SPREADS =~ ^[1-9][0-9]*$ ]] || { echo "--spreads: a positive integer" >&2; exit 2; }
 IFS=, read -r -a WORKLOAD_LIST <<<"$WORKLOADS"
 for w in "${WORKLOAD_LIST[@]}"; do
     case $w in gsp | chat | rag | rag-pressure | vision | trace) ;;
@@ -180,12 +188,17 @@ for w in "${WORKLOAD_LIST[@]}"; do
         --json "$OUT/sim-$w-kvmesh.json" --records-dir "$OUT/sim-$w-records" \
         >"$OUT/sim-$w-kvmesh.md") ||
         die "the simulator failed on $w / kvmesh"
+    for ((k = 1; k < SPREADS; k++)); do
+        (cd "$ROOT" && nice "$SIM" simulate "${sim_flags[@]}" --policy kvmesh --spread-seed "$k" \
+            --json "$OUT/sim-$w-kvmesh-spread-$k.json" >/dev/null) ||
+            die "the simulator failed on $w / kvmesh / --spread-seed $k"
+    done
     (cd "$ROOT" && nice "$SIM" simulate "${sim_flags[@]}" --policy round-robin --entry-nodes 1 \
         --json "$OUT/sim-$w-round-robin.json" --records-dir "$OUT/sim-$w-records" \
         >"$OUT/sim-$w-round-robin.md") ||
         die "the simulator failed on $w / round-robin"
     for ((r = 1; r <= RUNS; r++)); do
-        ROWS+=("$w" "$r" "$OUT/real-$w-$r/runs" "$OUT/sim-$w" "$OUT/sim-$w-records/$NODES")
+        ROWS+=("$w" "$r" "$OUT/real-$w-$r/runs" "$OUT/sim-$w" "$OUT/sim-$w-records/$NODES" "$SPREADS")
     done
 done
 
@@ -212,14 +225,24 @@ def lines(path):
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
 
+def spread_range(sk, sr, others):
+    """The simulated kvmesh hit rate and TTFT ratio over every spread seed: min–max."""
+    hits = [sk["hit"]] + [o["hit_rate"] for o in others]
+    ratios = [sk["mean"] / sr["mean"]] + [o["ttft_s"]["mean"] / sr["mean"] for o in others]
+    return (f"{100 * min(hits):.1f}–{100 * max(hits):.1f}%, "
+            f"{min(ratios):.3f}–{max(ratios):.3f} ({len(hits)} seeds)")
+
 args = sys.argv[1:]
-ROW = 5
+ROW = 6
 print("| workload | run | kvmesh hit real / sim | Δ points | RR hit real / sim "
       "| kvmesh÷RR mean TTFT real / sim | Δ % | p99 ratio real / sim "
-      "| mean TTFT s kvmesh, RR: real / sim | requests (failed) real / sim |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+      "| mean TTFT s kvmesh, RR: real / sim | requests (failed) real / sim "
+      "| sim over spread seeds: hit, ratio |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
 for i in range(0, len(args), ROW):
-    w, run, runs, prefix, _ = args[i:i + ROW]
+    w, run, runs, prefix, _, spreads = args[i:i + ROW]
+    others = [json.load(open(f"{prefix}-kvmesh-spread-{k}.json"))["runs"][0]["results"][0]
+              for k in range(1, int(spreads))]
     rk, rr = real(runs, w, "kvmesh"), real(runs, w, "round-robin")
     sk, sr = sim(prefix, "kvmesh"), sim(prefix, "round-robin")
     ratio_real, ratio_sim = rk["mean"] / rr["mean"], sk["mean"] / sr["mean"]
@@ -232,7 +255,8 @@ for i in range(0, len(args), ROW):
           f"| {p99_real:.3f} / {p99_sim:.3f} "
           f"| {rk['mean']:.3f}, {rr['mean']:.3f} / {sk['mean']:.3f}, {sr['mean']:.3f} "
           f"| {rk['sent']} ({rk['failed']}), {rr['sent']} ({rr['failed']}) "
-          f"/ {sk['sent']} ({sk['failed']}), {sr['sent']} ({sr['failed']}) |")
+          f"/ {sk['sent']} ({sk['failed']}), {sr['sent']} ({sr['failed']}) "
+          f"| {spread_range(sk, sr, others)} |")
 
 # kvmesh request by request: the same requests enter at the same nodes on both sides.
 print()
@@ -244,7 +268,7 @@ def median(xs):
     xs = sorted(xs)
     return xs[len(xs) // 2] if xs else float("nan")
 for i in range(0, len(args), ROW):
-    w, run, runs, _, sim_records = args[i:i + ROW]
+    w, run, runs, _, sim_records, _ = args[i:i + ROW]
     real = {r["index"]: r for r in lines(f"{runs}/{w}-kvmesh.records.jsonl")}
     sim = {r["index"]: r for r in lines(f"{sim_records}-kvmesh.records.jsonl")}
     both = [k for k in real if k in sim and real[k]["node"] and sim[k]["node"]]
