@@ -55,7 +55,7 @@ while [[ $# -gt 0 ]]; do
         --kv-blocks) DEMO_EXTRA+=(--kv-blocks "$2"); shift 2 ;;
         --engine-arg) DEMO_EXTRA+=(--engine-arg "$2"); shift 2 ;;
         --engine-arg=*) DEMO_EXTRA+=("$1"); shift ;;
-        -h | --help) sed -n '2,39p' "$0"; exit 0 ;;
+        -h | --help) sed -n '2,38p' "$0"; exit 0 ;;
         *) echo "sim-vs-real.sh: unknown option $1" >&2; exit 2 ;;
     esac
 done
