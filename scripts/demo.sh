@@ -1061,6 +1061,11 @@ for w in "${WORKLOAD_LIST[@]}"; do
         continue
     fi
 
+    # Every engine's and the load generator's flags, one a line, for whoever repeats the run
+    # elsewhere (scripts/sim-vs-real.sh runs the simulator on exactly these).
+    printf '%s\n' "${ENGINE_ARGS[@]}" >"$RUNS_DIR/$w.engine-args"
+    printf '%s\n' "${LOAD_ARGS[@]}" >"$RUNS_DIR/$w.load-args"
+
     log "[$w / kvmesh] starting $NODES engines and $NODES sidecars"
     start_engines "$w-kvmesh"
     start_sidecars "$w-kvmesh"

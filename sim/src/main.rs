@@ -25,7 +25,7 @@ enum Command {
     /// Generate load against OpenAI-compatible targets and report latency and cache hits.
     Load(LoadArgs),
     /// Simulate a cluster (engines, gossip, routing policies) in virtual time.
-    Simulate(SimulateArgs),
+    Simulate(Box<SimulateArgs>),
     /// Sample engines during a run; render the demo's table, report.html and results.json.
     Report(ReportArgs),
 }

@@ -14,8 +14,7 @@ use super::render::{BodySettings, RequestSpec};
 use super::report::{self, Report};
 use super::scrape::{self, EngineCounters};
 use crate::workload::arrivals::Poisson;
-use crate::workload::{Workload, WorkloadKind};
-use kvmesh_protocol::mix64;
+use crate::workload::{Workload, WorkloadKind, random_target};
 
 /// One finished request.
 #[derive(Debug, Clone)]
@@ -199,7 +198,7 @@ impl Ctx {
         let spec = self.plan.request(index);
         let target = match self.pick {
             Pick::RoundRobin => (index % self.targets.len() as u64) as usize,
-            Pick::Random => (mix64(self.seed ^ mix64(index)) % self.targets.len() as u64) as usize,
+            Pick::Random => random_target(self.seed, index, self.targets.len()),
         };
         let url = format!("{}{}", self.targets[target], spec.api.path());
         let mut headers = Vec::new();

@@ -13,7 +13,9 @@ use super::gossip::epidemic::GossipParams;
 use super::pd::{DecodeChoice, PdSetup, Slo, SplitRule};
 use super::policy::PolicyKind;
 use crate::engine::model::config::{DEFAULT_MAX_NUM_SEQS, DEFAULT_NUM_GPU_BLOCKS};
-use crate::engine::model::timing::{DEFAULT_DECODE_STEP_MS, DEFAULT_PREFILL_TOKENS_PER_S};
+use crate::engine::model::timing::{
+    DEFAULT_DECODE_STEP_MS, DEFAULT_PREFILL_TOKENS_PER_S, encoder_s_per_media_token,
+};
 use crate::engine::model::{EngineConfig, TimingModel};
 use crate::workload::{WorkloadArgs, WorkloadKind};
 
@@ -56,6 +58,10 @@ pub struct SimulateArgs {
     /// Requests to simulate per node (scales with --sweep-nodes).
     #[arg(long, conflicts_with = "requests")]
     pub requests_per_node: Option<u64>,
+    /// Only the requests that arrive within this many seconds, as the load generator's
+    /// `--duration` stops sending new ones (unbounded in number unless --requests says so).
+    #[arg(long)]
+    pub duration: Option<f64>,
     /// Poisson arrival rate for the whole cluster, requests/s (overrides trace timestamps).
     #[arg(long)]
     pub rate: Option<f64>,
@@ -117,6 +123,10 @@ pub struct SimulateArgs {
     /// Engine decode step at batch size 1, milliseconds.
     #[arg(long, default_value_t = DEFAULT_DECODE_STEP_MS)]
     pub decode_step_ms: f64,
+    /// Multiplier on every modelled engine duration, as the mock engine's `--time-scale`
+    /// (1.0 = real time, 0.3 = 3.3 times faster); the sidecars' cadences do not scale.
+    #[arg(long, default_value_t = 1.0)]
+    pub time_scale: f64,
     /// Nodes per zone of the kvmesh-zoned policy.
     #[arg(long, default_value_t = 64)]
     pub zone_size: usize,
@@ -129,6 +139,11 @@ pub struct SimulateArgs {
     /// Write the full report as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Write every request's record (entry, serving node, reason, TTFT), one JSON line each,
+    /// into this directory as `NODES-POLICY.records.jsonl`: the load generator's `--records`,
+    /// request by request.
+    #[arg(long)]
+    pub records_dir: Option<PathBuf>,
     /// Write SVG plots into this directory.
     #[arg(long)]
     pub svg_dir: Option<PathBuf>,
@@ -182,6 +197,12 @@ pub struct SimulateArgs {
     pub slo_itl_ms: f64,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Mixed into each request's key for spreading among near-equal engines. A sidecar keys
+    /// it by the request's id, which carries its clock (`kvmesh-NODE-MS-N`), so every real run
+    /// draws its own; runs with several values sample what the real runs vary over (the
+    /// workload, arrivals and entries stay those of --seed).
+    #[arg(long, default_value_t = 0)]
+    pub spread_seed: u64,
 }
 
 impl SimulateArgs {
@@ -256,9 +277,14 @@ impl SimulateArgs {
                 max_num_seqs: self.max_num_seqs.max(1),
                 timing: TimingModel {
                     prefill_tokens_per_s: self.prefill_tokens_per_s.max(1.0),
+                    // As the mock engine's default: a third of its prefill cost per token.
+                    encoder_s_per_media_token: encoder_s_per_media_token(
+                        self.prefill_tokens_per_s.max(1.0),
+                    ),
                     step_overhead_s: self.decode_step_ms / 1e3,
                     kv_transfer_s_per_block: self.transfer_s_per_block(block_size),
                     kv_handshake_s: self.nixl_handshake_ms.max(0.0) / 1e3,
+                    time_scale: self.time_scale.max(0.0),
                     ..TimingModel::default()
                 },
                 // The decode side heartbeats a lease for as long as its decode leg waits
@@ -290,6 +316,7 @@ impl SimulateArgs {
             threads: self.threads.max(1),
             mesh_hop_ns: (self.mesh_rtt_ms.max(0.0) * 1e6 / 2.0) as u64,
             entry_nodes: self.entry_nodes.unwrap_or(nodes).clamp(1, nodes.max(1)),
+            spread_seed: self.spread_seed,
             self_summary: self.self_view == SelfView::Summary,
             seed: self.seed,
         }

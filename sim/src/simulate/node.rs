@@ -9,7 +9,7 @@ use kvmesh_protocol::engine_metrics::ewma;
 use kvmesh_protocol::index::{IndexChanges, PrefixIndex};
 use kvmesh_protocol::lifecycle::ServingState;
 use kvmesh_protocol::route::Gauges;
-use kvmesh_protocol::{EngineFacts, LoadDigest, Role, SummaryBuilder, SummaryConfig};
+use kvmesh_protocol::{EngineFacts, LoadDigest, Role, RouteConfig, SummaryBuilder, SummaryConfig};
 
 use super::histogram::LogHistogram;
 use crate::engine::model::{Engine, EngineConfig, EngineRequest, Output};
@@ -33,7 +33,8 @@ pub enum EngineEvent {
 
 #[derive(Debug)]
 pub struct SimNode {
-    /// `node_key("node-{i}")`, as a real node derives it from its id.
+    /// `node_key("node-{i + 1}")`, as a real node derives it from its id: the demo's node
+    /// `i` (0-based) is `node-{i + 1}`, so that both rank the same chain's engines alike.
     pub key: u64,
     pub engine: Engine,
     pub index: PrefixIndex,
@@ -45,6 +46,10 @@ pub struct SimNode {
     pub ttft_ewma_ms: f64,
     /// First tokens since the last digest: (sum of their TTFTs in ms, how many).
     ttft_since_digest: (f64, u32),
+    /// The engine's prefill speed as the sidecar measures it, tokens/s (0: not yet).
+    pub prefill_tokens_per_s: f64,
+    /// The engine's prompt-token and prefix-hit counters at the last digest.
+    counted_at_digest: (u64, u64),
     /// The sidecar's exact count of its engine's queue (the gossiping policies' serving side).
     pub serving: ServingState,
     /// Numbers its digests and says which are gossiped, as the sidecar's does.
@@ -65,10 +70,11 @@ impl SimNode {
     pub fn new(index: u32, config: EngineConfig, summary: SummaryConfig) -> Self {
         let capacity = config.num_gpu_blocks as usize;
         let mut serving = ServingState::new();
-        // The speed the sidecar measures of a real engine.
-        serving.set_prefill_speed(config.timing.prefill_tokens_per_s);
+        // As the sidecar's engine queue: the speed entries assume of an engine whose digest
+        // reports none, until the engine's own is measured (see `digest`).
+        serving.set_prefill_speed(RouteConfig::default().default_prefill_tokens_per_s);
         Self {
-            key: kvmesh_protocol::route::node_key(&format!("node-{index}")),
+            key: kvmesh_protocol::route::node_key(&super::cluster::node_name(index)),
             engine: Engine::new(config),
             index: PrefixIndex::new(capacity),
             summary: SummaryBuilder::new(summary, 1).expect("validated summary geometry"),
@@ -76,6 +82,8 @@ impl SimNode {
             served: 0,
             ttft_ewma_ms: 0.0,
             ttft_since_digest: (0.0, 0),
+            prefill_tokens_per_s: 0.0,
+            counted_at_digest: (0, 0),
             serving,
             publisher: DigestPublisher::new(),
             wake_ns: None,
@@ -221,8 +229,23 @@ impl SimNode {
         // As the node's poller: the average moves once per refresh, towards the mean TTFT of
         // the requests that had their first token since the last one.
         let (sum, count) = std::mem::take(&mut self.ttft_since_digest);
+        // And the prefill speed as the poller measures it of an engine that does not expose
+        // `vllm:request_prefill_time_seconds` (the mock engine, whose counters these are):
+        // prompt tokens computed (prompt tokens less prefix-cache hits) over the TTFTs of
+        // the requests that had their first token, a lower bound since a TTFT counts the
+        // queue too; nothing when no first token came.
+        let stats = self.engine.stats();
+        let counted = (stats.prompt_tokens, stats.prefix_cache_hits);
+        let computed = counted.0.saturating_sub(self.counted_at_digest.0) as f64
+            - counted.1.saturating_sub(self.counted_at_digest.1) as f64;
+        self.counted_at_digest = counted;
         if count > 0 {
             self.ttft_ewma_ms = ewma(self.ttft_ewma_ms, sum / f64::from(count));
+            let seconds = sum / 1e3;
+            if computed > 0.0 && seconds > 0.0 {
+                self.prefill_tokens_per_s = ewma(self.prefill_tokens_per_s, computed / seconds);
+                self.serving.set_prefill_speed(self.prefill_tokens_per_s);
+            }
         }
         let version = self.publisher.next_version();
         self.serving.set_digest_version(version);
@@ -232,7 +255,7 @@ impl SimNode {
             kv_capacity_blocks: u64::from(config.num_gpu_blocks),
             block_size: config.block_size,
             ttft_ewma_ms: self.ttft_ewma_ms,
-            prefill_tokens_per_s: config.timing.prefill_tokens_per_s,
+            prefill_tokens_per_s: self.prefill_tokens_per_s,
             inflight_forwarded: 0,
             role: self.role,
             healthy: true,
@@ -258,6 +281,29 @@ impl SimNode {
 mod tests {
     use super::*;
     use kvmesh_protocol::gossip_keys;
+
+    /// As the sidecar's poller over the mock engine: prompt tokens computed over the TTFTs of
+    /// the requests that had their first token, nothing before the first one.
+    #[test]
+    fn the_prefill_speed_is_measured_as_the_sidecar_measures_it() {
+        let mut node = SimNode::new(0, EngineConfig::default(), SummaryConfig::default());
+        assert_eq!(node.digest(0).prefill_tokens_per_s, 0.0, "not measured yet");
+        let prompt: Vec<u32> = (0..1_600).collect();
+        // One token out: the request finishes in its first step, so its prompt tokens count.
+        assert!(node.submit(EngineRequest::new(1, prompt, 1), 0));
+        let (mut buffer, mut events) = (Vec::new(), Vec::new());
+        node.advance_to(10_000_000_000, &mut buffer, &mut events);
+        let Some(EngineEvent::FirstToken { at_ns, .. }) = events.first().copied() else {
+            panic!("no first token: {events:?}");
+        };
+        let measured = f64::from(node.digest(10_000_000_000).prefill_tokens_per_s);
+        let want = 1_600.0 / (at_ns as f64 / 1e9);
+        assert!((measured - want).abs() < 1.0, "{measured} vs {want}");
+        assert!(
+            want < EngineConfig::default().timing.prefill_tokens_per_s,
+            "a TTFT counts the step's overhead too: a lower bound"
+        );
+    }
 
     #[test]
     fn digests_are_the_sidecars_numbered_decodable_and_gossiped_by_its_rule() {

@@ -2,6 +2,7 @@
 //! cluster sizes.
 
 use kvmesh_protocol::RouteConfig;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::args::SimulateArgs;
@@ -24,6 +25,11 @@ pub enum SimulateError {
     Trace(#[from] trace::TraceError),
     #[error("{0}")]
     Invalid(String),
+    #[error("writing {path}: {error}")]
+    Records {
+        path: PathBuf,
+        error: std::io::Error,
+    },
 }
 
 /// The results at one cluster size.
@@ -80,7 +86,7 @@ pub fn simulate(args: &SimulateArgs) -> Result<Report, SimulateError> {
     let inputs = Inputs::new(args)?;
     let mut runs = Vec::new();
     for nodes in sizes {
-        let results = run_size(args, &inputs, nodes, route, pd);
+        let results = run_size(args, &inputs, nodes, route, pd)?;
         runs.push(SizeRun { nodes, results });
     }
     Ok(Report {
@@ -127,7 +133,7 @@ fn run_size(
     nodes: usize,
     route: RouteConfig,
     pd: Option<PdSetup>,
-) -> Vec<PolicyResult> {
+) -> Result<Vec<PolicyResult>, SimulateError> {
     let config = args.cluster_config(nodes, route, pd);
     let policies = args.policy_list();
     let jobs = args.jobs.max(1);
@@ -139,27 +145,54 @@ fn run_size(
                 .map(|&policy| {
                     let config = &config;
                     let stream = stream(args, inputs, nodes);
-                    scope.spawn(move || run_one(config, policy, stream))
+                    let records = args.records_dir.as_deref();
+                    scope.spawn(move || run_one(config, policy, stream, records))
                 })
                 .collect();
             for (slot, handle) in chunk_results.iter_mut().zip(handles) {
-                *slot = Some(handle.join().expect("a simulation thread panicked"));
+                *slot = Some(handle.join().expect("a simulation thread panicked")?);
             }
-        });
+            Ok::<_, SimulateError>(())
+        })?;
     }
-    results.into_iter().flatten().collect()
+    Ok(results.into_iter().flatten().collect())
 }
 
 fn run_one(
     config: &cluster::ClusterConfig,
     policy: PolicyKind,
     stream: RequestStream,
-) -> PolicyResult {
+    records_dir: Option<&Path>,
+) -> Result<PolicyResult, SimulateError> {
     let span = tracing::info_span!("simulate", policy = policy.name(), nodes = config.nodes);
     let _guard = span.enter();
-    let result = cluster::run(config, policy, stream);
+    let Some(dir) = records_dir else {
+        let result = cluster::run(config, policy, stream);
+        tracing::info!(wall_s = result.wall_s, "policy done");
+        return Ok(result);
+    };
+    let (result, records) = cluster::run_recorded(config, policy, stream);
     tracing::info!(wall_s = result.wall_s, "policy done");
-    result
+    let path = dir.join(format!("{}-{}.records.jsonl", config.nodes, policy.name()));
+    write_records(&path, &records).map_err(|error| SimulateError::Records {
+        path: path.clone(),
+        error,
+    })?;
+    Ok(result)
+}
+
+/// One JSON line per request.
+fn write_records(path: &Path, records: &[cluster::RequestRecord]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
+    for record in records {
+        serde_json::to_writer(&mut out, record)?;
+        out.write_all(b"\n")?;
+    }
+    out.flush()
 }
 
 /// The request stream of a run: identical for every policy of the run.
@@ -174,12 +207,15 @@ pub fn stream(args: &SimulateArgs, inputs: &Inputs, nodes: usize) -> RequestStre
         (None, None, Some(_)) => Arrivals::Own(args.trace_speedup),
         (None, None, None) => Arrivals::Poisson(DEFAULT_RATE_PER_NODE * nodes as f64),
     };
+    // As the load generator: with a duration alone, as many requests as arrive within it.
     let limit = args
         .requests
         .or(args.requests_per_node.map(|r| r * nodes as u64))
+        .or(args.duration.map(|_| u64::MAX))
         .or(natural)
         .unwrap_or(DEFAULT_REQUESTS);
-    RequestStream::new(inputs.workload.clone(), arrivals, limit, args.seed)
+    let until_s = args.duration.map(|d| d.max(0.0));
+    RequestStream::new(inputs.workload.clone(), arrivals, limit, args.seed).until(until_s)
 }
 
 #[cfg(test)]
@@ -187,11 +223,100 @@ mod tests {
     use clap::Parser;
 
     use super::*;
+    use crate::simulate::workload::SimRequest;
 
     #[derive(Parser)]
     struct Cli {
         #[command(flatten)]
         args: SimulateArgs,
+    }
+
+    /// `--duration` keeps the requests the load generator sends under its own `--duration`
+    /// (those released before it), at the same times.
+    #[test]
+    fn a_duration_keeps_what_the_load_generator_sends() {
+        use crate::load::config::LoadArgs;
+        use crate::load::runner::Plan;
+        #[derive(Parser)]
+        struct LoadCli {
+            #[command(flatten)]
+            args: LoadArgs,
+        }
+        let flags = "--workload rag-pressure --rate 4 --duration 10 --seed 7";
+        let sim = Cli::try_parse_from(["simulate"].into_iter().chain(flags.split_whitespace()))
+            .expect("valid flags")
+            .args;
+        let load = LoadCli::try_parse_from(
+            ["load", "--targets", "http://a,http://b,http://c,http://d"]
+                .into_iter()
+                .chain(flags.split_whitespace()),
+        )
+        .expect("valid flags")
+        .args;
+        let simulated: Vec<SimRequest> =
+            stream(&sim, &Inputs::new(&sim).expect("a workload"), 4).collect();
+        let plan = Plan::new(&load).expect("a plan");
+        let sent: Vec<f64> = plan
+            .release_times()
+            .expect("an open loop")
+            .map(|t| t.as_secs_f64())
+            .take_while(|&t| t < 10.0)
+            .collect();
+        assert!(sent.len() > 20, "{} requests in 10 s at 4/s", sent.len());
+        assert_eq!(simulated.len(), sent.len());
+        for (request, at) in simulated.iter().zip(&sent) {
+            assert!((request.arrival_ns as f64 / 1e9 - at).abs() < 1e-6);
+        }
+    }
+
+    /// Every request's record: it entered where the load generator would have sent it, an
+    /// engine served it, and the records' TTFTs are the summary's.
+    #[test]
+    fn records_follow_each_request_from_its_entry_to_its_engine() {
+        let flags = "--nodes 4 --workload gsp --gsp-groups 4 --gsp-prompts-per-group 4 \
+             --requests 16 --rate 8 --seed 3";
+        let argv = std::iter::once("simulate").chain(flags.split_whitespace());
+        let args = Cli::try_parse_from(argv).expect("valid flags").args;
+        let inputs = Inputs::new(&args).expect("a workload");
+        let config = args.cluster_config(4, args.route_config().expect("defaults"), None);
+        let (result, records) =
+            cluster::run_recorded(&config, PolicyKind::Kvmesh, stream(&args, &inputs, 4));
+        assert_eq!(records.len(), 16);
+        let mut ttft = 0.0;
+        for (i, r) in records.iter().enumerate() {
+            assert_eq!(r.index, i as u64);
+            let entry = crate::workload::random_target(3, i as u64, 4);
+            assert_eq!(r.entry, format!("node-{}", entry + 1));
+            assert!(r.node.is_some() && r.reason.is_some(), "{r:?}");
+            ttft += r.ttft_s.expect("served");
+        }
+        assert!((ttft / 16.0 - result.ttft_s.mean).abs() < 1e-9);
+    }
+
+    /// `--spread-seed` draws the spread keys afresh, as a real run does, and nothing else:
+    /// the requests, their times and their entries stay those of `--seed`.
+    #[test]
+    fn a_spread_seed_keeps_the_requests_and_their_entries() {
+        let records = |spread: u64| {
+            let flags = format!(
+                "--nodes 4 --workload rag-pressure --requests 40 --rate 4 --seed 7 \
+                 --spread-seed {spread}"
+            );
+            let argv = std::iter::once("simulate").chain(flags.split_whitespace());
+            let args = Cli::try_parse_from(argv).expect("valid flags").args;
+            let inputs = Inputs::new(&args).expect("a workload");
+            let config = args.cluster_config(4, args.route_config().expect("defaults"), None);
+            cluster::run_recorded(&config, PolicyKind::Kvmesh, stream(&args, &inputs, 4)).1
+        };
+        let (a, b) = (records(0), records(3));
+        assert_eq!(a.len(), 40);
+        for (x, y) in a.iter().zip(&b) {
+            assert_eq!(
+                (x.index, x.sent_at_s, &x.entry),
+                (y.index, y.sent_at_s, &y.entry)
+            );
+            assert!(y.node.is_some());
+        }
     }
 
     #[test]

@@ -54,6 +54,8 @@ pub struct RequestStream {
     poisson: Poisson,
     next_index: u64,
     limit: u64,
+    /// No request arrives at or after this many seconds (see [`RequestStream::until`]).
+    until_s: Option<f64>,
     clock_s: f64,
 }
 
@@ -69,8 +71,17 @@ impl RequestStream {
             poisson: Poisson::new(rate, seed),
             next_index: 0,
             limit,
+            until_s: None,
             clock_s: 0.0,
         }
+    }
+
+    /// The stream ends at the first request that would arrive at or after `until_s` seconds
+    /// (if given): the load generator's `--duration`, which sends no request released at or
+    /// after its deadline.
+    pub fn until(mut self, until_s: Option<f64>) -> Self {
+        self.until_s = until_s;
+        self
     }
 
     pub fn len(&self) -> u64 {
@@ -98,6 +109,10 @@ impl Iterator for RequestStream {
                 .arrival_s(index)
                 .map_or(self.clock_s, |s| s / speedup.max(1e-9)),
         };
+        if self.until_s.is_some_and(|until| at_s >= until) {
+            self.limit = index;
+            return None;
+        }
         self.clock_s = self.clock_s.max(at_s);
         let request = self.workload.request(index);
         let sidecar_chain =

@@ -221,6 +221,13 @@ impl WorkloadArgs {
     }
 }
 
+/// The target request `index` goes to when targets are picked at random (the load generator's
+/// `--pick random`, the simulator's entry nodes): a pure function of the seed and the index,
+/// so that both send request `i` through the same node.
+pub fn random_target(seed: u64, index: u64, targets: usize) -> usize {
+    (mix64(seed ^ mix64(index)) % targets.max(1) as u64) as usize
+}
+
 /// A text key from the run seed and a few labels.
 pub fn key(seed: u64, parts: &[u64]) -> u64 {
     parts

@@ -34,7 +34,6 @@ use crate::simulate::policy::PolicyKind;
 use crate::simulate::policy::kvmesh::{Kvmesh, View};
 use crate::simulate::prompt::BLOCK_TOKENS;
 use crate::simulate::workload::SimRequest;
-use kvmesh_protocol::mix64;
 
 /// What happens at an instant, in the order events at one instant run.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -178,9 +177,9 @@ fn arrive(sim: &mut Sim<'_>, state: &mut Loop, request: &SimRequest) {
         sim.rejected += 1;
         return;
     };
-    *sim.reasons
-        .entry(routed.plan.reason().to_string())
-        .or_default() += 1;
+    let reason = routed.plan.reason().as_str();
+    *sim.reasons.entry(reason.to_string()).or_default() += 1;
+    sim.records[id as usize].reason = Some(reason);
     state.routing.insert(
         id,
         Routing {
@@ -214,7 +213,7 @@ fn route_request(prepared: &Prepared) -> RouteRequest<'_> {
         tokens_per_block: BLOCK_TOKENS as f32,
         session: prepared.session,
         role: Role::Mixed,
-        spread: Some(mix64(prepared.id)),
+        spread: Some(prepared.spread),
     }
 }
 

@@ -1,5 +1,6 @@
 //! From a finished run to its figures.
 
+use super::records::{RequestRecord, node_name};
 use super::{Sim, zone_size};
 use crate::simulate::gossip::MEMBERSHIP_ENTRY_BYTES;
 use crate::simulate::histogram::LogHistogram;
@@ -161,4 +162,26 @@ pub(super) fn summarize(sim: &Sim<'_>, wall_s: f64) -> PolicyResult {
         wall_s,
         ttft_cdf: cdf(&ttft, 100),
     }
+}
+
+/// Every request's own record, in arrival order.
+pub(super) fn records(sim: &Sim<'_>) -> Vec<RequestRecord> {
+    let seconds = |from: u64, to: u64| to.saturating_sub(from) as f64 / 1e9;
+    sim.records
+        .iter()
+        .enumerate()
+        .map(|(index, r)| {
+            let done = r.done_ns > 0;
+            RequestRecord {
+                index: index as u64,
+                sent_at_s: seconds(0, r.arrival_ns),
+                entry: node_name(r.entry),
+                node: r.node.map(node_name),
+                reason: r.reason,
+                ttft_s: done.then(|| seconds(r.arrival_ns, r.first_ns)),
+                e2e_s: done.then(|| seconds(r.arrival_ns, r.done_ns)),
+                output_tokens: r.output_tokens,
+            }
+        })
+        .collect()
 }

@@ -14,6 +14,7 @@
 mod central_pd;
 mod lifecycle;
 mod measure;
+mod records;
 mod sequential;
 mod transfer;
 
@@ -22,6 +23,8 @@ use std::collections::{BTreeMap, HashMap};
 use kvmesh_protocol::mix64;
 
 use kvmesh_protocol::{Decision, Role, RouteConfig, RouteRequest, SummaryConfig};
+
+pub use records::{RequestRecord, node_name};
 
 use super::gossip::epidemic::{DelayDistribution, GossipParams};
 use super::gossip::view::{LagClasses, Published};
@@ -36,6 +39,7 @@ use super::results::PolicyResult;
 use super::workload::SimRequest;
 use crate::engine::model::{EngineConfig, EngineRequest, KvTransfer, validate};
 use crate::rng::SplitMix64;
+use crate::workload::random_target;
 
 /// Everything a run needs besides the requests.
 #[derive(Debug, Clone)]
@@ -57,8 +61,12 @@ pub struct ClusterConfig {
     /// One-way delay of a message between two sidecars (an attempt, an answer's head, a
     /// decline), nanoseconds.
     pub mesh_hop_ns: u64,
-    /// Requests enter at nodes `0..entry_nodes`, uniformly at random.
+    /// Requests enter at nodes `0..entry_nodes`, uniformly at random (as the load generator
+    /// picks its targets: `workload::random_target`).
     pub entry_nodes: usize,
+    /// Mixed into every request's spread key: a sidecar keys it by a request id that carries
+    /// its clock, so a real run draws it afresh (see `--spread-seed`).
+    pub spread_seed: u64,
     /// Disaggregation, if any engine prefills for others.
     pub pd: Option<PdSetup>,
     /// The objectives goodput counts requests against.
@@ -76,6 +84,12 @@ struct Record {
     first_ns: u64,
     done_ns: u64,
     output_tokens: u32,
+    /// The node it entered at.
+    entry: u32,
+    /// The node whose engine served it (a split request's decode engine).
+    node: Option<u32>,
+    /// `decide`'s reason, for the policies that call it at the entry.
+    reason: Option<&'static str>,
 }
 
 enum Router {
@@ -107,6 +121,8 @@ struct Prepared {
     chain: Vec<u64>,
     output_tokens: u32,
     session: Option<u64>,
+    /// Its key for spreading among near-equal engines (`RouteRequest::spread`).
+    spread: u64,
     now: u64,
 }
 
@@ -180,6 +196,15 @@ pub fn run(
     policy: PolicyKind,
     requests: impl Iterator<Item = SimRequest>,
 ) -> PolicyResult {
+    run_recorded(config, policy, requests).0
+}
+
+/// [`run`], with every request's own record, in arrival order.
+pub fn run_recorded(
+    config: &ClusterConfig,
+    policy: PolicyKind,
+    requests: impl Iterator<Item = SimRequest>,
+) -> (PolicyResult, Vec<RequestRecord>) {
     let started = std::time::Instant::now();
     let mut sim = Sim::new(config, policy);
     if sim.gossip.is_some() {
@@ -187,7 +212,8 @@ pub fn run(
     } else {
         sequential::run(&mut sim, requests);
     }
-    measure::summarize(&sim, started.elapsed().as_secs_f64())
+    let result = measure::summarize(&sim, started.elapsed().as_secs_f64());
+    (result, measure::records(&sim))
 }
 
 impl<'c> Sim<'c> {
@@ -200,6 +226,9 @@ impl<'c> Sim<'c> {
                     ..config.engine.clone()
                 };
                 let mut node = SimNode::new(i as u32, engine, config.summary);
+                // The speed its queue assumes until it measures its engine's, as configured.
+                node.serving
+                    .set_prefill_speed(config.route.default_prefill_tokens_per_s);
                 node.role = match config.pd {
                     None => Role::Mixed,
                     Some(pd) if i < pd.prefill_nodes => Role::Prefill,
@@ -274,8 +303,12 @@ impl<'c> Sim<'c> {
         let now = request.arrival_ns;
         self.first_arrival.get_or_insert(now);
         let id = self.records.len() as u64;
+        // Entry nodes as the load generator picks its targets at random, request for request.
+        let entries = self.config.entry_nodes.clamp(1, self.nodes.len());
+        let entry = random_target(self.config.seed, id, entries) as u32;
         self.records.push(Record {
             arrival_ns: now,
+            entry,
             ..Record::default()
         });
         let tokens = request.tokens();
@@ -288,8 +321,6 @@ impl<'c> Sim<'c> {
             Some(chain) => chain.clone(),
             None => prompt::chain(self.config.seed, &tokens),
         };
-        let entries = self.config.entry_nodes.clamp(1, self.nodes.len());
-        let entry = self.rng.below(entries as u64) as u32;
         Some(Prepared {
             id,
             entry,
@@ -297,6 +328,7 @@ impl<'c> Sim<'c> {
             chain,
             output_tokens,
             session: request.session,
+            spread: mix64(id ^ self.config.spread_seed),
             now,
         })
     }
@@ -317,7 +349,7 @@ impl<'c> Sim<'c> {
             tokens_per_block: BLOCK_TOKENS as f32,
             session: prepared.session,
             role: Role::Mixed,
-            spread: Some(mix64(id)),
+            spread: Some(prepared.spread),
         };
         let config = self.config;
         let target = match &mut self.router {
@@ -363,6 +395,9 @@ impl<'c> Sim<'c> {
             ..
         } = prepared;
         self.loads[target] += 1;
+        if leg != Leg::Prefill {
+            self.records[id as usize].node = Some(target as u32);
+        }
         let changes = self.nodes[target].index_chain(&chain);
         if let Router::Oracle(oracle) = &mut self.router {
             oracle.index_changed(target as u32, &changes);

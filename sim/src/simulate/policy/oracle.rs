@@ -20,7 +20,14 @@ pub struct Oracle {
 impl Oracle {
     pub fn new(nodes: &mut [SimNode]) -> Self {
         Self {
-            digests: nodes.iter_mut().map(|n| n.digest(0)).collect(),
+            // Exact, unlike a sidecar's measurement: every engine's modelled prefill speed.
+            digests: nodes
+                .iter_mut()
+                .map(|n| LoadDigest {
+                    prefill_tokens_per_s: n.engine.config().timing.prefill_tokens_per_s as f32,
+                    ..n.digest(0)
+                })
+                .collect(),
             holders: HashMap::new(),
             scratch: DecideScratch::default(),
         }
