@@ -48,8 +48,9 @@ pub struct SimNode {
     ttft_since_digest: (f64, u32),
     /// The engine's prefill speed as the sidecar measures it, tokens/s (0: not yet).
     pub prefill_tokens_per_s: f64,
-    /// The engine's prompt-token and prefix-hit counters at the last digest.
-    counted_at_digest: (u64, u64),
+    /// The engine's prompt-token and prefix-hit counters and its prefill time sum (seconds)
+    /// at the last digest.
+    counted_at_digest: (u64, u64, f64),
     /// The sidecar's exact count of its engine's queue (the gossiping policies' serving side).
     pub serving: ServingState,
     /// Numbers its digests and says which are gossiped, as the sidecar's does.
@@ -83,7 +84,7 @@ impl SimNode {
             ttft_ewma_ms: 0.0,
             ttft_since_digest: (0.0, 0),
             prefill_tokens_per_s: 0.0,
-            counted_at_digest: (0, 0),
+            counted_at_digest: (0, 0, 0.0),
             serving,
             publisher: DigestPublisher::new(),
             wake_ns: None,
@@ -229,23 +230,26 @@ impl SimNode {
         // As the node's poller: the average moves once per refresh, towards the mean TTFT of
         // the requests that had their first token since the last one.
         let (sum, count) = std::mem::take(&mut self.ttft_since_digest);
-        // And the prefill speed as the poller measures it of an engine that does not expose
-        // `vllm:request_prefill_time_seconds` (the mock engine, whose counters these are):
-        // prompt tokens computed (prompt tokens less prefix-cache hits) over the TTFTs of
-        // the requests that had their first token, a lower bound since a TTFT counts the
-        // queue too; nothing when no first token came.
+        // And the prefill speed as the poller measures it: prompt tokens computed (prompt
+        // tokens less prefix-cache hits) over the engine's prefill time
+        // (`vllm:request_prefill_time_seconds`, which the mock engine exposes as vLLM V1
+        // does); nothing when no prefill ended.
         let stats = self.engine.stats();
-        let counted = (stats.prompt_tokens, stats.prefix_cache_hits);
+        let counted = (
+            stats.prompt_tokens,
+            stats.prefix_cache_hits,
+            stats.prefill_time.sum(),
+        );
         let computed = counted.0.saturating_sub(self.counted_at_digest.0) as f64
             - counted.1.saturating_sub(self.counted_at_digest.1) as f64;
+        let seconds = counted.2 - self.counted_at_digest.2;
         self.counted_at_digest = counted;
         if count > 0 {
             self.ttft_ewma_ms = ewma(self.ttft_ewma_ms, sum / f64::from(count));
-            let seconds = sum / 1e3;
-            if computed > 0.0 && seconds > 0.0 {
-                self.prefill_tokens_per_s = ewma(self.prefill_tokens_per_s, computed / seconds);
-                self.serving.set_prefill_speed(self.prefill_tokens_per_s);
-            }
+        }
+        if computed > 0.0 && seconds > 0.0 {
+            self.prefill_tokens_per_s = ewma(self.prefill_tokens_per_s, computed / seconds);
+            self.serving.set_prefill_speed(self.prefill_tokens_per_s);
         }
         let version = self.publisher.next_version();
         self.serving.set_digest_version(version);
@@ -282,8 +286,8 @@ mod tests {
     use super::*;
     use kvmesh_protocol::gossip_keys;
 
-    /// As the sidecar's poller over the mock engine: prompt tokens computed over the TTFTs of
-    /// the requests that had their first token, nothing before the first one.
+    /// As the sidecar's poller: prompt tokens computed over the engine's prefill time (from
+    /// first scheduling to first token), nothing before the first prefill ends.
     #[test]
     fn the_prefill_speed_is_measured_as_the_sidecar_measures_it() {
         let mut node = SimNode::new(0, EngineConfig::default(), SummaryConfig::default());
@@ -297,11 +301,12 @@ mod tests {
             panic!("no first token: {events:?}");
         };
         let measured = f64::from(node.digest(10_000_000_000).prefill_tokens_per_s);
+        // Scheduled at once on an idle engine: its prefill time is its TTFT.
         let want = 1_600.0 / (at_ns as f64 / 1e9);
         assert!((measured - want).abs() < 1.0, "{measured} vs {want}");
         assert!(
             want < EngineConfig::default().timing.prefill_tokens_per_s,
-            "a TTFT counts the step's overhead too: a lower bound"
+            "a step's overhead counts too: a lower bound"
         );
     }
 

@@ -58,6 +58,9 @@ struct Seq {
     natural_len: u32,
     output_key: u64,
     arrival: Duration,
+    /// When a step first scheduled it (vLLM's `scheduled_ts`): its prefill time runs from
+    /// here to its first token, its queue time before.
+    scheduled_at: Option<Duration>,
     first_token_at: Option<Duration>,
     cached_tokens: Option<u32>,
     /// Prompt tokens whose KV came from a prefill engine (vLLM's
@@ -244,6 +247,7 @@ impl Engine {
                 natural_len,
                 output_key: prompt_key,
                 arrival: now,
+                scheduled_at: None,
                 first_token_at: None,
                 cached_tokens: None,
                 external_tokens: 0,
@@ -342,6 +346,11 @@ impl Engine {
             // request at a time later than the end of a step it has not advanced past yet).
             let latest_arrival = plan.iter().map(|(id, _)| self.seqs[id].arrival).max();
             self.clock = self.clock.max(latest_arrival.unwrap_or_default());
+            for (id, _) in &plan {
+                if let Some(seq) = self.seqs.get_mut(id) {
+                    seq.scheduled_at.get_or_insert(self.clock);
+                }
+            }
             let end = self.clock + self.cfg.timing.step_duration(&shape);
             self.in_flight = Some(InFlight { end, plan });
         }
@@ -570,6 +579,10 @@ impl Engine {
                 self.stats
                     .ttft
                     .observe(now.saturating_sub(seq.arrival).as_secs_f64());
+                let scheduled = seq.scheduled_at.unwrap_or(seq.arrival);
+                self.stats
+                    .prefill_time
+                    .observe(now.saturating_sub(scheduled).as_secs_f64());
                 self.stats.prompt_sources.count(
                     seq.prompt_len as u64,
                     u64::from(seq.cached_tokens.unwrap_or(0)),

@@ -319,6 +319,36 @@ fn batching_is_bounded_by_max_num_seqs() {
 }
 
 #[test]
+fn prefill_time_runs_from_first_scheduling_and_leaves_the_queue_out() {
+    // One sequence at a time: the second waits for the first to finish, then prefills.
+    let mut e = Engine::new(EngineConfig {
+        max_num_seqs: 1,
+        ..cfg(1024)
+    });
+    for i in 0..2 {
+        e.submit(
+            EngineRequest::new(i, prompt(i as u32, 2_000), 8),
+            Duration::ZERO,
+        )
+        .unwrap();
+    }
+    run(&mut e);
+    let stats = e.stats();
+    assert_eq!(stats.prefill_time.count(), 2);
+    assert_eq!(stats.ttft.count(), 2);
+    // Alone, the first request's prefill time is its TTFT; the second's TTFT adds the
+    // first's whole run, which its prefill time leaves out.
+    let queued = stats.ttft.sum() - stats.prefill_time.sum();
+    assert!(queued > 0.1, "the second queued for {queued} s");
+    let per_request = stats.prefill_time.sum() / 2.0;
+    let alone = 2_000.0 / e.config().timing.prefill_tokens_per_s;
+    assert!(
+        (alone..alone * 1.5).contains(&per_request),
+        "{per_request} s against {alone} s of prefill"
+    );
+}
+
+#[test]
 fn submit_validates_length_and_ids() {
     let mut e = Engine::new(EngineConfig {
         max_model_len: 100,

@@ -8,7 +8,8 @@ pub const TTFT_BUCKETS: [f64; 22] = [
     20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
 ];
 
-/// Bucket upper bounds of `vllm:e2e_request_latency_seconds` (vLLM V1's).
+/// Bucket upper bounds of `vllm:e2e_request_latency_seconds` and of the request phase
+/// histograms such as `vllm:request_prefill_time_seconds` (vLLM V1's request latency buckets).
 pub const E2E_BUCKETS: [f64; 19] = [
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
     480.0, 960.0,
@@ -157,6 +158,10 @@ pub struct EngineStats {
     pub media_encoder_tokens: u64,
     /// Time to first token, seconds.
     pub ttft: Histogram,
+    /// From a request's first scheduling to its first token, seconds
+    /// (`vllm:request_prefill_time_seconds`): its TTFT without the time it queued, what the
+    /// sidecar measures the engine's prefill speed by.
+    pub prefill_time: Histogram,
     /// End-to-end latency of finished requests, seconds.
     pub e2e: Histogram,
     /// `vllm:lora_requests_info`: the label sets recorded at step ends, each with the time
@@ -196,6 +201,7 @@ impl Default for EngineStats {
             kv_expired_reqs: 0,
             media_encoder_tokens: 0,
             ttft: Histogram::new(&TTFT_BUCKETS),
+            prefill_time: Histogram::new(&E2E_BUCKETS),
             e2e: Histogram::new(&E2E_BUCKETS),
             lora_info: Vec::new(),
         }

@@ -160,6 +160,13 @@ pub fn render(
     );
     histogram(
         &mut out,
+        "vllm:request_prefill_time_seconds",
+        "Histogram of time spent in PREFILL phase for request.",
+        &base,
+        &stats.prefill_time,
+    );
+    histogram(
+        &mut out,
         "vllm:e2e_request_latency_seconds",
         "Histogram of e2e request latency in seconds.",
         &base,
@@ -352,6 +359,29 @@ mod tests {
         assert!(text.contains("vllm:num_requests_running{model_name=\"m\",engine=\"0\"} 2.0\n"));
         assert!(text.contains("le=\"+Inf\"} 0.0\n"));
         assert!(text.contains("num_gpu_blocks=\"100\""));
+    }
+
+    #[test]
+    fn the_sidecar_reads_the_prefill_time_it_measures_the_engines_speed_by() {
+        let labels = MetricsLabels {
+            model_name: "m".into(),
+            engine: "0".into(),
+            block_size: 16,
+            num_gpu_blocks: 100,
+            max_loras: 0,
+        };
+        let g = EngineGauges {
+            running: 0,
+            waiting: 0,
+            kv_usage: 0.0,
+        };
+        let mut stats = EngineStats::default();
+        stats.prefill_time.observe(0.25);
+        stats.prefill_time.observe(0.5);
+        let text = render(&labels, &g, &stats, None, 0.0);
+        assert!(text.contains("# TYPE vllm:request_prefill_time_seconds histogram\n"));
+        let parsed = kvmesh_protocol::engine_metrics::parse(&text);
+        assert_eq!(parsed.prefill_time_sum, Some(0.75));
     }
 
     #[test]
