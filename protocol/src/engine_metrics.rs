@@ -55,6 +55,48 @@ pub struct EngineMetrics {
     pub lora_use: Option<(f64, LoraUse)>,
 }
 
+/// An engine's cumulative prefill counters: what its prefill speed is measured by, in the
+/// node's poller and in the simulator's sidecars alike.
+#[derive(Copy, Clone, Debug, Default, PartialEq)]
+pub struct PrefillCounters {
+    /// Prompt tokens of finished requests (`vllm:prompt_tokens_total`).
+    pub prompt_tokens: f64,
+    /// Prompt tokens found in the prefix cache (`vllm:prefix_cache_hits_total`).
+    pub prefix_hits: f64,
+    /// Seconds spent prefilling: `vllm:request_prefill_time_seconds`'s sum, or, of an engine
+    /// that does not expose it, the TTFTs' (which count queueing too: the speed errs low).
+    pub seconds: f64,
+}
+
+impl PrefillCounters {
+    /// The prefill speed shown since `before`, tokens per second: the prompt tokens computed
+    /// (prompt tokens less prefix-cache hits) over the time spent prefilling; `None` when
+    /// nothing was computed or no time was counted.
+    pub fn speed_since(&self, before: &Self) -> Option<f64> {
+        let computed =
+            (self.prompt_tokens - before.prompt_tokens) - (self.prefix_hits - before.prefix_hits);
+        let seconds = self.seconds - before.seconds;
+        (computed > 0.0 && seconds > 0.0).then(|| computed / seconds)
+    }
+}
+
+impl EngineMetrics {
+    /// The prefill speed shown since the scrape `before` (see [`PrefillCounters`]), timed by
+    /// the prefill time when both scrapes have it, else by the TTFTs.
+    pub fn prefill_speed_since(&self, before: &EngineMetrics) -> Option<f64> {
+        let by_prefill_time = self.prefill_time_sum.is_some() && before.prefill_time_sum.is_some();
+        let counters = |m: &EngineMetrics| PrefillCounters {
+            prompt_tokens: m.prompt_tokens,
+            prefix_hits: m.prefix_hits,
+            seconds: match by_prefill_time {
+                true => m.prefill_time_sum.unwrap_or_default(),
+                false => m.ttft_sum,
+            },
+        };
+        counters(self).speed_since(&counters(before))
+    }
+}
+
 /// Parses the text format. Unknown series are ignored; a malformed line, or a sample that is
 /// not finite, is skipped (a scrape must not fail because an engine added an exotic series).
 pub fn parse(text: &str) -> EngineMetrics {
@@ -198,6 +240,35 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn prefill_speed_is_timed_by_the_prefill_time_when_both_scrapes_have_it() {
+        let before = EngineMetrics {
+            prompt_tokens: 1_000.0,
+            ttft_sum: 1.0,
+            prefill_time_sum: Some(0.5),
+            ..Default::default()
+        };
+        let now = EngineMetrics {
+            prompt_tokens: 4_000.0,
+            prefix_hits: 1_000.0,
+            ttft_sum: 3.0,
+            prefill_time_sum: Some(0.75),
+            ..Default::default()
+        };
+        // 2,000 tokens computed in 0.25 s of prefill (2 s of TTFT).
+        assert_eq!(now.prefill_speed_since(&before), Some(8_000.0));
+        let untimed = EngineMetrics {
+            prefill_time_sum: None,
+            ..before.clone()
+        };
+        assert_eq!(
+            now.prefill_speed_since(&untimed),
+            Some(1_000.0),
+            "by the TTFTs"
+        );
+        assert_eq!(now.prefill_speed_since(&now), None, "nothing computed");
+    }
 
     #[test]
     fn the_latest_lora_requests_info_says_which_adapters_are_in_use() {

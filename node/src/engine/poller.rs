@@ -225,14 +225,8 @@ fn update_ewmas(state: &mut EngineState, before: &EngineMetrics, now: &EngineMet
     if ttft_ms.is_finite() && ttft_ms >= 0.0 {
         state.ttft_ewma_ms = ewma(state.ttft_ewma_ms, ttft_ms);
     }
-    let computed =
-        (now.prompt_tokens - before.prompt_tokens) - (now.prefix_hits - before.prefix_hits);
-    let seconds = match (now.prefill_time_sum, before.prefill_time_sum) {
-        (Some(a), Some(b)) => a - b,
-        _ => now.ttft_sum - before.ttft_sum,
-    };
-    if computed > 0.0 && seconds > 0.0 {
-        state.prefill_tokens_per_s = ewma(state.prefill_tokens_per_s, computed / seconds);
+    if let Some(speed) = now.prefill_speed_since(before) {
+        state.prefill_tokens_per_s = ewma(state.prefill_tokens_per_s, speed);
     }
 }
 

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use kvmesh_protocol::cadence::DigestPublisher;
-use kvmesh_protocol::engine_metrics::ewma;
+use kvmesh_protocol::engine_metrics::{PrefillCounters, ewma};
 use kvmesh_protocol::index::{IndexChanges, PrefixIndex};
 use kvmesh_protocol::lifecycle::ServingState;
 use kvmesh_protocol::route::Gauges;
@@ -48,9 +48,8 @@ pub struct SimNode {
     ttft_since_digest: (f64, u32),
     /// The engine's prefill speed as the sidecar measures it, tokens/s (0: not yet).
     pub prefill_tokens_per_s: f64,
-    /// The engine's prompt-token and prefix-hit counters and its prefill time sum (seconds)
-    /// at the last digest.
-    counted_at_digest: (u64, u64, f64),
+    /// The engine's prefill counters at the last digest.
+    counted_at_digest: PrefillCounters,
     /// The sidecar's exact count of its engine's queue (the gossiping policies' serving side).
     pub serving: ServingState,
     /// Numbers its digests and says which are gossiped, as the sidecar's does.
@@ -84,7 +83,7 @@ impl SimNode {
             ttft_ewma_ms: 0.0,
             ttft_since_digest: (0.0, 0),
             prefill_tokens_per_s: 0.0,
-            counted_at_digest: (0, 0, 0.0),
+            counted_at_digest: PrefillCounters::default(),
             serving,
             publisher: DigestPublisher::new(),
             wake_ns: None,
@@ -230,25 +229,22 @@ impl SimNode {
         // As the node's poller: the average moves once per refresh, towards the mean TTFT of
         // the requests that had their first token since the last one.
         let (sum, count) = std::mem::take(&mut self.ttft_since_digest);
-        // And the prefill speed as the poller measures it: prompt tokens computed (prompt
-        // tokens less prefix-cache hits) over the engine's prefill time
+        // And the prefill speed as the poller measures it, from the engine's prefill time
         // (`vllm:request_prefill_time_seconds`, which the mock engine exposes as vLLM V1
         // does); nothing when no prefill ended.
         let stats = self.engine.stats();
-        let counted = (
-            stats.prompt_tokens,
-            stats.prefix_cache_hits,
-            stats.prefill_time.sum(),
-        );
-        let computed = counted.0.saturating_sub(self.counted_at_digest.0) as f64
-            - counted.1.saturating_sub(self.counted_at_digest.1) as f64;
-        let seconds = counted.2 - self.counted_at_digest.2;
+        let counted = PrefillCounters {
+            prompt_tokens: stats.prompt_tokens as f64,
+            prefix_hits: stats.prefix_cache_hits as f64,
+            seconds: stats.prefill_time.sum(),
+        };
+        let speed = counted.speed_since(&self.counted_at_digest);
         self.counted_at_digest = counted;
         if count > 0 {
             self.ttft_ewma_ms = ewma(self.ttft_ewma_ms, sum / f64::from(count));
         }
-        if computed > 0.0 && seconds > 0.0 {
-            self.prefill_tokens_per_s = ewma(self.prefill_tokens_per_s, computed / seconds);
+        if let Some(speed) = speed {
+            self.prefill_tokens_per_s = ewma(self.prefill_tokens_per_s, speed);
             self.serving.set_prefill_speed(self.prefill_tokens_per_s);
         }
         let version = self.publisher.next_version();
