@@ -332,15 +332,28 @@ fn escape(s: &str) -> String {
 mod tests {
     use super::*;
 
-    #[test]
-    fn counters_carry_total_and_labels_come_in_vllm_order() {
-        let labels = MetricsLabels {
+    /// Model `m`, engine `0`, 100 blocks of 16 tokens, `max_loras` adapter slots.
+    fn labels(max_loras: u32) -> MetricsLabels {
+        MetricsLabels {
             model_name: "m".into(),
             engine: "0".into(),
             block_size: 16,
             num_gpu_blocks: 100,
-            max_loras: 0,
-        };
+            max_loras,
+        }
+    }
+
+    fn idle() -> EngineGauges {
+        EngineGauges {
+            running: 0,
+            waiting: 0,
+            kv_usage: 0.0,
+        }
+    }
+
+    #[test]
+    fn counters_carry_total_and_labels_come_in_vllm_order() {
+        let labels = labels(0);
         let g = EngineGauges {
             running: 2,
             waiting: 1,
@@ -363,18 +376,8 @@ mod tests {
 
     #[test]
     fn the_sidecar_reads_the_prefill_time_it_measures_the_engines_speed_by() {
-        let labels = MetricsLabels {
-            model_name: "m".into(),
-            engine: "0".into(),
-            block_size: 16,
-            num_gpu_blocks: 100,
-            max_loras: 0,
-        };
-        let g = EngineGauges {
-            running: 0,
-            waiting: 0,
-            kv_usage: 0.0,
-        };
+        let labels = labels(0);
+        let g = idle();
         let mut stats = EngineStats::default();
         stats.prefill_time.observe(0.25);
         stats.prefill_time.observe(0.5);
@@ -397,18 +400,8 @@ mod tests {
 
     #[test]
     fn lora_requests_info_has_vllms_labels_and_a_timestamp_per_label_set() {
-        let labels = MetricsLabels {
-            model_name: "m".into(),
-            engine: "0".into(),
-            block_size: 16,
-            num_gpu_blocks: 100,
-            max_loras: 2,
-        };
-        let g = EngineGauges {
-            running: 0,
-            waiting: 0,
-            kv_usage: 0.0,
-        };
+        let labels = labels(2);
+        let g = idle();
         let mut stats = EngineStats::default();
         let empty = render(&labels, &g, &stats, None, 1.7e9);
         assert!(empty.contains("# TYPE vllm:lora_requests_info gauge\n"));
