@@ -4,6 +4,7 @@ mod cli_cert;
 mod cli_intents;
 mod cli_probe;
 mod cli_status;
+mod malloc;
 
 use clap::{Parser, Subcommand};
 
@@ -15,7 +16,8 @@ use clap::{Parser, Subcommand};
 /// both sidecars' CPU on 256 KiB images (BENCHMARKS.md, "Multimodal requests"). jemalloc keeps
 /// freed pages and reuses them, returning them to the kernel only after seconds unused.
 /// (Feature `jemalloc`, off by default because building it needs make and a C compiler; the
-/// Docker image turns it on. heaptrack sees only the system allocator.)
+/// Docker image turns it on. heaptrack sees only the system allocator. Without it, glibc's
+/// malloc is told to keep such blocks: `malloc`.)
 #[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
@@ -93,8 +95,12 @@ fn init_logs(format: LogFormat) {
 }
 
 fn main() -> std::process::ExitCode {
+    let malloc_tuned = malloc::keep_freed_bodies();
     let cli = Cli::parse();
     init_logs(cli.log_format);
+    if !malloc_tuned {
+        tracing::warn!("glibc refused the malloc thresholds: large request bodies will page-fault");
+    }
     let result = match cli.command {
         Command::Cert(command) => cli_cert::run(command),
         Command::MeshProbe(args) => cli_probe::run(args),
