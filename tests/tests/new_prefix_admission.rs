@@ -1,8 +1,9 @@
 //! A node whose engine is computing one new prefix declines a second, different one (its queue
 //! is longer than the entry believes the other engine's to be), and the entry sends it to the
-//! prefix's next choice (`protocol::lifecycle`); a request with the prefix being computed is
-//! never declined, so it still lands on one engine, where it waits for the first copy's
-//! prefill to cache the prefix rather than computing it again beside it.
+//! prefix's next choice (`protocol::lifecycle`); a request with the prefix being computed
+//! counts only what its prompt has beyond the first copy's, so it still lands on one engine,
+//! where it waits for the first copy's prefill to cache the prefix rather than computing it
+//! again beside it.
 //!
 //! Two slow modelled engines (a 1,000-token prefill takes about 2 s) and two sidecars with plain
 //! rendezvous cold placement (`cold_choices = 1`), so that where a new prefix goes first is
@@ -175,7 +176,7 @@ fn round(cluster: &Mesh, tag: &str, a_entry_is_x: bool) {
     );
 
     // A's prefix keeps going to X while A is computed there (whether X's router already sees
-    // it as held or still as new: the same prefix is never declined for itself).
+    // it as held or still as new: a copy adds only its own question to X's queue).
     let c_body = completion_body(
         MODEL,
         &prompt(&format!("{tag} A"), "second question"),
@@ -186,7 +187,7 @@ fn round(cluster: &Mesh, tag: &str, a_entry_is_x: bool) {
         .node(x)
         .send(Request::post_json("/v1/completions", &c_body));
     assert_eq!(c.status, 200, "{}", c.describe());
-    assert_eq!(served_by(&c), x, "A's prefix is never declined for itself");
+    assert_eq!(served_by(&c), x, "A's prefix stays where it is computed");
 
     let a = a.finish().expect("A's response head");
     assert_eq!(a.status, 200);

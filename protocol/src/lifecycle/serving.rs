@@ -100,6 +100,19 @@ pub struct Ticket {
     joins: Option<u64>,
 }
 
+/// A copy of a new prefix handed over with no first byte back.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+struct Computing {
+    first_block: u64,
+    /// Its place in the order of hand-overs.
+    seq: u64,
+    /// Whether its answer streams (only then does its first byte end its prefill).
+    streamed: bool,
+    /// The prompt tokens its entry counted it to compute, all of them cached here once its
+    /// prefill is done (for a copy: the earlier copy's part, met, and its own, computed).
+    covers_tokens: u32,
+}
+
 /// The exact state of this node's engine, as far as this node's sidecar sees it.
 #[derive(Clone, Debug, Default)]
 pub struct ServingState {
@@ -121,9 +134,8 @@ pub struct ServingState {
     polled: Option<Gauges>,
     /// Requests handed over and not finished.
     inflight: u32,
-    /// The new prefixes handed over with no first byte back: first block, hand-over order,
-    /// whether its answer streams (only then does its first byte end its prefill).
-    new_prefixes: Vec<(u64, u64, bool)>,
+    /// The new prefixes handed over with no first byte back.
+    new_prefixes: Vec<Computing>,
     /// Requests handed over so far (their order).
     handed_over: u64,
     /// First blocks of the new prefixes declined here, with when their copies stop following
@@ -202,7 +214,17 @@ impl ServingState {
 
     /// `first_block`, if a new prefix starting with it is being computed here.
     fn computing(&self, first_block: Option<u64>) -> Option<u64> {
-        first_block.filter(|&block| self.new_prefixes.iter().any(|&(b, _, _)| b == block))
+        first_block.filter(|&block| self.new_prefixes.iter().any(|c| c.first_block == block))
+    }
+
+    /// The prompt tokens the earliest copy of the new prefix `block` still prefilling here
+    /// will have cached.
+    fn covered_by_earliest(&self, block: u64) -> u32 {
+        self.new_prefixes
+            .iter()
+            .filter(|c| c.first_block == block)
+            .min_by_key(|c| c.seq)
+            .map_or(0, |c| c.covers_tokens)
     }
 
     /// Whether `ticket`'s request should wait before the engine gets it: a copy of its new
@@ -215,7 +237,7 @@ impl ServingState {
         ticket.joins.is_some_and(|block| {
             self.new_prefixes
                 .iter()
-                .any(|&(b, seq, streamed)| b == block && seq < ticket.seq && streamed)
+                .any(|c| c.first_block == block && c.seq < ticket.seq && c.streamed)
         })
     }
 
@@ -248,12 +270,15 @@ impl ServingState {
 
     /// Hands a request to the engine, or declines it: only when its entry allowed that and
     /// the queue here would hold it past the entry's bound. A request whose prefix this
-    /// engine is computing as a new prefix is never declined: here it meets those blocks as
-    /// they are computed, anywhere else it would compute them again, and every entry sending a
-    /// new prefix at once must land on one engine. For the same reason a new prefix declined
-    /// here is declined again for [`FOLLOW_TTL_MS`], whatever the queue, so that its copies
-    /// follow the first to the engine its entry tries next: the least busy of the rest in that
-    /// entry's view, which entries that exchange with the same engines mostly share.
+    /// engine is computing as a new prefix (a copy) meets those blocks here once the earlier
+    /// copy computed them, and anywhere else would compute them again: its own work here is
+    /// only what its prompt has beyond the earlier copy's (its entry, which saw the prefix
+    /// nowhere, counted it whole), so every entry sending a new prefix at once lands on one
+    /// engine unless the queue ahead of the earlier copy is itself longer than the whole
+    /// prompt elsewhere. A new prefix declined here is declined again for [`FOLLOW_TTL_MS`],
+    /// whatever the queue, so that its copies follow the first to the engine its entry tries
+    /// next: the least busy of the rest in that entry's view, which entries that exchange with
+    /// the same engines mostly share.
     pub fn admit(&mut self, request: &Admission, now_ms: u64) -> Result<Ticket, DeclineReason> {
         while self
             .declined_new_prefixes
@@ -264,6 +289,15 @@ impl ServingState {
         }
         let new_prefix = request.first_block.filter(|_| request.new_prefix);
         let joins = self.computing(request.first_block);
+        let covers_tokens = request.prefill_tokens;
+        let prefill_tokens = match joins {
+            Some(block) => covers_tokens.saturating_sub(self.covered_by_earliest(block)),
+            None => covers_tokens,
+        };
+        let request = &Admission {
+            prefill_tokens,
+            ..*request
+        };
         if let Some(bound) = request.decline_above_tokens {
             let declined_before = new_prefix
                 .is_some_and(|block| self.declined_new_prefixes.iter().any(|&(b, _)| b == block));
@@ -271,9 +305,13 @@ impl ServingState {
                 return Err(DeclineReason::Follows);
             }
             let over = self.tokens_ahead(request.prefill_tokens, now_ms) > f64::from(bound);
-            if joins.is_none() && over {
-                let Some(block) = new_prefix else {
-                    return Err(DeclineReason::Queue);
+            if over {
+                // A copy is not recorded: its later copies still meet the prefix here.
+                let Some(block) = new_prefix.filter(|_| joins.is_none()) else {
+                    return Err(match new_prefix {
+                        Some(_) => DeclineReason::NewPrefix,
+                        None => DeclineReason::Queue,
+                    });
                 };
                 if self.declined_new_prefixes.len() >= FOLLOW_MAX_ENTRIES {
                     self.declined_new_prefixes.pop_front();
@@ -296,7 +334,12 @@ impl ServingState {
         self.handed_over += 1;
         let seq = self.handed_over;
         if let Some(block) = new_prefix {
-            self.new_prefixes.push((block, seq, request.streamed));
+            self.new_prefixes.push(Computing {
+                first_block: block,
+                seq,
+                streamed: request.streamed,
+                covers_tokens,
+            });
         }
         Ok(Ticket {
             streamed: request.streamed,
@@ -324,10 +367,7 @@ impl ServingState {
             self.whole_since_poll = self.whole_since_poll.saturating_sub(1);
         }
         if ticket.new_prefix.is_some()
-            && let Some(i) = self
-                .new_prefixes
-                .iter()
-                .position(|&(_, seq, _)| seq == ticket.seq)
+            && let Some(i) = self.new_prefixes.iter().position(|c| c.seq == ticket.seq)
         {
             self.new_prefixes.swap_remove(i);
         }
@@ -473,12 +513,18 @@ mod tests {
         );
         let under = serving.admit(&streamed(None, Some(2_000)), 0).unwrap();
         let last = serving.admit(&streamed(Some(3), None), 0).unwrap();
+        assert_eq!(
+            serving.admit(&streamed(Some(1), Some(1_000)), 0),
+            Err(DeclineReason::NewPrefix),
+            "a copy of a prefix computed here, behind 3,000 tokens: the whole prompt elsewhere \
+             is less"
+        );
         let joins = serving
-            .admit(&streamed(Some(1), Some(1_000)), 0)
+            .admit(&streamed(Some(1), Some(3_000)), 0)
             .expect("the same new prefix joins the engine computing it");
         let seen_as_held = Admission {
             new_prefix: false,
-            ..streamed(Some(1), Some(1_000))
+            ..streamed(Some(1), Some(3_000))
         };
         let follows = serving
             .admit(&seen_as_held, 0)
@@ -489,6 +535,32 @@ mod tests {
         }
         assert_eq!(serving.new_prefixes_in_flight(), 0);
         assert_eq!(serving.queued(), 0);
+    }
+
+    #[test]
+    fn a_copy_of_a_new_prefix_adds_only_what_its_prompt_has_beyond_the_earlier_copy() {
+        let mut serving = serving();
+        let first = serving.admit(&streamed(Some(1), None), 0).unwrap();
+        let longer = |decline_above_tokens| Admission {
+            prefill_tokens: 1_200,
+            ..streamed(Some(1), decline_above_tokens)
+        };
+        let copy = serving
+            .admit(&longer(Some(1_200)), 0)
+            .expect("1,000 tokens of the earlier copy, then 200 of its own");
+        assert_eq!(serving.tokens_ahead(0, 0), 1_200.0);
+        assert_eq!(
+            serving.admit(&longer(Some(1_300)), 0),
+            Err(DeclineReason::NewPrefix),
+            "behind both: 1,400 tokens"
+        );
+        assert!(
+            !serving.declined_new_prefixes.iter().any(|&(b, _)| b == 1),
+            "a copy declined is not followed: its prefix is computed here"
+        );
+        for ticket in [first, copy] {
+            serving.finished(ticket, 0);
+        }
     }
 
     #[test]
