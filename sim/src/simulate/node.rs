@@ -9,7 +9,7 @@ use kvmesh_protocol::engine_metrics::{PrefillCounters, ewma};
 use kvmesh_protocol::index::{IndexChanges, PrefixIndex};
 use kvmesh_protocol::lifecycle::ServingState;
 use kvmesh_protocol::route::Gauges;
-use kvmesh_protocol::{EngineFacts, LoadDigest, Role, RouteConfig, SummaryBuilder, SummaryConfig};
+use kvmesh_protocol::{EngineFacts, LoadDigest, Role, SummaryBuilder, SummaryConfig};
 
 use super::histogram::LogHistogram;
 use crate::engine::model::{Engine, EngineConfig, EngineRequest, Output};
@@ -67,12 +67,18 @@ pub struct SimNode {
 }
 
 impl SimNode {
-    pub fn new(index: u32, config: EngineConfig, summary: SummaryConfig) -> Self {
+    /// Node `index` over an engine of `config`. Its queue assumes `assumed_prefill_tokens_per_s`
+    /// until it measures its engine's speed (see `digest`), as the sidecar's engine queue
+    /// assumes the speed entries assume of an engine whose digest reports none.
+    pub fn new(
+        index: u32,
+        config: EngineConfig,
+        summary: SummaryConfig,
+        assumed_prefill_tokens_per_s: f64,
+    ) -> Self {
         let capacity = config.num_gpu_blocks as usize;
         let mut serving = ServingState::new();
-        // As the sidecar's engine queue: the speed entries assume of an engine whose digest
-        // reports none, until the engine's own is measured (see `digest`).
-        serving.set_prefill_speed(RouteConfig::default().default_prefill_tokens_per_s);
+        serving.set_prefill_speed(assumed_prefill_tokens_per_s);
         Self {
             key: kvmesh_protocol::route::node_key(&super::cluster::node_name(index)),
             engine: Engine::new(config),
@@ -282,11 +288,21 @@ mod tests {
     use super::*;
     use kvmesh_protocol::gossip_keys;
 
+    /// The speed a node's queue assumes before it measures its engine's: the entries' default.
+    fn assumed() -> f64 {
+        kvmesh_protocol::RouteConfig::default().default_prefill_tokens_per_s
+    }
+
     /// As the sidecar's poller: prompt tokens computed over the engine's prefill time (from
     /// first scheduling to first token), nothing before the first prefill ends.
     #[test]
     fn the_prefill_speed_is_measured_as_the_sidecar_measures_it() {
-        let mut node = SimNode::new(0, EngineConfig::default(), SummaryConfig::default());
+        let mut node = SimNode::new(
+            0,
+            EngineConfig::default(),
+            SummaryConfig::default(),
+            assumed(),
+        );
         assert_eq!(node.digest(0).prefill_tokens_per_s, 0.0, "not measured yet");
         let prompt: Vec<u32> = (0..1_600).collect();
         // One token out: the request finishes in its first step, so its prompt tokens count.
@@ -309,7 +325,7 @@ mod tests {
     #[test]
     fn digests_are_the_sidecars_numbered_decodable_and_gossiped_by_its_rule() {
         let config = EngineConfig::default();
-        let mut node = SimNode::new(0, config.clone(), SummaryConfig::default());
+        let mut node = SimNode::new(0, config.clone(), SummaryConfig::default(), assumed());
         let first = node.digest(0);
         assert_eq!(first.version, 1);
         // What a peer's view decodes from the value gossiped under the digest key.

@@ -33,6 +33,19 @@ fn prompt(seed: u32, len: u32) -> Vec<u32> {
         .collect()
 }
 
+/// Submits requests `0..count` at once, each a distinct prompt of `len` tokens asking for
+/// `max_tokens`.
+fn submit_at_once(engine: &mut Engine, count: u64, len: u32, max_tokens: u32) {
+    for i in 0..count {
+        engine
+            .submit(
+                EngineRequest::new(i, prompt(i as u32, len), max_tokens),
+                Duration::ZERO,
+            )
+            .unwrap();
+    }
+}
+
 #[test]
 fn a_repeated_prompt_hits_the_cache_and_has_a_smaller_ttft() {
     let mut e = Engine::new(cfg(1024));
@@ -302,13 +315,7 @@ fn batching_is_bounded_by_max_num_seqs() {
         max_num_seqs: 2,
         ..cfg(256)
     });
-    for i in 0..5 {
-        e.submit(
-            EngineRequest::new(i, prompt(i as u32, 20), 10),
-            Duration::ZERO,
-        )
-        .unwrap();
-    }
+    submit_at_once(&mut e, 5, 20, 10);
     let t = e.next_event_time().unwrap();
     e.advance(t);
     let g = e.gauges();
@@ -325,13 +332,7 @@ fn prefill_time_runs_from_first_scheduling_and_leaves_the_queue_out() {
         max_num_seqs: 1,
         ..cfg(1024)
     });
-    for i in 0..2 {
-        e.submit(
-            EngineRequest::new(i, prompt(i as u32, 2_000), 8),
-            Duration::ZERO,
-        )
-        .unwrap();
-    }
+    submit_at_once(&mut e, 2, 2_000, 8);
     run(&mut e);
     let stats = e.stats();
     assert_eq!(stats.prefill_time.count(), 2);
