@@ -652,12 +652,16 @@ run_load() {
 
 # pd_summary WORKLOAD POLICY SLUG: under --pd, what went where (reasons, prompt tokens
 # computed and pulled per engine, decode load over time), printed and kept as a report note.
-# The engines' /metrics are read before the cluster stops.
+# The engines' /metrics (and kvmesh's sidecars', kept for whoever asks why: declines,
+# fallbacks) are read before the cluster stops.
 pd_summary() {
     local w=$1 policy=$2 slug=$3 i role args=() line
     for ((i = 1; i <= NODES; i++)); do
         local prom="$RUNS_DIR/$w-$slug.engine-$i.prom"
         http_get "${ENGINE_URLS[i - 1]#http://}" /metrics >"$prom" 2>/dev/null || true
+        if [[ $policy == kvmesh* && -n ${SIDECAR_ADDRS[i - 1]:-} ]]; then
+            http_get "${SIDECAR_ADDRS[i - 1]}" /metrics >"$RUNS_DIR/$w-$slug.sidecar-$i.prom" 2>/dev/null || true
+        fi
         role=$(pd_role "$i")
         [[ $policy == *mixed* ]] && role=mixed
         args+=(--engine "engine-$i=$role=${ENGINE_URLS[i - 1]}=$prom")

@@ -393,3 +393,67 @@ fn a_decode_engine_loaded_while_prefills_run_gets_no_decode_leg() {
         assert_eq!(answer.join().expect("burst thread").status, 200);
     }
 }
+
+#[test]
+fn a_prefill_leg_counts_in_its_prefill_nodes_queue_until_it_answers() {
+    // An 8,192-token prefill takes about two seconds at three times a GPU's pace: many polls
+    // of the engine, which shows the leg running, not waiting, once its prefill starts.
+    let mut specs: Vec<NodeSpec> = PREFILL
+        .iter()
+        .map(|n| spec(n, "prefill", &[]).timing(Timing::Scaled(3.0)))
+        .collect();
+    specs.extend(DECODE.iter().map(|n| spec(n, "decode", &[])));
+    let cluster = Cluster::start(&specs);
+    wait_for_roles(&cluster);
+    let entry = cluster.sidecar("d1").http_addr();
+    let request = std::thread::spawn(move || {
+        Request::post_json(COMPLETIONS, &body(500, 8192, false))
+            .timeout(REQUEST_TIMEOUT)
+            .header("x-request-id", "pd-queued-leg")
+            .send(entry)
+            .expect("an answer")
+    });
+    let prefilling = || {
+        PREFILL
+            .iter()
+            .map(|n| engine_metric(&cluster, n, "vllm:num_requests_running", &[]))
+            .sum::<f64>()
+    };
+    let queued = || {
+        PREFILL
+            .iter()
+            .map(|n| sidecar_metric(&cluster, n, "kvmesh_engine_queued", &[]))
+            .sum::<f64>()
+    };
+    // Samples of the prefill sidecars' queue taken while the engine ran the leg before and
+    // after (so that it was running in between).
+    let mut samples = Vec::new();
+    let started = std::time::Instant::now();
+    while !request.is_finished() && started.elapsed() < REQUEST_TIMEOUT {
+        let before = prefilling();
+        let sample = queued();
+        if before == 1.0 && prefilling() == 1.0 {
+            samples.push((started.elapsed(), sample));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let answer = request.join().expect("client thread");
+    assert_eq!(answer.status, 200, "{}", answer.describe());
+    assert_eq!(answer.header("x-kvmesh-reason"), Some("pd"));
+    let span = match (samples.first(), samples.last()) {
+        (Some(first), Some(last)) => last.0 - first.0,
+        _ => Duration::ZERO,
+    };
+    assert!(
+        samples.len() >= 5 && span >= Duration::from_millis(500),
+        "the prefill was watched for long enough: {} samples over {span:?}",
+        samples.len()
+    );
+    assert!(
+        samples.iter().all(|&(_, queued)| queued == 1.0),
+        "the leg was counted queued at its prefill node all along: {samples:?}"
+    );
+    wait_until(Duration::from_secs(10), "the queue to empty", || {
+        queued() == 0.0
+    });
+}

@@ -158,7 +158,9 @@ impl Disaggregated {
     async fn prefill(&self, routed: Routed) -> PrefillEnd {
         let state = &self.state;
         let mut head = self.head.clone();
-        head.streamed = false;
+        // One token, unstreamed: the answer's first byte still ends the prefill, which is
+        // what the serving node counts its queue by.
+        head.streamed = true;
         let body = prefill_body(&self.json);
         let chain = &self.hashes.chain;
         let result = attempts::run(state, routed, &mut head, &body, chain, Leg::Prefill).await;
