@@ -16,6 +16,7 @@ pub fn digests() -> Vec<LoadDigest> {
         running: 12,
         waiting: 3,
         kv_usage: 0.42,
+        queued_tokens: Some(3_072),
         kv_capacity_blocks: 20_000,
         block_size: 16,
         ttft_ewma_ms: 180.5,
@@ -33,6 +34,7 @@ pub fn digests() -> Vec<LoadDigest> {
         running: 0,
         waiting: 0,
         kv_usage: 0.0,
+        queued_tokens: None,
         ttft_ewma_ms: 0.0,
         prefill_tokens_per_s: 0.0,
         role: Role::Prefill,
@@ -56,6 +58,7 @@ fn load_report() -> LoadReport {
         running: 9,
         waiting: 2,
         kv_usage: 0.63,
+        queued_tokens: Some(1_536),
         inflight: 3,
     }
 }

@@ -244,6 +244,7 @@ fn digest(peer: usize) -> LoadDigest {
         running: (r % 32) as u32,
         waiting: ((r >> 8) % 4) as u32,
         kv_usage: ((r >> 16) % 100) as f32 / 100.0,
+        queued_tokens: None,
         kv_capacity_blocks: CAPACITY_BLOCKS as u32,
         block_size: 16,
         ttft_ewma_ms: 100.0 + ((r >> 24) % 200) as f32,

@@ -121,6 +121,7 @@ fn digest() -> LoadDigest {
         running: 8,
         waiting: 1,
         kv_usage: 0.5,
+        queued_tokens: Some(1_024),
         kv_capacity_blocks: 20_000,
         block_size: 16,
         ttft_ewma_ms: 150.0,

@@ -20,7 +20,8 @@ use rkyv::{Archive, Deserialize, Serialize};
 /// 4: the queue judged in prefill work: `RequestHead::prefill_tokens` and
 /// `decline_above_tokens` (for `decline_above`).
 /// 5: the adapters an engine uses now, `LoadDigest::lora_use`.
-pub const FORMAT_VERSION: u8 = 5;
+/// 6: the queue in prompt tokens, `LoadDigest::queued_tokens` and `LoadReport::queued_tokens`.
+pub const FORMAT_VERSION: u8 = 6;
 
 /// What an envelope carries; part of the envelope so a value can only decode as its own type.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]

@@ -93,6 +93,9 @@ pub struct LoadDigest {
     pub waiting: u32,
     /// `vllm:kv_cache_usage_perc`, 0..=1.
     pub kv_usage: f32,
+    /// Prompt tokens queued ahead of a new request, as the node's serving state counts them
+    /// (`lifecycle::ServingState::queued_tokens`); `None` when it cannot say.
+    pub queued_tokens: Option<u32>,
     /// `num_gpu_blocks` of `vllm:cache_config_info`.
     pub kv_capacity_blocks: u32,
     /// `block_size` of `vllm:cache_config_info`, in tokens.
@@ -191,6 +194,7 @@ impl LoadDigest {
             running: queue.running,
             waiting: queue.waiting,
             kv_usage: queue.kv_usage.clamp(0.0, 1.0),
+            queued_tokens: queue.queued_tokens,
             kv_capacity_blocks: engine.kv_capacity_blocks.min(u64::from(u32::MAX)) as u32,
             block_size: engine.block_size.min(u32::from(u16::MAX)) as u16,
             ttft_ewma_ms: engine.ttft_ewma_ms as f32,
@@ -256,6 +260,7 @@ pub(crate) fn sample_digest() -> LoadDigest {
         running: 12,
         waiting: 3,
         kv_usage: 0.42,
+        queued_tokens: None,
         kv_capacity_blocks: 20_000,
         block_size: 16,
         ttft_ewma_ms: 180.5,

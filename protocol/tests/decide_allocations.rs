@@ -42,6 +42,7 @@ fn allocations_do_not_grow_with_candidates() {
         running: 1,
         waiting: 0,
         kv_usage: 0.2,
+        queued_tokens: None,
         kv_capacity_blocks: 100,
         block_size: 16,
         ttft_ewma_ms: 0.0,

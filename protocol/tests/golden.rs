@@ -59,6 +59,7 @@ fn digest_encoding_is_stable() {
         running: 1,
         waiting: 2,
         kv_usage: 0.5,
+        queued_tokens: Some(512),
         kv_capacity_blocks: 1000,
         block_size: 16,
         ttft_ewma_ms: 12.5,
@@ -103,6 +104,6 @@ const GOLDEN_CHAT: [u64; 18] = [
     0x52d0c68af3068259,
     0x00697991a6255f34,
 ];
-/// Envelope format version 5 (`codec::FORMAT_VERSION`), hash version 2.
+/// Envelope format version 6 (`codec::FORMAT_VERSION`), hash version 2.
 const GOLDEN_DIGEST_BLAKE3: &str =
-    "56a229f5ec90410cb4e3c50a8121d9b62a92ca8e9cf290d5deb1c5d330126d45";
+    "5a9e1c236c7be4499c91617b2bd24272bb7e33134701073aa021bed588099fbf";

@@ -16,6 +16,7 @@ fn digest(waiting: u32, running: u32) -> LoadDigest {
         running,
         waiting,
         kv_usage: 0.3,
+        queued_tokens: None,
         kv_capacity_blocks: 1000,
         block_size: 16,
         ttft_ewma_ms: 80.0,
@@ -56,6 +57,7 @@ fn report(waiting: u32) -> LoadReport {
         running: 2,
         waiting,
         kv_usage: 0.4,
+        queued_tokens: None,
         inflight: waiting + 2,
     }
 }
@@ -238,6 +240,7 @@ proptest! {
                     running: 1,
                     waiting: tickets.len() as u32,
                     kv_usage: 0.5,
+                    queued_tokens: None,
                 }),
             }
             prop_assert!(serving.inflight() as usize == tickets.len());
@@ -245,7 +248,12 @@ proptest! {
         for ticket in tickets.drain(..) {
             serving.finished(ticket, 10_000);
         }
-        serving.polled(kvmesh_protocol::route::Gauges { running: 0, waiting: 0, kv_usage: 0.0 });
+        serving.polled(kvmesh_protocol::route::Gauges {
+            running: 0,
+            waiting: 0,
+            kv_usage: 0.0,
+            queued_tokens: None,
+        });
         prop_assert_eq!(serving.queued(), 0);
         prop_assert_eq!(serving.inflight(), 0);
         prop_assert_eq!(serving.new_prefixes_in_flight(), 0);
@@ -288,7 +296,7 @@ fn a_burst_of_new_prefixes_from_one_entry_spreads_over_both_engines() {
                     digest_received_ms: 0,
                     summary: None,
                     offload: None,
-                    live: Some(engines[0].gauges()),
+                    live: Some(engines[0].gauges(10)),
                 },
                 PeerInput {
                     key: peer_key,
@@ -309,9 +317,9 @@ fn a_burst_of_new_prefixes_from_one_entry_spreads_over_both_engines() {
                         tickets.push(ticket);
                         served[attempt.candidate] += 1;
                         // The entry's own engine needs no report: it is read live.
-                        Outcome::Started((attempt.candidate == 1).then(|| engine.report()))
+                        Outcome::Started((attempt.candidate == 1).then(|| engine.report(now)))
                     }
-                    Err(_) => Outcome::Declined(Some(engine.report())),
+                    Err(_) => Outcome::Declined(Some(engine.report(now))),
                 };
                 if plan.on_outcome(&mut entry, &chain, outcome, now) != Progress::TryNext {
                     break;
@@ -353,6 +361,7 @@ fn a_declinable_attempt_counts_at_its_next_until_answered() {
                 running: 0,
                 waiting: 0,
                 kv_usage: 0.0,
+                queued_tokens: None,
             }),
         },
     ];

@@ -107,6 +107,14 @@ fn an_answer_carries_the_serving_engines_load_back_to_the_entry() {
         report["age_ms"].as_u64().is_some_and(|age| age < 10_000),
         "{estimate}"
     );
+    // The queue in prompt tokens: the request's own (~1,000), less what the engine may have
+    // prefilled of it before the head left.
+    let tokens = report["queued_tokens"].as_u64();
+    assert!(
+        tokens.is_some_and(|t| t > 0 && t < 4_000),
+        "b reported its queue in prompt tokens: {estimate}"
+    );
+    assert_eq!(estimate["queued_tokens"].as_u64(), tokens, "{estimate}");
     assert_eq!(
         estimate["waiting"].as_u64(),
         Some(1),

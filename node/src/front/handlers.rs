@@ -334,6 +334,7 @@ fn estimate_json(estimate: &Estimated, now: u64) -> serde_json::Value {
             "running": report.running,
             "waiting": report.waiting,
             "kv_usage": report.kv_usage,
+            "queued_tokens": report.queued_tokens,
             "inflight": report.inflight,
             "age_ms": now.saturating_sub(received),
         })
@@ -343,6 +344,7 @@ fn estimate_json(estimate: &Estimated, now: u64) -> serde_json::Value {
         "running": estimate.gauges.running,
         "waiting": estimate.gauges.waiting,
         "kv_usage": estimate.gauges.kv_usage,
+        "queued_tokens": estimate.gauges.queued_tokens,
         "pending": estimate.pending,
         "last_report": report,
     })
@@ -354,6 +356,7 @@ fn digest_json(digest: &kvmesh_protocol::LoadDigest) -> serde_json::Value {
         "running": digest.running,
         "waiting": digest.waiting,
         "kv_usage": digest.kv_usage,
+        "queued_tokens": digest.queued_tokens,
         "kv_capacity_blocks": digest.kv_capacity_blocks,
         "block_size": digest.block_size,
         "ttft_ewma_ms": digest.ttft_ewma_ms,

@@ -55,19 +55,21 @@ impl EngineQueue {
                     reason: reason.as_str().to_owned(),
                 };
                 self.metrics.declined.get_or_create(&labels).inc();
-                Err((reason, state.report()))
+                Err((reason, state.report(now_ms)))
             }
         }
     }
 
     /// What an answer tells its entry now.
     pub fn report(&self) -> LoadReport {
-        lock(&self.state).report()
+        let now_ms = self.now_ms();
+        lock(&self.state).report(now_ms)
     }
 
     /// The engine's gauges now, with this node's exact queue.
     pub fn gauges(&self) -> Gauges {
-        lock(&self.state).gauges()
+        let now_ms = self.now_ms();
+        lock(&self.state).gauges(now_ms)
     }
 
     /// The engine's gauges were just read, and its prefill speed measured (0: not yet).

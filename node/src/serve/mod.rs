@@ -229,6 +229,7 @@ async fn poll_loop(state: SharedState) {
                     running: current.metrics.running.max(0.0) as u32,
                     waiting: current.metrics.waiting.max(0.0) as u32,
                     kv_usage: current.metrics.kv_usage as f32,
+                    queued_tokens: None,
                 },
                 current.prefill_tokens_per_s,
             );

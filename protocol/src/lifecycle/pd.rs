@@ -16,14 +16,14 @@ use crate::digest::Role;
 use crate::route::{PdConfig, RouteConfig, RouteError, RouteRequest, decide_decode};
 
 /// How long a request would wait behind the prefills queued at `prefill`'s first choice:
-/// each as long as this request's there (the entry does not know their sizes), at that
-/// engine's prefill speed.
+/// the prompt tokens queued there (in the sizes its serving node reported, else each as long
+/// as this request's there), at that engine's prefill speed.
 fn prefill_wait_ms(prefill: &Plan, peers: &[PeerInput<'_>], config: &RouteConfig) -> f64 {
     let Some(first) = prefill.ranked_keys().next() else {
         return 0.0;
     };
-    let each = f64::from(prefill.prefill_tokens_at_first().max(1));
-    f64::from(prefill.queued_at_first()) * prefill_ms(each, first, peers, config)
+    let ahead = f64::from(prefill.tokens_ahead_at_first());
+    prefill_ms(ahead, first, peers, config)
 }
 
 /// Milliseconds `key`'s engine takes to prefill `tokens`, at its gossiped speed.
@@ -300,14 +300,25 @@ mod tests {
 
     #[test]
     fn a_prefill_pool_busy_for_longer_than_the_bound_runs_the_request_whole() {
-        // 1,024 tokens at the default 5,000 tokens/s: about 205 ms per queued prefill.
+        // 1,024 tokens at the default 5,000 tokens/s: about 205 ms per queued prefill, less
+        // the 250 tokens the engine did in the digest's 50 ms.
         let (d, mut entry) = (engine(Role::Decode, 0), EntryState::default());
         let pd = PdConfig::default();
-        let busy = engine(Role::Prefill, 10);
+        let busy = engine(Role::Prefill, 11);
         let peers = [peer("p", &busy), peer("d", &d)];
         assert_eq!(
             first_key(&route(&mut entry, &peers, 64, &pd)),
             (Some(PdReason::SkipBusy), node_key("d"))
+        );
+        // The same queue reported in tokens, of short prompts: 1,100 tokens, 0.2 s.
+        let short = LoadDigest {
+            queued_tokens: Some(11 * 100),
+            ..busy
+        };
+        let peers = [peer("p", &short), peer("d", &d)];
+        assert_eq!(
+            first_key(&route(&mut entry, &peers, 64, &pd)).0,
+            Some(PdReason::Pd)
         );
         // Nine queued wait 1.8 s: under the 2 s bound.
         let queued = engine(Role::Prefill, 9);
@@ -338,8 +349,8 @@ mod tests {
             ..engine(Role::Decode, 0)
         };
         let queued = |waiting| engine(Role::Prefill, waiting);
-        // Ten queued wait 2.05 s: over the 2 s bound, under the stall.
-        let p = queued(10);
+        // Twelve queued wait 2.4 s: over the 2 s bound, under the stall.
+        let p = queued(12);
         let peers = [peer("p", &p), peer("d", &d)];
         assert_eq!(
             first_key(&route(&mut entry, &peers, 64, &pd)).0,

@@ -25,8 +25,8 @@ struct Planned {
     /// The prefill work, in prompt tokens, above which it should pass the request on to
     /// the next in rank.
     decline_above_tokens: u32,
-    /// Requests the decision believed queued there.
-    queued: u32,
+    /// The prompt tokens the decision believed queued there, ahead of this request.
+    tokens_ahead: u32,
 }
 
 /// One attempt to make now.
@@ -183,7 +183,7 @@ impl Plan {
                     key: candidates[candidate].node_key,
                     prefill_tokens: uncached_tokens(estimate.matched, request),
                     decline_above_tokens,
-                    queued: estimate.queued,
+                    tokens_ahead: rounded(queued_work(estimate, request)),
                 }
             })
             .collect();
@@ -239,17 +239,10 @@ impl Plan {
         self.matched_blocks
     }
 
-    /// Requests the decision believed queued at its first choice (waiting, plus this node's
-    /// sends its gauges do not show).
-    pub fn queued_at_first(&self) -> u32 {
-        self.targets.first().map_or(0, |target| target.queued)
-    }
-
-    /// Prompt tokens the first choice is believed to have to compute.
-    pub fn prefill_tokens_at_first(&self) -> u32 {
-        self.targets
-            .first()
-            .map_or(0, |target| target.prefill_tokens)
+    /// The prompt tokens the decision believed queued at its first choice, ahead of this
+    /// request (its gauges' queue and this node's sends since, see [`tokens_bound`]).
+    pub fn tokens_ahead_at_first(&self) -> u32 {
+        self.targets.first().map_or(0, |target| target.tokens_ahead)
     }
 
     /// Whether no engine held the prompt's first block.
@@ -474,14 +467,15 @@ pub(super) fn uncached_tokens(matched: u32, request: &RouteRequest<'_>) -> u32 {
 ///
 /// The estimate at the next, from what the entry believed of it (`estimate`): the requests
 /// queued there (plus the configured slack), then what it does not hold of this prompt. The
-/// entry does not know the size of the requests queued there; it counts each as this one
-/// would be there (at least a block), which is exact for a uniform load, and otherwise errs
-/// towards keeping a request where its entry sent it. The queue its gauges showed has
-/// shrunk since they were read by the work the engine could do in their age (a digest is
-/// 100–300 ms old, about one long prefill), of its oldest request at most: the serving side
-/// credits its own queue no more (see [`super::ServingState::tokens_ahead`]), and the two
-/// must judge alike, or a burst through one entry piles onto whichever side credits more.
-/// This node's sends after the gauges are not credited.
+/// queue its gauges showed is in prompt tokens when its serving node said so (it knows the
+/// size of every request it handed over that has not started); where it did not, each
+/// request counts as this one would be there (at least a block), which is exact for a
+/// uniform load, and otherwise errs towards keeping a request where its entry sent it. That
+/// queue has shrunk since the gauges were read by the work the engine could do in their age
+/// (a digest is 100–300 ms old, about one long prefill), of its oldest request at most: the
+/// serving side credits its own queue no more (see [`super::ServingState::tokens_ahead`]),
+/// and the two must judge alike, or a burst through one entry piles onto whichever side
+/// credits more. This node's sends after the gauges are not credited, and count as this one.
 ///
 /// The cached blocks count twice because leaving them costs twice: this request computes them
 /// again, and every request queued behind it at the next waits for that. A prefix is taken
@@ -495,19 +489,41 @@ pub fn tokens_bound(
 ) -> u32 {
     let uncached = f64::from(uncached_tokens(estimate.matched, request));
     let recomputed = uncached - f64::from(uncached_tokens(matched_here, request));
-    let tokens = work_at(estimate, request, config) + recomputed.max(0.0);
-    tokens.round().min(f64::from(u32::MAX)) as u32
+    rounded(work_at(estimate, request, config) + recomputed.max(0.0))
+}
+
+fn rounded(tokens: f64) -> u32 {
+    tokens.round().clamp(0.0, f64::from(u32::MAX)) as u32
 }
 
 /// The entry's estimate of the prompt tokens an engine would prefill up to this request's
 /// first token, its own included: [`tokens_bound`] without the cached blocks left behind.
 fn work_at(estimate: Estimate, request: &RouteRequest<'_>, config: &RouteConfig) -> f64 {
     let uncached = f64::from(uncached_tokens(estimate.matched, request));
-    let each_queued = uncached.max(f64::from(request.tokens_per_block));
-    let shown = f64::from(estimate.queued.saturating_sub(estimate.pending)) * each_queued;
-    let left_of_shown = (shown - f64::from(estimate.worked_tokens).min(each_queued)).max(0.0);
-    let pending = f64::from(estimate.pending) + config.decline_slack.max(0.0);
-    left_of_shown + pending * each_queued + uncached
+    let slack = config.decline_slack.max(0.0) * each_queued(estimate, request);
+    queued_work(estimate, request) + slack + uncached
+}
+
+/// The entry's estimate of the prompt tokens queued ahead of this request at an engine (see
+/// [`tokens_bound`]).
+fn queued_work(estimate: Estimate, request: &RouteRequest<'_>) -> f64 {
+    let each = each_queued(estimate, request);
+    let shown_requests = f64::from(estimate.queued.saturating_sub(estimate.pending));
+    let (shown, oldest) = match estimate.queued_tokens {
+        Some(tokens) => (
+            f64::from(tokens),
+            f64::from(tokens) / shown_requests.max(1.0),
+        ),
+        None => (shown_requests * each, each),
+    };
+    let left_of_shown = (shown - f64::from(estimate.worked_tokens).min(oldest)).max(0.0);
+    left_of_shown + f64::from(estimate.pending) * each
+}
+
+/// What a queued request of unknown size counts as: this one there, at least a block.
+fn each_queued(estimate: Estimate, request: &RouteRequest<'_>) -> f64 {
+    let uncached = f64::from(uncached_tokens(estimate.matched, request));
+    uncached.max(f64::from(request.tokens_per_block))
 }
 
 #[cfg(test)]
@@ -520,6 +536,7 @@ mod tests {
             matched: 0,
             queued,
             pending,
+            queued_tokens: None,
             worked_tokens,
             ready: crate::digest::LoraReadiness::Running,
         }
@@ -553,6 +570,29 @@ mod tests {
             tokens_bound(estimate(3, 1, 1_000_000), 0, &request, &config),
             128 + 128 + 128
         );
+    }
+
+    #[test]
+    fn a_queue_reported_in_tokens_counts_as_reported_not_as_this_request() {
+        let chain: Vec<u64> = (0..8).collect();
+        let config = RouteConfig::default();
+        let request = request(&chain);
+        // Three short questions queued there (300 tokens), one sent since: this request
+        // (128 tokens) would count each of them as itself.
+        let reported = Estimate {
+            queued_tokens: Some(300),
+            ..estimate(4, 1, 0)
+        };
+        assert_eq!(
+            tokens_bound(reported, 0, &request, &config),
+            300 + 128 + 128
+        );
+        // The engine's work since the gauges is credited up to the mean queued request.
+        let aged = Estimate {
+            worked_tokens: 1_000,
+            ..reported
+        };
+        assert_eq!(tokens_bound(aged, 0, &request, &config), 200 + 128 + 128);
     }
 
     #[test]
@@ -654,6 +694,7 @@ mod tests {
             running: 0,
             waiting: 1,
             kv_usage: 0.0,
+            queued_tokens: None,
             inflight: 1,
         };
         let started = Outcome::Started(Some(report));

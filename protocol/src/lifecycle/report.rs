@@ -17,6 +17,9 @@ pub struct LoadReport {
     pub waiting: u32,
     /// KV cache usage, 0..=1.
     pub kv_usage: f32,
+    /// Prompt tokens queued ahead of a new request (see
+    /// [`super::ServingState::queued_tokens`]).
+    pub queued_tokens: Option<u32>,
     /// Requests the serving sidecar handed to its engine that have not finished.
     pub inflight: u32,
 }
@@ -28,6 +31,7 @@ impl LoadReport {
             running: self.running,
             waiting: self.waiting,
             kv_usage: self.kv_usage,
+            queued_tokens: self.queued_tokens,
         }
     }
 
@@ -51,6 +55,7 @@ mod tests {
             running: 2,
             waiting: 3,
             kv_usage: 0.5,
+            queued_tokens: Some(300),
             inflight: 5,
         };
         assert!(report.validate().is_ok());

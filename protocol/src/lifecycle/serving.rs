@@ -241,29 +241,44 @@ impl ServingState {
         })
     }
 
-    /// The engine's gauges now: the poll's, with this node's exact queue.
-    pub fn gauges(&self) -> Gauges {
+    /// The prompt tokens the engine would prefill before a new request's own at `now_ms`, as
+    /// [`Self::tokens_ahead`] counts them, so that entries judge this queue by the sizes in
+    /// it rather than each request as their own; `None` while the only requests queued are
+    /// ones whose size this node does not know (nothing to count them as).
+    pub fn queued_tokens(&self, now_ms: u64) -> Option<u32> {
+        if self.streamed_unstarted == 0 && self.queued() > 0 {
+            return None;
+        }
+        let tokens = self.tokens_ahead(0, now_ms).round();
+        Some(tokens.clamp(0.0, f64::from(u32::MAX)) as u32)
+    }
+
+    /// The engine's gauges at `now_ms`: the poll's, with this node's exact queue.
+    pub fn gauges(&self, now_ms: u64) -> Gauges {
         let polled = self.polled.unwrap_or(Gauges {
             running: 0,
             waiting: 0,
             kv_usage: 0.0,
+            queued_tokens: None,
         });
         let queued = self.queued();
         Gauges {
             running: polled.running.max(self.inflight.saturating_sub(queued)),
             waiting: queued,
             kv_usage: polled.kv_usage.clamp(0.0, 1.0),
+            queued_tokens: self.queued_tokens(now_ms),
         }
     }
 
-    /// What an answer or a decline tells its entry.
-    pub fn report(&self) -> LoadReport {
-        let gauges = self.gauges();
+    /// What an answer or a decline at `now_ms` tells its entry.
+    pub fn report(&self, now_ms: u64) -> LoadReport {
+        let gauges = self.gauges(now_ms);
         LoadReport {
             digest_version: self.digest_version,
             running: gauges.running,
             waiting: gauges.waiting,
             kv_usage: gauges.kv_usage,
+            queued_tokens: gauges.queued_tokens,
             inflight: self.inflight,
         }
     }
@@ -449,6 +464,7 @@ mod tests {
             running,
             waiting,
             kv_usage: 0.25,
+            queued_tokens: None,
         }
     }
 
@@ -647,12 +663,46 @@ mod tests {
     }
 
     #[test]
+    fn the_queue_is_reported_in_the_prompt_tokens_of_the_requests_in_it() {
+        let mut serving = serving();
+        assert_eq!(serving.queued_tokens(0), Some(0), "nothing queued");
+        let whole = Admission {
+            streamed: false,
+            ..streamed(None, None)
+        };
+        let unknown = serving.admit(&whole, 0).unwrap();
+        serving.polled(gauges(0, 1));
+        assert_eq!(
+            serving.queued_tokens(0),
+            None,
+            "a whole answer's size is not known once the engine has it"
+        );
+        let short = Admission {
+            prefill_tokens: 200,
+            ..streamed(None, None)
+        };
+        let known = serving.admit(&short, 0).unwrap();
+        assert_eq!(
+            serving.queued_tokens(0),
+            Some(400),
+            "the known one, and the unknown one counted as it"
+        );
+        // 100 ms at 1,000 tokens/s: 100 tokens of the oldest done.
+        assert_eq!(serving.queued_tokens(100), Some(300));
+        assert_eq!(serving.report(100).queued_tokens, Some(300));
+        assert_eq!(serving.gauges(100).queued_tokens, Some(300));
+        for ticket in [unknown, known] {
+            serving.finished(ticket, 100);
+        }
+    }
+
+    #[test]
     fn reports_carry_the_exact_queue_and_the_digest_version() {
         let mut serving = ServingState::new();
         serving.polled(gauges(4, 0));
         serving.set_digest_version(9);
         let ticket = serving.admit(&streamed(None, None), 0).unwrap();
-        let report = serving.report();
+        let report = serving.report(0);
         assert_eq!(
             (
                 report.digest_version,

@@ -52,6 +52,10 @@ pub struct Gauges {
     pub waiting: u32,
     /// KV cache usage, 0..=1.
     pub kv_usage: f32,
+    /// Prompt tokens queued ahead of a new request, as its serving node counts them (see
+    /// `lifecycle::ServingState::queued_tokens`); `None` where nothing says: an engine's own
+    /// gauges, or a queue of requests none of whose sizes its sidecar knows.
+    pub queued_tokens: Option<u32>,
 }
 
 impl Gauges {
@@ -60,6 +64,7 @@ impl Gauges {
             running: digest.running,
             waiting: digest.waiting,
             kv_usage: digest.kv_usage,
+            queued_tokens: digest.queued_tokens,
         }
     }
 
@@ -126,6 +131,9 @@ pub struct Estimate {
     pub queued: u32,
     /// Of `queued`, this node's sends its gauges do not count yet.
     pub pending: u32,
+    /// The prompt tokens queued there as its gauges showed them (`queued` less `pending`),
+    /// when its serving node said (see [`Gauges::queued_tokens`]).
+    pub queued_tokens: Option<u32>,
     /// Prompt tokens the engine could have prefilled since its gauges were read (their age
     /// at its prefill speed): work off the queue they show, not off the sends after them.
     pub worked_tokens: u32,
@@ -430,6 +438,7 @@ pub fn decide_with(
                     matched: entry.matched,
                     queued: entry.queued,
                     pending: candidate.pending,
+                    queued_tokens: candidate.gauges().queued_tokens,
                     worked_tokens: worked_tokens(candidate, config, now_ms),
                     ready: entry.ready,
                 }

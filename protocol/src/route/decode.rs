@@ -114,6 +114,7 @@ pub fn decide_decode(
                 matched: row.matched,
                 queued: row.queued,
                 pending: row.pending,
+                queued_tokens: None,
                 worked_tokens: 0,
                 ready: LoraReadiness::Running,
             })
@@ -205,6 +206,7 @@ mod tests {
             running: 6,
             waiting: 0,
             kv_usage: 0.2,
+            queued_tokens: None,
         });
         assert_eq!(rank(&[first, candidate("b", &b)], &[]), vec![1, 0]);
     }

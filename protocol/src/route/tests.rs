@@ -14,6 +14,7 @@ pub(crate) fn digest(waiting: u32) -> LoadDigest {
         running: 2,
         waiting,
         kv_usage: 0.3,
+        queued_tokens: None,
         kv_capacity_blocks: 10_000,
         block_size: 16,
         ttft_ewma_ms: 0.0,

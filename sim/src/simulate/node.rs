@@ -226,6 +226,7 @@ impl SimNode {
             running: gauges.running as u32,
             waiting: gauges.waiting as u32,
             kv_usage: gauges.kv_usage.clamp(0.0, 1.0) as f32,
+            queued_tokens: None,
         }
     }
 
@@ -255,7 +256,7 @@ impl SimNode {
         }
         let version = self.publisher.next_version();
         self.serving.set_digest_version(version);
-        let queue = self.serving.gauges();
+        let queue = self.serving.gauges(now_ns / 1_000_000);
         let config = self.engine.config();
         let facts = EngineFacts {
             kv_capacity_blocks: u64::from(config.num_gpu_blocks),

@@ -157,7 +157,7 @@ fn arrive(sim: &mut Sim<'_>, state: &mut Loop, request: &SimRequest) {
     };
     let (id, entry, now) = (prepared.id, prepared.entry, prepared.now);
     let route_request = route_request(&prepared);
-    let view = view(&sim.gossip, &sim.nodes, entry);
+    let view = view(&sim.gossip, &sim.nodes, entry, now);
     let kvmesh = kvmesh_of(&mut sim.router);
     let config = sim.config;
     let routed = match config.pd {
@@ -217,14 +217,14 @@ fn route_request(prepared: &Prepared) -> RouteRequest<'_> {
     }
 }
 
-/// Node `entry`'s view of the cluster now (from the gossip model and the nodes: borrowing
-/// those alone leaves the router free to use it).
-fn view<'s>(gossip: &'s Option<Gossip>, nodes: &[SimNode], entry: u32) -> View<'s> {
+/// Node `entry`'s view of the cluster at `now` (ns; from the gossip model and the nodes:
+/// borrowing those alone leaves the router free to use it).
+fn view<'s>(gossip: &'s Option<Gossip>, nodes: &[SimNode], entry: u32, now: u64) -> View<'s> {
     let g = gossip.as_ref().expect("gossiping policies");
     View {
         published: &g.published,
         lags: &g.lags,
-        live: nodes[entry as usize].serving.gauges(),
+        live: nodes[entry as usize].serving.gauges(now / 1_000_000),
     }
 }
 
@@ -267,7 +267,7 @@ fn admit(sim: &mut Sim<'_>, state: &mut Loop, id: u64, node: u32, now: u64) {
     let serving = &mut sim.nodes[node as usize].serving;
     let outcome = match serving.admit(&admission, now / 1_000_000) {
         Ok(ticket) => {
-            let report = remote.then(|| serving.report());
+            let report = remote.then(|| serving.report(now / 1_000_000));
             let routing = state.routing.get_mut(&id).expect("routing");
             routing.ticket = Some(ticket);
             let leg = routing.leg;
@@ -288,7 +288,7 @@ fn admit(sim: &mut Sim<'_>, state: &mut Loop, id: u64, node: u32, now: u64) {
         }
         Err(_) => {
             sim.declines += 1;
-            Outcome::Declined(remote.then(|| serving.report()))
+            Outcome::Declined(remote.then(|| serving.report(now / 1_000_000)))
         }
     };
     if remote {

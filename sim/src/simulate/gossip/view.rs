@@ -221,6 +221,7 @@ mod tests {
             running: 0,
             waiting: 0,
             kv_usage: 0.0,
+            queued_tokens: None,
             kv_capacity_blocks: 1,
             block_size: 16,
             ttft_ewma_ms: 0.0,

@@ -53,7 +53,7 @@ fn route_decode(
     now: u64,
 ) -> Result<Routed, RouteError> {
     let request = route_request(prepared);
-    let view = view(&sim.gossip, &sim.nodes, entry);
+    let view = view(&sim.gossip, &sim.nodes, entry, now);
     let route = &sim.config.route;
     kvmesh_of(&mut sim.router).route_decode(entry, &request, prefill, view, route, pd, now)
 }
