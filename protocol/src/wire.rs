@@ -54,7 +54,8 @@ pub struct RequestHead {
     /// entry's estimate of that work at the next candidate (see [`crate::lifecycle`]). Never
     /// set on a request's last attempt.
     pub decline_above_tokens: Option<u32>,
-    /// The client asked for a streamed answer (whose first byte ends the prefill).
+    /// The answer's first byte ends the request's prefill: the client asked for a streamed
+    /// answer, or this is a disaggregated request's one-token prefill leg.
     pub streamed: bool,
 }
 

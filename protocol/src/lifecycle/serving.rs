@@ -48,7 +48,8 @@ pub struct Admission {
     /// Decline when more prompt tokens than this would be prefilled here up to the request's
     /// first token, its own included (`None`: never; a request's last attempt carries none).
     pub decline_above_tokens: Option<u32>,
-    /// Whether the answer streams (its first byte then marks the end of the prefill).
+    /// Whether the answer's first byte marks the end of the prefill (a streamed answer, or a
+    /// disaggregated request's one-token prefill leg).
     pub streamed: bool,
 }
 
