@@ -25,9 +25,12 @@ fn prompt(seed: u32, tokens: u32) -> String {
         .collect()
 }
 
+/// The mock engines' pace unless a test needs slower prefills.
+const PACE: Timing = Timing::Scaled(0.05);
+
 fn spec(name: &str, role: &str, engine_extra: &[&str]) -> NodeSpec {
     NodeSpec::new(name, &["mock"])
-        .timing(Timing::Scaled(0.05))
+        .timing(PACE)
         .engine_args(&[
             "--kv-connector",
             "nixl",
@@ -41,8 +44,16 @@ fn spec(name: &str, role: &str, engine_extra: &[&str]) -> NodeSpec {
 
 /// Two prefill and two decode nodes, once every node knows every other's role.
 fn cluster() -> Cluster {
-    let mut specs: Vec<NodeSpec> = PREFILL.iter().map(|n| spec(n, "prefill", &[])).collect();
-    specs.extend(DECODE.iter().map(|n| spec(n, "decode", &[])));
+    paced_cluster(PACE, PACE)
+}
+
+/// [`cluster`] with the prefill and the decode engines at the given paces.
+fn paced_cluster(prefill: Timing, decode: Timing) -> Cluster {
+    let mut specs: Vec<NodeSpec> = PREFILL
+        .iter()
+        .map(|n| spec(n, "prefill", &[]).timing(prefill))
+        .collect();
+    specs.extend(DECODE.iter().map(|n| spec(n, "decode", &[]).timing(decode)));
     let cluster = Cluster::start(&specs);
     wait_for_roles(&cluster);
     cluster
@@ -286,13 +297,7 @@ fn a_failed_pull_runs_the_prefill_again_elsewhere_and_nothing_is_lost() {
 fn a_prefill_engine_killed_under_load_fails_no_request() {
     // At a tenth of a GPU's pace a 4,096-token prefill takes tens of milliseconds: the kill
     // lands while legs run on p1 (computing, or kept for a pull).
-    let mut specs: Vec<NodeSpec> = PREFILL
-        .iter()
-        .map(|n| spec(n, "prefill", &[]).timing(Timing::Scaled(0.1)))
-        .collect();
-    specs.extend(DECODE.iter().map(|n| spec(n, "decode", &[])));
-    let mut cluster = Cluster::start(&specs);
-    wait_for_roles(&cluster);
+    let mut cluster = paced_cluster(Timing::Scaled(0.1), PACE);
     let entries: Vec<_> = ALL.iter().map(|n| cluster.sidecar(n).http_addr()).collect();
     let clients: Vec<_> = (0..16u32)
         .map(|i| {
@@ -330,17 +335,7 @@ fn a_prefill_engine_killed_under_load_fails_no_request() {
 fn a_decode_engine_loaded_while_prefills_run_gets_no_decode_leg() {
     // Prefills of 8,192 tokens take about two seconds at three times a GPU's pace: long
     // enough for a burst to load d1, and for gossip to say so, before any of them answers.
-    let mut specs: Vec<NodeSpec> = PREFILL
-        .iter()
-        .map(|n| spec(n, "prefill", &[]).timing(Timing::Scaled(3.0)))
-        .collect();
-    specs.extend(
-        DECODE
-            .iter()
-            .map(|n| spec(n, "decode", &[]).timing(Timing::Scaled(1.0))),
-    );
-    let cluster = Cluster::start(&specs);
-    wait_for_roles(&cluster);
+    let cluster = paced_cluster(Timing::Scaled(3.0), Timing::Scaled(1.0));
     let entries: Vec<_> = ALL.iter().map(|n| cluster.sidecar(n).http_addr()).collect();
     let requests: Vec<_> = (0..4u32)
         .map(|i| {
@@ -398,13 +393,7 @@ fn a_decode_engine_loaded_while_prefills_run_gets_no_decode_leg() {
 fn a_prefill_leg_counts_in_its_prefill_nodes_queue_until_it_answers() {
     // An 8,192-token prefill takes about two seconds at three times a GPU's pace: many polls
     // of the engine, which shows the leg running, not waiting, once its prefill starts.
-    let mut specs: Vec<NodeSpec> = PREFILL
-        .iter()
-        .map(|n| spec(n, "prefill", &[]).timing(Timing::Scaled(3.0)))
-        .collect();
-    specs.extend(DECODE.iter().map(|n| spec(n, "decode", &[])));
-    let cluster = Cluster::start(&specs);
-    wait_for_roles(&cluster);
+    let cluster = paced_cluster(Timing::Scaled(3.0), PACE);
     let entry = cluster.sidecar("d1").http_addr();
     let request = std::thread::spawn(move || {
         Request::post_json(COMPLETIONS, &body(500, 8192, false))
