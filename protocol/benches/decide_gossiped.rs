@@ -360,6 +360,7 @@ fn bench_workload(c: &mut Criterion, workload: &str, target: Target) {
         role: Role::Mixed,
         // As the node passes it (`serve/routing.rs`): near-equal holders share by request id.
         spread: Some(node_key("bench-request-1")),
+        popular: &[],
     };
     let mut group = c.benchmark_group(format!("decide_gossiped_{workload}"));
     for (holders, summaries) in summaries_for(workload, &target, &[0, 1, 16, PEERS]) {

@@ -170,6 +170,7 @@ fn deciding(c: &mut Criterion) {
         session: None,
         role: Role::Mixed,
         spread: None,
+        popular: &[],
     };
     let config = RouteConfig::default();
     let mut group = c.benchmark_group("decide");

@@ -71,6 +71,7 @@ fn allocations_do_not_grow_with_candidates() {
         session: Some(5),
         role: Role::Mixed,
         spread: None,
+        popular: &[],
     };
     let config = RouteConfig::default();
     let mut counts = Vec::new();

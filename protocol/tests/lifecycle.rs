@@ -5,8 +5,10 @@ use kvmesh_protocol::hashing::HASH_VERSION;
 use kvmesh_protocol::lifecycle::{
     Admission, EntryState, Failure, LoadReport, Outcome, PeerInput, Plan, Progress, ServingState,
 };
-use kvmesh_protocol::route::node_key;
-use kvmesh_protocol::{LoadDigest, Role, RouteConfig, RouteRequest};
+use kvmesh_protocol::route::{MIN_SIGHTINGS, node_key};
+use kvmesh_protocol::{
+    LoadDigest, PeerSummary, Role, RouteConfig, RouteRequest, SummaryBuilder, SummaryConfig,
+};
 use proptest::prelude::*;
 
 fn digest(waiting: u32, running: u32) -> LoadDigest {
@@ -288,6 +290,7 @@ fn a_burst_of_new_prefixes_from_one_entry_spreads_over_both_engines() {
                 session: None,
                 role: Role::Mixed,
                 spread: Some(i),
+                popular: &[],
             };
             let peers = [
                 PeerInput {
@@ -333,6 +336,68 @@ fn a_burst_of_new_prefixes_from_one_entry_spreads_over_both_engines() {
         );
         eprintln!("burst of {burst}: served {served:?}");
         drop(tickets);
+    }
+}
+
+/// A prefix behind every request this entry routes is owed a holder on every engine: once
+/// the entry has seen it often enough to know, it stops sending it all to the one busy engine
+/// that holds it. Without the shares, the holder takes all 40: its queue is empty, and its
+/// batch costs less in the score than the prefix.
+#[test]
+fn an_entry_spreads_a_prefix_behind_all_its_traffic_over_new_holders() {
+    // 27 blocks: not a depth the entry counts, so its count ends at 24.
+    let system: Vec<u64> = (1..=27).collect();
+    let mut builder = SummaryBuilder::new(SummaryConfig::default(), 1).unwrap();
+    system.iter().for_each(|&hash| {
+        builder.insert(hash);
+    });
+    let mut held = PeerSummary::new();
+    for shard in builder.publish_dirty() {
+        held.apply_bytes(&shard.bytes).unwrap();
+    }
+    let names = ["holder", "a", "b", "c"];
+    let config = RouteConfig::default();
+    let mut entry = EntryState::default();
+    // Each request runs four rounds; the holder also runs a batch of six of its own.
+    let mut running: Vec<Vec<u64>> = vec![Vec::new(); names.len()];
+    let mut sent_to = Vec::new();
+    for i in 0..40u64 {
+        let now = i * 100;
+        running
+            .iter_mut()
+            .for_each(|ends| ends.retain(|&end| end > now));
+        let digests: Vec<LoadDigest> = (0..names.len())
+            .map(|n| digest(0, running[n].len() as u32 + if n == 0 { 6 } else { 0 }))
+            .collect();
+        let peers: Vec<PeerInput> = names
+            .iter()
+            .zip(&digests)
+            .map(|(name, digest)| PeerInput {
+                key: node_key(name),
+                digest,
+                digest_received_ms: now,
+                summary: (*name == "holder").then_some(&held),
+                offload: None,
+                live: None,
+            })
+            .collect();
+        let chain: Vec<u64> = system.iter().copied().chain([1_000 + i]).collect();
+        let mut plan = entry.route(&peers, &request(&chain), &config, now).unwrap();
+        let attempt = plan.next_attempt(&mut entry, &chain, now).unwrap();
+        sent_to.push(names[attempt.candidate]);
+        running[attempt.candidate].push(now + 400);
+        plan.on_outcome(&mut entry, &chain, Outcome::Started(None), now);
+    }
+    let first = MIN_SIGHTINGS as usize;
+    assert!(
+        sent_to[..first].iter().all(|name| *name == "holder"),
+        "before its share is known, the prefix goes to its holder: {sent_to:?}"
+    );
+    for name in ["a", "b", "c"] {
+        assert!(
+            sent_to[first..].contains(&name),
+            "then every engine takes it, and holds it after: {sent_to:?}"
+        );
     }
 }
 
@@ -405,5 +470,6 @@ fn request(chain: &[u64]) -> RouteRequest<'_> {
         session: None,
         role: Role::Mixed,
         spread: None,
+        popular: &[],
     }
 }

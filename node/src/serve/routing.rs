@@ -163,6 +163,7 @@ fn route_request<'a>(
         session,
         role: Role::Mixed,
         spread: Some(node_key(request_id)),
+        popular: &[],
     }
 }
 

@@ -7,8 +7,8 @@ use super::report::LoadReport;
 use crate::block_map::BlockMap;
 use crate::digest::LoadDigest;
 use crate::route::{
-    Candidate, DecideScratch, Gauges, PendingLedger, RecentSends, RouteConfig, RouteError,
-    RouteRequest, decide_with,
+    Candidate, DecideScratch, Gauges, PendingLedger, PrefixShare, PrefixTraffic, RecentSends,
+    RouteConfig, RouteError, RouteRequest, decide_with,
 };
 use crate::summary::PeerSummary;
 use std::collections::HashMap;
@@ -93,7 +93,10 @@ pub struct EntryState {
     /// Prefill and decode engines whose decode leg started, and when last: the decode engine
     /// has pulled from that prefill engine, so a next pull skips the handshake.
     pub(super) pairs: HashMap<(u64, u64), u64>,
+    /// The prefixes of the requests this node routed lately: which are owed more holders.
+    traffic: PrefixTraffic,
     pub(super) scratch: DecideScratch,
+    shares: Vec<PrefixShare>,
 }
 
 impl Default for EntryState {
@@ -112,11 +115,14 @@ impl EntryState {
             recent: RecentSends::new(recent_ttl_ms, recent_max_entries),
             reports: BlockMap::default(),
             pairs: HashMap::new(),
+            traffic: PrefixTraffic::default(),
             scratch: DecideScratch::default(),
+            shares: Vec::new(),
         }
     }
 
-    /// Ranks `request` over `peers` and plans its attempts.
+    /// Ranks `request` over `peers` and plans its attempts; counts it in the traffic whose
+    /// shares the next decisions weigh prefixes by.
     pub fn route(
         &mut self,
         peers: &[PeerInput<'_>],
@@ -124,9 +130,35 @@ impl EntryState {
         config: &RouteConfig,
         now_ms: u64,
     ) -> Result<Plan, RouteError> {
+        let plan = self.plan(peers, request, config, now_ms)?;
+        self.count(request);
+        Ok(plan)
+    }
+
+    /// [`Self::route`] without counting the request: for each of the plans one request may
+    /// need.
+    pub(super) fn plan(
+        &mut self,
+        peers: &[PeerInput<'_>],
+        request: &RouteRequest<'_>,
+        config: &RouteConfig,
+        now_ms: u64,
+    ) -> Result<Plan, RouteError> {
         let candidates = self.candidates(peers, request.chain, now_ms);
-        let decision = decide_with(&mut self.scratch, &candidates, request, config, now_ms)?;
-        Ok(Plan::new(&decision, &candidates, request, config))
+        let mut shares = std::mem::take(&mut self.shares);
+        self.traffic.shares(request.chain, &mut shares);
+        let weighed = RouteRequest {
+            popular: &shares,
+            ..*request
+        };
+        let decision = decide_with(&mut self.scratch, &candidates, &weighed, config, now_ms);
+        self.shares = shares;
+        Ok(Plan::new(&decision?, &candidates, request, config))
+    }
+
+    /// Counts a routed request in the recent traffic.
+    pub(super) fn count(&mut self, request: &RouteRequest<'_>) {
+        self.traffic.record(request.chain);
     }
 
     /// Every peer as a decision on `chain` sees it.

@@ -90,8 +90,21 @@ pub enum PdRoute {
 
 impl EntryState {
     /// Decides whether `request` (a whole request: `role` is [`Role::Mixed`]) is
-    /// disaggregated, and plans its first leg.
+    /// disaggregated, and plans its first leg; counts it in the recent traffic once.
     pub fn route_pd(
+        &mut self,
+        peers: &[PeerInput<'_>],
+        request: &RouteRequest<'_>,
+        config: &RouteConfig,
+        pd: &PdConfig,
+        now_ms: u64,
+    ) -> Result<PdRoute, RouteError> {
+        let placed = self.place_pd(peers, request, config, pd, now_ms)?;
+        self.count(request);
+        Ok(placed)
+    }
+
+    fn place_pd(
         &mut self,
         peers: &[PeerInput<'_>],
         request: &RouteRequest<'_>,
@@ -109,7 +122,7 @@ impl EntryState {
                 && peer.digest.serves(request.model)
         });
         if !has_prefill {
-            let plan = self.route(peers, request, config, now_ms)?;
+            let plan = self.plan(peers, request, config, now_ms)?;
             return Ok(PdRoute::Whole { plan, pd: None });
         }
         let whole = match self.route_whole(peers, request, config, now_ms)? {
@@ -128,7 +141,7 @@ impl EntryState {
                 pd: Some(PdReason::SkipShort),
             });
         }
-        let prefill = match self.route(peers, &prefill_request, config, now_ms) {
+        let prefill = match self.plan(peers, &prefill_request, config, now_ms) {
             Ok(prefill) => prefill,
             Err(RouteError::NoCandidate(_)) => {
                 return Ok(PdRoute::Whole {
@@ -178,7 +191,8 @@ impl EntryState {
 
     /// Plans `request` (a whole request) on the engines that take whole requests, or, when
     /// none does, on the prefill engines, which are engines like any other; whether it fell
-    /// back to them.
+    /// back to them. Not counted in the recent traffic: a request [`Self::route_pd`] placed
+    /// already is, and this re-plans it when its prefill leg failed.
     pub fn route_whole(
         &mut self,
         peers: &[PeerInput<'_>],
@@ -186,14 +200,14 @@ impl EntryState {
         config: &RouteConfig,
         now_ms: u64,
     ) -> Result<(Plan, bool), RouteError> {
-        match self.route(peers, request, config, now_ms) {
+        match self.plan(peers, request, config, now_ms) {
             Ok(plan) => Ok((plan, false)),
             Err(RouteError::NoCandidate(_)) => {
                 let prefill = RouteRequest {
                     role: Role::Prefill,
                     ..*request
                 };
-                Ok((self.route(peers, &prefill, config, now_ms)?, true))
+                Ok((self.plan(peers, &prefill, config, now_ms)?, true))
             }
         }
     }

@@ -1,6 +1,7 @@
 //! [`decide`]: filter, score, bound, rank.
 
 use super::config::{BoundOn, RouteConfig, ScoreForm};
+use super::popularity::PrefixShare;
 use super::reason::RouteReason;
 use super::rendezvous::rendezvous_weight;
 use crate::digest::{LoadDigest, LoraReadiness, Role};
@@ -92,6 +93,10 @@ pub struct RouteRequest<'a> {
     /// near-equal engines (the holders of a hot prefix, say). `None`: near-equal candidates
     /// are ranked by score and node key alone.
     pub spread: Option<u64>,
+    /// Prefixes of the chain with their share of the recent traffic (see
+    /// [`super::PrefixTraffic`]): one held by fewer engines than its share fills counts as
+    /// held by every engine. Empty: every prefix is judged by who holds it.
+    pub popular: &'a [PrefixShare],
 }
 
 impl RouteRequest<'_> {
@@ -355,6 +360,7 @@ pub fn decide_with(
         .min()
         .unwrap_or(0);
     let cold_margin = cold_lightest.saturating_add(config.cold_load_margin);
+    let everywhere = owed_everywhere(entries, request.popular);
     let scored = &mut scratch.scored;
     scored.clear();
     for entry in entries.iter() {
@@ -373,7 +379,13 @@ pub fn decide_with(
                 unit - f64::from(u32::MAX)
             }
         } else {
-            base_score(candidate, entry, request, config)
+            base_score(
+                candidate,
+                entry.matched.max(everywhere),
+                entry,
+                request,
+                config,
+            )
         };
         let bonus = match session_node {
             Some(node) if !cold && node == entry.node_key => session_bonus(request, config),
@@ -519,8 +531,30 @@ fn insert_top(top: &mut Vec<Ranked>, item: Ranked, keep: usize) {
     }
 }
 
+/// The longest popular prefix held by fewer engines than its share of the traffic fills
+/// (`⌊share × candidates⌋`), in blocks: the decision counts it held everywhere, so that the
+/// engine its next request fits best takes it, holder or not, and becomes one (see
+/// [`super::PrefixTraffic`]). It spans what its holders hold of the chain, up to where a
+/// longer prefix is no longer known to be as popular. 0 when every popular prefix has its
+/// holders.
+fn owed_everywhere(entries: &[Considered], popular: &[PrefixShare]) -> u32 {
+    popular
+        .iter()
+        .rev()
+        .find_map(|prefix| {
+            let owed = (prefix.share * entries.len() as f64).floor() as usize;
+            let holders = entries.iter().filter(|e| e.matched >= prefix.blocks);
+            let (count, held) = holders.fold((0, 0), |(n, most), e| (n + 1, most.max(e.matched)));
+            (owed >= 2 && count < owed).then(|| held.min(prefix.until).max(prefix.blocks))
+        })
+        .unwrap_or(0)
+}
+
+/// `matched`: the blocks the score credits the engine with (its own, or a popular prefix's
+/// owed everywhere).
 fn base_score(
     candidate: &Candidate<'_>,
+    matched: u32,
     entry: &Considered,
     request: &RouteRequest<'_>,
     config: &RouteConfig,
@@ -532,7 +566,7 @@ fn base_score(
         ScoreForm::Score => {
             let matched = match request.chain.len() {
                 0 => 0.0,
-                len => f64::from(entry.matched) / len as f64,
+                len => f64::from(matched) / len as f64,
             };
             let queued = queued + config.running_weight.max(0.0) * f64::from(gauges.running);
             config.alpha * matched + config.beta * (1.0 - f64::from(gauges.kv_usage))
@@ -544,7 +578,7 @@ fn base_score(
             let ttft = estimated_ttft_ms(
                 candidate.digest,
                 gauges.waiting,
-                entry.matched,
+                matched,
                 queued,
                 request,
                 config,

@@ -10,6 +10,7 @@ mod config;
 mod decide;
 mod decode;
 mod pending;
+mod popularity;
 mod reason;
 mod recent;
 mod rendezvous;
@@ -26,6 +27,7 @@ pub use decide::{
 };
 pub use decode::decide_decode;
 pub use pending::PendingLedger;
+pub use popularity::{MIN_SIGHTINGS, PrefixShare, PrefixTraffic, TRAFFIC_WINDOW};
 pub use reason::RouteReason;
 pub use recent::RecentSends;
 pub use rendezvous::{node_key, rendezvous_weight};

@@ -73,6 +73,7 @@ pub(crate) fn request(chain: &[u64]) -> RouteRequest<'_> {
         session: None,
         role: Role::Mixed,
         spread: None,
+        popular: &[],
     }
 }
 
@@ -92,6 +93,69 @@ fn the_engine_holding_the_prefix_wins() {
     assert!(!decision.new_prefix);
     assert_eq!(decision.matched_blocks, 24);
     assert_eq!(decision.ranked.len(), 3);
+}
+
+#[test]
+fn a_prefix_owed_more_holders_counts_as_held_everywhere() {
+    // A 24-block system prompt and an 8-block question; one of four engines holds the prompt
+    // and runs a batch, the others are idle.
+    let prompt = chain(32, 12);
+    let held = summary_of(&prompt[..24]);
+    let (idle, busy) = (
+        digest(0),
+        LoadDigest {
+            running: 6,
+            ..digest(1)
+        },
+    );
+    let candidates = [
+        candidate("holder", &busy, Some(&held)),
+        candidate("a", &idle, None),
+        candidate("b", &idle, None),
+        candidate("c", &idle, None),
+    ];
+    let config = RouteConfig::default();
+    let with_share = |share| {
+        let popular = [16, 24].map(|blocks| PrefixShare {
+            blocks,
+            share,
+            until: blocks + 3,
+        });
+        let request = RouteRequest {
+            popular: &popular,
+            ..request(&prompt)
+        };
+        decide(&candidates, &request, &config, NOW).unwrap()
+    };
+    // A third of the traffic fills one engine of four: its holder has it.
+    let decision = with_share(0.33);
+    assert_eq!(decision.ranked[0], 0);
+    assert_eq!(decision.matched_blocks, 24);
+    // Four in five requests fill three engines: the load decides, and an idle engine takes
+    // it (and will hold it), holder or not.
+    let decision = with_share(0.8);
+    assert_ne!(decision.ranked[0], 0);
+    assert_eq!(decision.matched_blocks, 0, "what it really holds");
+    assert_eq!(decision.best_matched_blocks, 24);
+    // Once three hold it, the holders are preferred again.
+    let candidates = [
+        candidates[0],
+        candidate("a", &busy, Some(&held)),
+        candidate("b", &busy, Some(&held)),
+        candidate("c", &idle, None),
+    ];
+    let popular = [PrefixShare {
+        blocks: 24,
+        share: 0.8,
+        until: 27,
+    }];
+    let request = RouteRequest {
+        popular: &popular,
+        ..request(&prompt)
+    };
+    let decision = decide(&candidates, &request, &config, NOW).unwrap();
+    assert_ne!(decision.ranked[0], 3);
+    assert_eq!(decision.matched_blocks, 24);
 }
 
 #[test]

@@ -214,6 +214,7 @@ fn route_request(prepared: &Prepared) -> RouteRequest<'_> {
         session: prepared.session,
         role: Role::Mixed,
         spread: Some(prepared.spread),
+        popular: &[],
     }
 }
 

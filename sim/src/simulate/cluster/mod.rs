@@ -348,6 +348,7 @@ impl<'c> Sim<'c> {
             session: prepared.session,
             role: Role::Mixed,
             spread: Some(prepared.spread),
+            popular: &[],
         };
         let config = self.config;
         let target = match &mut self.router {

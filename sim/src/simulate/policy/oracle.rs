@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use kvmesh_protocol::index::{IndexChanges, PrefixIndex};
-use kvmesh_protocol::route::{DecideScratch, RouteError, decide_with};
+use kvmesh_protocol::route::{DecideScratch, PrefixShare, PrefixTraffic, RouteError, decide_with};
 use kvmesh_protocol::{Candidate, Decision, LoadDigest, RouteConfig, RouteRequest};
 
 use crate::simulate::node::SimNode;
@@ -14,6 +14,9 @@ pub struct Oracle {
     digests: Vec<LoadDigest>,
     /// First block of a prompt → the nodes whose index holds it: only they can match.
     holders: HashMap<u64, Vec<u32>>,
+    /// Every request's prefixes, as an entry node counts its own (see [`PrefixTraffic`]).
+    traffic: PrefixTraffic,
+    shares: Vec<PrefixShare>,
     scratch: DecideScratch,
 }
 
@@ -29,6 +32,8 @@ impl Oracle {
                 })
                 .collect(),
             holders: HashMap::new(),
+            traffic: PrefixTraffic::default(),
+            shares: Vec::new(),
             scratch: DecideScratch::default(),
         }
     }
@@ -94,7 +99,14 @@ impl Oracle {
                 fresh: None,
             })
             .collect();
-        decide_with(&mut self.scratch, &candidates, request, config, now_ms)
+        self.traffic.shares(request.chain, &mut self.shares);
+        let weighed = RouteRequest {
+            popular: &self.shares,
+            ..*request
+        };
+        let decision = decide_with(&mut self.scratch, &candidates, &weighed, config, now_ms);
+        self.traffic.record(request.chain);
+        decision
     }
 }
 
