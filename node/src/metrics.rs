@@ -149,6 +149,9 @@ pub struct NodeMetrics {
     /// Copies of a new prefix held back until an earlier copy had its first token, by how
     /// the hold ended.
     pub copies_held: Family<OutcomeLabels, Counter>,
+    /// Requests entering here whose prefix, popular in this node's recent traffic, had fewer
+    /// holders than its share owes, by where they went (`holder`, `new_holder`).
+    pub popular_prefix_routes: Family<OutcomeLabels, Counter>,
     /// LoRA adapters this node loaded into its engine for a request, by outcome.
     pub lora_loads: Family<OutcomeLabels, Counter>,
     /// Media parts of requests entering here, by what pinning their identity did.
@@ -211,6 +214,7 @@ impl Default for NodeMetrics {
             new_prefixes_in_flight: Gauge::default(),
             engine_queued: Gauge::default(),
             copies_held: Family::default(),
+            popular_prefix_routes: Family::default(),
             lora_loads: Family::default(),
             media_parts: Family::default(),
             declined: Family::default(),
@@ -243,6 +247,14 @@ impl NodeMetrics {
             outcome: outcome.as_str().to_owned(),
         };
         self.lora_loads.get_or_create(&labels).inc();
+    }
+
+    /// One request whose popular prefix was owed more holders went to `placement`.
+    pub fn popular_prefix_routed(&self, placement: kvmesh_protocol::lifecycle::PopularPlacement) {
+        let labels = OutcomeLabels {
+            outcome: placement.as_str().to_owned(),
+        };
+        self.popular_prefix_routes.get_or_create(&labels).inc();
     }
 
     /// What pinning did to one request's media parts.
@@ -325,6 +337,11 @@ impl NodeMetrics {
         for outcome in crate::engine::adapters::LoadOutcome::ALL {
             let _ = self.lora_loads.get_or_create(&OutcomeLabels {
                 outcome: outcome.as_str().to_owned(),
+            });
+        }
+        for placement in kvmesh_protocol::lifecycle::PopularPlacement::ALL {
+            let _ = self.popular_prefix_routes.get_or_create(&OutcomeLabels {
+                outcome: placement.as_str().to_owned(),
             });
         }
         for outcome in MEDIA_PART_OUTCOMES {
@@ -470,6 +487,11 @@ impl NodeMetrics {
             self.copies_held.clone(),
         );
         registry.register(
+            "popular_prefix_routes",
+            "Requests entering at this node whose prefix, behind a share of its recent requests, was held by fewer engines than that share fills, so that every engine counted as holding it, by where they went: holder (an engine that held it) or new_holder (one that did not, and holds it after)",
+            self.popular_prefix_routes.clone(),
+        );
+        registry.register(
             "media_parts",
             "Media parts (images, audio, video) of chat requests entering at this node, by outcome: pinned (bytes hashed, identity written as the part's uuid), replaced (pinned over a client uuid), unverified (a URL whose bytes this node did not see), moved (a part whose bytes this node did not see, media or not, whose client uuid posed as a verified one; also counted as unverified when it is media), fetched or fetch_failed (--fetch-media)",
             self.media_parts.clone(),
@@ -533,6 +555,7 @@ mod tests {
             "kvmesh_kv_event_batches_total{outcome=\"applied\"} 0\n",
             "kvmesh_declined_total{reason=\"new-prefix\"} 0\n",
             "kvmesh_declined_total{reason=\"queue\"} 0\n",
+            "kvmesh_popular_prefix_routes_total{outcome=\"new_holder\"} 0\n",
             "kvmesh_served_total{target=\"peer\"} 0\n",
             "kvmesh_forward_latency_seconds_count{target=\"local\"} 0\n",
             "kvmesh_engine_healthy 0\n",

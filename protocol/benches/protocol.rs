@@ -4,7 +4,7 @@
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use kvmesh_protocol::hashing::{ChainSeed, Endpoint, chain_from_text, hash_request};
 use kvmesh_protocol::index::PrefixIndex;
-use kvmesh_protocol::route::{RecentSends, decide, node_key};
+use kvmesh_protocol::route::{PrefixTraffic, RecentSends, decide, node_key};
 use kvmesh_protocol::summary::{PeerSummary, ShardWire, SummaryBuilder, SummaryConfig};
 use kvmesh_protocol::{Candidate, HashConfig, LoadDigest, Role, RouteConfig, RouteRequest};
 use std::hint::black_box;
@@ -253,6 +253,19 @@ fn bookkeeping(c: &mut Criterion) {
             now += 2;
             i += 1;
             recent.record(i as u64 % 4, black_box(&chains[i % chains.len()]), now);
+        })
+    });
+    // The entry's count of the prefixes it routes (a full window: each call also forgets the
+    // oldest request), and the shares one decision reads.
+    let mut traffic = PrefixTraffic::default();
+    let mut shares = Vec::new();
+    group.bench_function("prefix_traffic_record_and_shares_136_blocks", |b| {
+        b.iter(|| {
+            i += 1;
+            let chain = black_box(&chains[i % chains.len()]);
+            traffic.shares(chain, &mut shares);
+            traffic.record(chain);
+            shares.len()
         })
     });
     // An engine's worth of blocks (4096, the demo's), full: every insert evicts 8.

@@ -198,6 +198,43 @@ fn a_new_prefix_sent_to_every_entry_at_once_lands_on_one_engine() {
     }
 }
 
+/// A prefix behind every request the entries route is owed a holder on every engine. On idle
+/// engines a holder always wins a request for its prefix, so without that the first engine to
+/// compute it would serve all of them.
+#[test]
+fn a_prefix_behind_every_request_spreads_to_every_engine() {
+    let cluster = mesh(Timing::Instant, &[]);
+    let nodes = cluster.nodes();
+    let system = "a system prompt behind every request. ".repeat(60);
+    let mut servers = std::collections::BTreeSet::new();
+    // Each entry sees the prefix in more requests than it takes to count its share.
+    for i in 0..64 {
+        let prompt = format!("{system}question {i}: what is {i} plus {i}?");
+        let request = Request::post_json(
+            "/v1/completions",
+            &completion_body("mock-model", &prompt, 2, false),
+        );
+        let response = nodes[i % NODES].sidecar.send(request);
+        assert_eq!(response.status, 200, "{}", response.describe());
+        servers.insert(served_by(&response));
+    }
+    let new_holders: f64 = nodes
+        .iter()
+        .map(|node| {
+            let sent = node
+                .sidecar
+                .metric(
+                    "kvmesh_popular_prefix_routes_total",
+                    &[("outcome", "new_holder")],
+                )
+                .expect("metrics");
+            sent.unwrap_or(0.0)
+        })
+        .sum();
+    assert_eq!(servers.len(), NODES, "served by {servers:?}");
+    assert!(new_holders >= 3.0, "{new_holders} sent to new holders");
+}
+
 #[test]
 fn a_killed_node_stops_receiving_traffic_and_no_unstarted_request_is_lost() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -210,7 +210,15 @@ pub fn route(
     };
     drop(entry);
     let retries = state.config.retries as u32;
-    match placed.map_err(|error| failure(error, &peers))? {
+    let placed = placed.map_err(|error| failure(error, &peers))?;
+    let first = match &placed {
+        PdRoute::Whole { plan, .. } => plan,
+        PdRoute::Split { prefill, .. } => prefill,
+    };
+    if let Some(placement) = first.popular() {
+        state.metrics.popular_prefix_routed(placement);
+    }
+    match placed {
         PdRoute::Whole { plan, pd } => Ok(Placement::Whole {
             routed: Routed {
                 plan: plan.with_retries(retries),

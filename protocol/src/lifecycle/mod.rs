@@ -23,6 +23,6 @@ pub use entry::{
     REPORT_TTL_MS, Source,
 };
 pub use pd::{PAIR_TTL_MS, PdReason, PdRoute};
-pub use plan::{Attempt, Failure, Outcome, Plan, Progress, tokens_bound};
+pub use plan::{Attempt, Failure, Outcome, Plan, PopularPlacement, Progress, tokens_bound};
 pub use report::LoadReport;
 pub use serving::{Admission, COPY_HOLD_MAX_MS, DeclineReason, ServingState, Ticket};

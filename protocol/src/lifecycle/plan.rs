@@ -110,12 +110,34 @@ struct Sent {
     reported: bool,
 }
 
+/// Where a request whose popular prefix was owed more holders went (see [`Plan::popular`]).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum PopularPlacement {
+    /// To an engine that held the prefix.
+    Holder,
+    /// To one that did not, and will hold it after.
+    NewHolder,
+}
+
+impl PopularPlacement {
+    pub const ALL: [PopularPlacement; 2] = [PopularPlacement::Holder, PopularPlacement::NewHolder];
+
+    /// The name in metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PopularPlacement::Holder => "holder",
+            PopularPlacement::NewHolder => "new_holder",
+        }
+    }
+}
+
 /// One request's attempts.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Plan {
     targets: Vec<Planned>,
     reason: RouteReason,
     matched_blocks: u32,
+    popular_blocks: u32,
     first_block: Option<u64>,
     new_prefix: bool,
     next: usize,
@@ -191,6 +213,7 @@ impl Plan {
             targets,
             reason: decision.reason,
             matched_blocks: decision.matched_blocks,
+            popular_blocks: decision.popular_blocks,
             first_block: request.chain.first().copied(),
             new_prefix: decision.new_prefix,
             next: 0,
@@ -237,6 +260,15 @@ impl Plan {
     /// Blocks of the prompt the first choice was believed to hold.
     pub fn matched_blocks(&self) -> u32 {
         self.matched_blocks
+    }
+
+    /// Whether the decision counted a popular prefix as held by every engine (it was owed
+    /// more holders), and if so, whether its first choice holds it already.
+    pub fn popular(&self) -> Option<PopularPlacement> {
+        (self.popular_blocks > 0).then_some(match self.matched_blocks >= self.popular_blocks {
+            true => PopularPlacement::Holder,
+            false => PopularPlacement::NewHolder,
+        })
     }
 
     /// The prompt tokens the decision believed queued at its first choice, ahead of this

@@ -121,6 +121,11 @@ pub struct Decision {
     /// No candidate holds the prompt's first blocks (fewer than `min_hit_blocks`): a new
     /// prefix, placed by rendezvous on its first block.
     pub new_prefix: bool,
+    /// The counted depth of a popular prefix held by fewer engines than its share of the
+    /// traffic owes, which the decision counted as held by every engine (see
+    /// [`super::PrefixTraffic`]); 0 when there was none. The chosen engine holding fewer
+    /// (`matched_blocks`) is a new holder.
+    pub popular_blocks: u32,
     /// Per entry of `ranked`, what the decision believed of that engine.
     pub estimates: Vec<Estimate>,
 }
@@ -360,7 +365,7 @@ pub fn decide_with(
         .min()
         .unwrap_or(0);
     let cold_margin = cold_lightest.saturating_add(config.cold_load_margin);
-    let everywhere = owed_everywhere(entries, request.popular);
+    let (popular_blocks, everywhere) = owed_everywhere(entries, request.popular).unwrap_or((0, 0));
     let scored = &mut scratch.scored;
     scored.clear();
     for entry in entries.iter() {
@@ -441,6 +446,7 @@ pub fn decide_with(
         matched_blocks: chosen_entry.matched,
         best_matched_blocks: best_matched,
         new_prefix: cold,
+        popular_blocks: if cold { 0 } else { popular_blocks },
         estimates: top
             .iter()
             .map(|r| {
@@ -532,22 +538,21 @@ fn insert_top(top: &mut Vec<Ranked>, item: Ranked, keep: usize) {
 }
 
 /// The longest popular prefix held by fewer engines than its share of the traffic fills
-/// (`⌊share × candidates⌋`), in blocks: the decision counts it held everywhere, so that the
-/// engine its next request fits best takes it, holder or not, and becomes one (see
-/// [`super::PrefixTraffic`]). It spans what its holders hold of the chain, up to where a
-/// longer prefix is no longer known to be as popular. 0 when every popular prefix has its
-/// holders.
-fn owed_everywhere(entries: &[Considered], popular: &[PrefixShare]) -> u32 {
-    popular
-        .iter()
-        .rev()
-        .find_map(|prefix| {
-            let owed = (prefix.share * entries.len() as f64).floor() as usize;
-            let holders = entries.iter().filter(|e| e.matched >= prefix.blocks);
-            let (count, held) = holders.fold((0, 0), |(n, most), e| (n + 1, most.max(e.matched)));
-            (owed >= 2 && count < owed).then(|| held.min(prefix.until).max(prefix.blocks))
-        })
-        .unwrap_or(0)
+/// (`⌊share × candidates⌋`), if any: its counted depth, and the blocks the decision credits
+/// every engine with, as if each held it, so that the engine its next request fits best takes
+/// it, holder or not, and becomes one (see [`super::PrefixTraffic`]). The credit spans what its
+/// holders hold of the chain, up to where a longer prefix is no longer known to be as popular.
+fn owed_everywhere(entries: &[Considered], popular: &[PrefixShare]) -> Option<(u32, u32)> {
+    popular.iter().rev().find_map(|prefix| {
+        // One holder is what any prefix gets: only a share over two engines' is owed more.
+        let owed = (prefix.share * entries.len() as f64).floor() as usize;
+        if owed < 2 {
+            return None;
+        }
+        let holders = entries.iter().filter(|e| e.matched >= prefix.blocks);
+        let (count, held) = holders.fold((0, 0), |(n, most), e| (n + 1, most.max(e.matched)));
+        (count < owed).then(|| (prefix.blocks, held.min(prefix.until).max(prefix.blocks)))
+    })
 }
 
 /// `matched`: the blocks the score credits the engine with (its own, or a popular prefix's

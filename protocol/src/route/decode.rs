@@ -108,6 +108,7 @@ pub fn decide_decode(
         matched_blocks: chosen.matched,
         best_matched_blocks,
         new_prefix: false,
+        popular_blocks: 0,
         estimates: ranked
             .iter()
             .map(|row| Estimate {

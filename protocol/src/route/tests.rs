@@ -131,12 +131,17 @@ fn a_prefix_owed_more_holders_counts_as_held_everywhere() {
     let decision = with_share(0.33);
     assert_eq!(decision.ranked[0], 0);
     assert_eq!(decision.matched_blocks, 24);
+    assert_eq!(decision.popular_blocks, 0);
     // Four in five requests fill three engines: the load decides, and an idle engine takes
     // it (and will hold it), holder or not.
     let decision = with_share(0.8);
     assert_ne!(decision.ranked[0], 0);
     assert_eq!(decision.matched_blocks, 0, "what it really holds");
     assert_eq!(decision.best_matched_blocks, 24);
+    assert_eq!(
+        decision.popular_blocks, 24,
+        "the deepest prefix owed holders"
+    );
     // Once three hold it, the holders are preferred again.
     let candidates = [
         candidates[0],
@@ -156,6 +161,7 @@ fn a_prefix_owed_more_holders_counts_as_held_everywhere() {
     let decision = decide(&candidates, &request, &config, NOW).unwrap();
     assert_ne!(decision.ranked[0], 3);
     assert_eq!(decision.matched_blocks, 24);
+    assert_eq!(decision.popular_blocks, 0);
 }
 
 #[test]
