@@ -194,9 +194,15 @@ impl Plan {
                 let next = order.get(position + 1).map(|&n| decision.estimates[n]);
                 // A request never passes to an engine less ready for its adapter: its queue
                 // in prefill work does not say how long the adapter would take to load.
+                // A popular prefix owed holders is an engine's to copy: its prefill there is
+                // not counted against it, or the copy would be declined for lacking it.
+                let copying = uncached_tokens(estimate.matched, request).saturating_sub(
+                    uncached_tokens(estimate.matched.max(decision.popular_blocks), request),
+                );
                 let decline_above_tokens = match next {
                     Some(next) if next.ready < estimate.ready => u32::MAX,
-                    Some(next) => tokens_bound(next, estimate.matched, request, config),
+                    Some(next) => tokens_bound(next, estimate.matched, request, config)
+                        .saturating_add(copying),
                     None => u32::MAX,
                 };
                 let candidate = decision.ranked[rank];
@@ -625,6 +631,44 @@ mod tests {
             ..reported
         };
         assert_eq!(tokens_bound(aged, 0, &request, &config), 200 + 128 + 128);
+    }
+
+    #[test]
+    fn a_copy_of_a_popular_prefix_is_not_declined_for_lacking_it() {
+        use crate::route::tests::{candidate, digest};
+        let chain: Vec<u64> = (0..8).collect();
+        let config = RouteConfig::default();
+        let request = request(&chain);
+        let idle = digest(0);
+        let candidates = [
+            candidate("copy", &idle, None),
+            candidate("holder", &idle, None),
+        ];
+        // The decision chose an engine without the popular 6-block prefix over an idle holder.
+        let decision = |popular_blocks| Decision {
+            ranked: vec![0, 1],
+            reason: RouteReason::LeastLoaded,
+            matched_blocks: 0,
+            best_matched_blocks: 6,
+            new_prefix: false,
+            popular_blocks,
+            estimates: vec![
+                estimate(0, 0, 0),
+                Estimate {
+                    matched: 6,
+                    ..estimate(0, 0, 0)
+                },
+            ],
+        };
+        let bound = |popular_blocks| {
+            Plan::new(&decision(popular_blocks), &candidates, &request, &config).targets[0]
+                .decline_above_tokens
+        };
+        // Judged as any request, it would pass to the holder at once: 128 tokens here
+        // against 32 there.
+        assert_eq!(bound(0), 32);
+        // As a copy, its prefix is its engine's to compute: only a queue ahead declines it.
+        assert_eq!(bound(6), 128);
     }
 
     #[test]

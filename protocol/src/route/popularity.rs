@@ -34,8 +34,8 @@ pub struct PrefixShare {
     pub blocks: u32,
     /// Of the last requests routed, the fraction that began with these blocks, 0..=1.
     pub share: f64,
-    /// The most leading blocks the shared prefix can span: one less than the next depth
-    /// counted (not counted alike: the chain's length for its last).
+    /// The most leading blocks the shared prefix can span, for all the counts say: one less
+    /// than the next depth counted, or the chain's length at the last depth.
     pub until: u32,
 }
 
