@@ -8,7 +8,7 @@
 
 use super::client::{EngineClient, EngineError};
 use super::models::{self, ModelCard};
-use kvmesh_protocol::engine_metrics::{self, EngineMetrics, ewma};
+use kvmesh_protocol::engine_metrics::{self, EngineMetrics, PrefillMeter, ewma};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -128,6 +128,7 @@ async fn poll_loop(client: EngineClient, interval: Duration, tx: watch::Sender<A
     let timeout = interval.max(Duration::from_millis(500)) * 2;
     let mut state = EngineState::default();
     let mut previous: Option<(EngineMetrics, Instant)> = None;
+    let mut prefill = PrefillMeter::default();
     let mut tick: u64 = 0;
     let mut failed_in_a_row: u32 = 0;
     // Whether the engine's last `/health` answer was an error: it holds until the next check.
@@ -165,7 +166,7 @@ async fn poll_loop(client: EngineClient, interval: Duration, tx: watch::Sender<A
                     let now = Instant::now();
                     let current = engine_metrics::parse(&text);
                     if let Some((before, _)) = &previous {
-                        update_ewmas(&mut state, before, &current);
+                        update_ewmas(&mut state, &mut prefill, before, &current);
                     }
                     state.metrics = current.clone();
                     previous = Some((current, now));
@@ -215,8 +216,17 @@ async fn poll_loop(client: EngineClient, interval: Duration, tx: watch::Sender<A
 
 /// TTFT from the histogram's growth since the last scrape; prefill speed from the prompt
 /// tokens the engine actually computed (prompt minus prefix-cache hits) over the prefill time
-/// (or, where vLLM does not expose it, the TTFT, which also counts queueing: a lower bound).
-fn update_ewmas(state: &mut EngineState, before: &EngineMetrics, now: &EngineMetrics) {
+/// (or, where vLLM does not expose it, the TTFT, which also counts queueing: a lower bound),
+/// over windows of [`PrefillMeter`]'s.
+fn update_ewmas(
+    state: &mut EngineState,
+    prefill: &mut PrefillMeter,
+    before: &EngineMetrics,
+    now: &EngineMetrics,
+) {
+    if let Some(speed) = prefill.observe(now.prefill_counters()) {
+        state.prefill_tokens_per_s = ewma(state.prefill_tokens_per_s, speed);
+    }
     let count = now.ttft_count - before.ttft_count;
     if count <= 0.0 {
         return;
@@ -224,9 +234,6 @@ fn update_ewmas(state: &mut EngineState, before: &EngineMetrics, now: &EngineMet
     let ttft_ms = (now.ttft_sum - before.ttft_sum) / count * 1000.0;
     if ttft_ms.is_finite() && ttft_ms >= 0.0 {
         state.ttft_ewma_ms = ewma(state.ttft_ewma_ms, ttft_ms);
-    }
-    if let Some(speed) = now.prefill_speed_since(before) {
-        state.prefill_tokens_per_s = ewma(state.prefill_tokens_per_s, speed);
     }
 }
 
@@ -279,10 +286,12 @@ mod tests {
             prefix_hits: 1000.0,
             ..Default::default()
         };
-        update_ewmas(&mut state, &before, &now);
+        let mut prefill = PrefillMeter::default();
+        prefill.observe(before.prefill_counters());
+        update_ewmas(&mut state, &mut prefill, &before, &now);
         assert!((state.ttft_ewma_ms - 250.0).abs() < 1e-6);
         assert!((state.prefill_tokens_per_s - 2000.0).abs() < 1e-6);
-        update_ewmas(&mut state, &now, &now);
+        update_ewmas(&mut state, &mut prefill, &now, &now);
         assert!(
             (state.ttft_ewma_ms - 250.0).abs() < 1e-6,
             "no new requests: unchanged"

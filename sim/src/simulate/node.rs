@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use kvmesh_protocol::cadence::DigestPublisher;
-use kvmesh_protocol::engine_metrics::{PrefillCounters, ewma};
+use kvmesh_protocol::engine_metrics::{PrefillCounters, PrefillMeter, ewma};
 use kvmesh_protocol::index::{IndexChanges, PrefixIndex};
 use kvmesh_protocol::lifecycle::ServingState;
 use kvmesh_protocol::route::Gauges;
@@ -48,8 +48,8 @@ pub struct SimNode {
     ttft_since_digest: (f64, u32),
     /// The engine's prefill speed as the sidecar measures it, tokens/s (0: not yet).
     pub prefill_tokens_per_s: f64,
-    /// The engine's prefill counters at the last digest.
-    counted_at_digest: PrefillCounters,
+    /// The engine's prefill speed, measured from its counters at each digest.
+    prefill: PrefillMeter,
     /// The sidecar's exact count of its engine's queue (the gossiping policies' serving side).
     pub serving: ServingState,
     /// Numbers its digests and says which are gossiped, as the sidecar's does.
@@ -89,7 +89,7 @@ impl SimNode {
             ttft_ewma_ms: 0.0,
             ttft_since_digest: (0.0, 0),
             prefill_tokens_per_s: 0.0,
-            counted_at_digest: PrefillCounters::default(),
+            prefill: PrefillMeter::default(),
             serving,
             publisher: DigestPublisher::new(),
             wake_ns: None,
@@ -245,8 +245,7 @@ impl SimNode {
             prefix_hits: stats.prefix_cache_hits as f64,
             seconds: stats.prefill_time.sum(),
         };
-        let speed = counted.speed_since(&self.counted_at_digest);
-        self.counted_at_digest = counted;
+        let speed = self.prefill.observe(counted);
         if count > 0 {
             self.ttft_ewma_ms = ewma(self.ttft_ewma_ms, sum / f64::from(count));
         }
@@ -305,7 +304,8 @@ mod tests {
             assumed(),
         );
         assert_eq!(node.digest(0).prefill_tokens_per_s, 0.0, "not measured yet");
-        let prompt: Vec<u32> = (0..1_600).collect();
+        // Long enough for a window of the meter (`MIN_PREFILL_WINDOW_S` of prefill time).
+        let prompt: Vec<u32> = (0..4_000).collect();
         // One token out: the request finishes in its first step, so its prompt tokens count.
         assert!(node.submit(EngineRequest::new(1, prompt, 1), 0));
         let (mut buffer, mut events) = (Vec::new(), Vec::new());
@@ -315,7 +315,7 @@ mod tests {
         };
         let measured = f64::from(node.digest(10_000_000_000).prefill_tokens_per_s);
         // Scheduled at once on an idle engine: its prefill time is its TTFT.
-        let want = 1_600.0 / (at_ns as f64 / 1e9);
+        let want = 4_000.0 / (at_ns as f64 / 1e9);
         assert!((measured - want).abs() < 1.0, "{measured} vs {want}");
         assert!(
             want < EngineConfig::default().timing.prefill_tokens_per_s,

@@ -588,6 +588,9 @@ impl Engine {
                     u64::from(seq.cached_tokens.unwrap_or(0)),
                     u64::from(seq.external_tokens),
                 );
+                // As vLLM V1 counts them (`IterationStats::update_from_output`): with the
+                // first token, the moment the prefill time is observed, not at the finish.
+                self.stats.prompt_tokens += seq.prompt_len as u64;
             }
             let reason = if seq.num_output >= seq.req.max_tokens {
                 Some(FinishReason::Length)
@@ -602,7 +605,6 @@ impl Engine {
                 let seq = self.seqs.remove(&id).expect("present");
                 self.running.retain(|&r| r != id);
                 self.lora_done(&seq);
-                self.stats.prompt_tokens += seq.prompt_len as u64;
                 self.stats.count_finished(reason);
                 self.stats
                     .e2e

@@ -137,7 +137,7 @@ pub struct EngineStats {
     pub prefix_cache_hits: u64,
     /// Requests preempted for lack of KV blocks (`vllm:num_preemptions`).
     pub num_preemptions: u64,
-    /// Prompt tokens of finished requests (`vllm:prompt_tokens`).
+    /// Prompt tokens of requests that had their first token (`vllm:prompt_tokens`).
     pub prompt_tokens: u64,
     /// Generated tokens (`vllm:generation_tokens`).
     pub generation_tokens: u64,
