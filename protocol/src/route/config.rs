@@ -112,7 +112,9 @@ pub struct RouteConfig {
     /// nodes at different moments: a new prefix sent to four entries at once landed on two
     /// engines in 2 of 12 runs of `prefix_routing`'s test on a loaded machine, even with a
     /// margin of one request. The price: the demo's gsp warm-up tail is longer with 1
-    /// (BENCHMARKS.md, "The demo's gsp with the new lifecycle").
+    /// (BENCHMARKS.md, "The demo's gsp with the new lifecycle"), and on a trace where no
+    /// prompt repeats the least loaded of 4 with no margin is 1% faster in the simulator, but
+    /// split such copies in 8 of 12 runs (BENCHMARKS.md, "What hot and Azure still lose").
     pub cold_choices: u32,
     /// With `cold_choices` above 1: requests by which a choice's load must exceed the
     /// lightest choice's before it ranks below it, so that views a request apart still agree.
