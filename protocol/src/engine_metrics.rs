@@ -43,6 +43,8 @@ pub struct EngineMetrics {
     pub prompt_tokens: f64,
     /// `vllm:request_success_total`, all finish reasons.
     pub requests: f64,
+    /// Of those, `finished_reason="abort"`: requests withdrawn by their client before the end.
+    pub aborted: f64,
     pub ttft_sum: f64,
     pub ttft_count: f64,
     /// Cumulative `vllm:time_to_first_token_seconds` buckets: (upper bound, count), ascending,
@@ -171,7 +173,12 @@ pub fn parse(text: &str) -> EngineMetrics {
                 add(&mut legacy_prefix.1, value)
             }
             "vllm:prompt_tokens_total" => add(&mut m.prompt_tokens, value),
-            "vllm:request_success_total" => add(&mut m.requests, value),
+            "vllm:request_success_total" => {
+                add(&mut m.requests, value);
+                if sample.label("finished_reason") == Some("abort") {
+                    add(&mut m.aborted, value);
+                }
+            }
             "vllm:time_to_first_token_seconds_sum" => add(&mut m.ttft_sum, value),
             "vllm:time_to_first_token_seconds_count" => add(&mut m.ttft_count, value),
             "vllm:time_to_first_token_seconds_bucket" => {

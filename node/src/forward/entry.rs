@@ -263,11 +263,17 @@ async fn attempt_peer(
 
 /// Resolves when the peer `name` at `addr` is lost to a request waiting for it, with why:
 /// its connection silent for three keep-alive intervals (`peer_silent`), or declared dead by
-/// the failure detector (`peer_dead`).
+/// the failure detector and its connection quiet since (`peer_dead`). The failure detector
+/// alone is not enough: on a starved machine it declares busy peers dead, and a request
+/// given up on a peer that still works on it is computed twice.
 async fn peer_lost(state: &AppState, name: &str, addr: SocketAddr) -> &'static str {
     let mut membership = state.mesh.gossip().watch();
+    let dead = async {
+        let _ = membership.wait_for(|view| view.get(name).is_none()).await;
+        state.mesh.confirm_dead(addr).await;
+    };
     tokio::select! {
-        _ = membership.wait_for(|view| view.get(name).is_none()) => ABANDON_PEER_DEAD,
+        () = dead => ABANDON_PEER_DEAD,
         () = state.mesh.peer_silent(addr) => ABANDON_PEER_SILENT,
     }
 }

@@ -305,6 +305,24 @@ impl Mesh {
         }
     }
 
+    /// Resolves once the connection to `peer_addr`, a peer gossip declared dead, has carried
+    /// nothing for two keep-alive intervals, or at once when there is none: the verdict
+    /// [`Self::close_peer`] acts on. A peer that still answers is busy, not dead (a starved
+    /// machine delays heartbeats), and this never resolves while it does.
+    pub async fn confirm_dead(&self, peer_addr: SocketAddr) {
+        let Some(conn) = self.pool.open_connection(peer_addr).await else {
+            return;
+        };
+        let received = || conn.stats().udp_rx.datagrams;
+        loop {
+            let before = received();
+            tokio::time::sleep(self.keep_alive_interval * 2).await;
+            if received() == before {
+                return;
+            }
+        }
+    }
+
     /// Closes the pooled connection to a peer gossip declared dead, unless it keeps answering
     /// for two keep-alive intervals, so requests in flight on a dead peer fail (and are retried
     /// elsewhere) well before the idle timeout, while a peer gossip misjudged keeps its streams.

@@ -138,8 +138,13 @@ pub struct EngineReport {
     pub url: String,
     /// Why the scrape failed (before or after), if it did; the numbers are then null.
     pub error: Option<String>,
-    /// Δ `vllm:request_success_total` (requests the engine finished).
+    /// Δ `vllm:request_success_total` less aborted ones (requests the engine finished for
+    /// their client).
     pub requests: Option<f64>,
+    /// Δ `vllm:request_success_total{finished_reason="abort"}`: requests withdrawn before
+    /// their end (a client that hung up, or a sidecar that gave up on this engine's node and
+    /// retried elsewhere).
+    pub aborted: Option<f64>,
     /// Δ `vllm:prefix_cache_queries_total`.
     pub prefix_cache_queries: Option<f64>,
     /// Δ `vllm:prefix_cache_hits_total`.
@@ -248,6 +253,7 @@ pub fn build(
                     url: url.clone(),
                     error: None,
                     requests: Some(a.requests - b.requests),
+                    aborted: Some(a.aborted - b.aborted),
                     prefix_cache_queries: Some(q),
                     prefix_cache_hits: Some(h),
                     hit_rate: (q > 0.0).then(|| h / q),
@@ -260,6 +266,7 @@ pub fn build(
                     _ => "not scraped".into(),
                 }),
                 requests: None,
+                aborted: None,
                 prefix_cache_queries: None,
                 prefix_cache_hits: None,
                 hit_rate: None,
@@ -421,9 +428,13 @@ pub fn table(r: &Report) -> String {
             }
             (None, reqs, hit) => {
                 let hit = hit.map_or("n/a".to_owned(), |h| format!("{:.1}%", h * 100.0));
+                let aborted = e
+                    .aborted
+                    .filter(|&n| n > 0.0)
+                    .map_or(String::new(), |n| format!(" (and {n} aborted)"));
                 let _ = writeln!(
                     s,
-                    "  engine {}: {} requests, hit rate {hit}",
+                    "  engine {}: {} requests{aborted}, hit rate {hit}",
                     e.url,
                     reqs.unwrap_or(0.0)
                 );

@@ -11,8 +11,10 @@ pub struct EngineCounters {
     pub prefix_cache_queries: f64,
     /// `vllm:prefix_cache_hits_total` (tokens).
     pub prefix_cache_hits: f64,
-    /// `vllm:request_success_total`, all finish reasons.
+    /// `vllm:request_success_total`, all finish reasons but `abort`.
     pub requests: f64,
+    /// `vllm:request_success_total{finished_reason="abort"}`.
+    pub aborted: f64,
 }
 
 /// Extracts the counters from a Prometheus text exposition (the shared vLLM parser, which
@@ -22,7 +24,8 @@ pub fn parse_counters(text: &str) -> EngineCounters {
     EngineCounters {
         prefix_cache_queries: m.prefix_queries,
         prefix_cache_hits: m.prefix_hits,
-        requests: m.requests,
+        requests: m.requests - m.aborted,
+        aborted: m.aborted,
     }
 }
 
@@ -48,10 +51,12 @@ mod tests {
             vllm:prefix_cache_hits_created{engine=\"0\"} 17.0\n\
             vllm:gpu_prefix_cache_queries_total{engine=\"0\"} 40.0\n\
             vllm:request_success_total{finished_reason=\"stop\"} 2.0\n\
-            vllm:request_success_total{finished_reason=\"length\"} 3.0\n";
+            vllm:request_success_total{finished_reason=\"length\"} 3.0\n\
+            vllm:request_success_total{finished_reason=\"abort\"} 4.0\n";
         let c = parse_counters(text);
         assert_eq!(c.prefix_cache_hits, 15.0);
         assert_eq!(c.prefix_cache_queries, 40.0);
-        assert_eq!(c.requests, 5.0);
+        assert_eq!(c.requests, 5.0, "aborted requests are not finished ones");
+        assert_eq!(c.aborted, 4.0);
     }
 }
