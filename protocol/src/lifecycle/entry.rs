@@ -146,11 +146,7 @@ impl EntryState {
     ) -> Result<Plan, RouteError> {
         let candidates = self.candidates(peers, request.chain, now_ms);
         let mut shares = std::mem::take(&mut self.shares);
-        self.traffic.shares(request.chain, &mut shares);
-        let weighed = RouteRequest {
-            popular: &shares,
-            ..*request
-        };
+        let weighed = self.traffic.weigh(request, &mut shares);
         let decision = decide_with(&mut self.scratch, &candidates, &weighed, config, now_ms);
         self.shares = shares;
         Ok(Plan::new(&decision?, &candidates, request, config))

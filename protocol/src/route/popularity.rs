@@ -17,6 +17,7 @@
 //! 7, 8, 10, 12, 14, 16, 20, …): about 50 counters for a 100,000-token prompt. A popular prefix
 //! then ends between a counted depth and the next, which bounds how far it is credited.
 
+use super::decide::RouteRequest;
 use crate::block_map::BlockMap;
 use crate::hashing::BlockHash;
 use std::collections::VecDeque;
@@ -105,6 +106,20 @@ impl PrefixTraffic {
                 // A longer prefix was begun by no more requests than this one.
                 _ => break,
             }
+        }
+    }
+
+    /// `request` weighed by this traffic: its chain's shares, written into `shares`, as its
+    /// popular prefixes.
+    pub fn weigh<'a>(
+        &self,
+        request: &RouteRequest<'a>,
+        shares: &'a mut Vec<PrefixShare>,
+    ) -> RouteRequest<'a> {
+        self.shares(request.chain, shares);
+        RouteRequest {
+            popular: shares,
+            ..*request
         }
     }
 

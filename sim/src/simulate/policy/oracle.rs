@@ -99,11 +99,7 @@ impl Oracle {
                 fresh: None,
             })
             .collect();
-        self.traffic.shares(request.chain, &mut self.shares);
-        let weighed = RouteRequest {
-            popular: &self.shares,
-            ..*request
-        };
+        let weighed = self.traffic.weigh(request, &mut self.shares);
         let decision = decide_with(&mut self.scratch, &candidates, &weighed, config, now_ms);
         self.traffic.record(request.chain);
         decision
