@@ -289,20 +289,7 @@ impl Mesh {
         let Some(conn) = self.pool.open_connection(peer_addr).await else {
             return std::future::pending().await;
         };
-        let bound = self.keep_alive_interval * 3;
-        let received = || conn.stats().udp_rx.datagrams;
-        let mut last = received();
-        let mut quiet_since = tokio::time::Instant::now();
-        loop {
-            tokio::time::sleep(bound / 4).await;
-            let now = received();
-            if now != last {
-                last = now;
-                quiet_since = tokio::time::Instant::now();
-            } else if quiet_since.elapsed() >= bound {
-                return;
-            }
-        }
+        quiet_for(&conn, self.keep_alive_interval * 3).await;
     }
 
     /// Resolves once the connection to `peer_addr`, a peer gossip declared dead, has carried
@@ -310,16 +297,8 @@ impl Mesh {
     /// [`Self::close_peer`] acts on. A peer that still answers is busy, not dead (a starved
     /// machine delays heartbeats), and this never resolves while it does.
     pub async fn confirm_dead(&self, peer_addr: SocketAddr) {
-        let Some(conn) = self.pool.open_connection(peer_addr).await else {
-            return;
-        };
-        let received = || conn.stats().udp_rx.datagrams;
-        loop {
-            let before = received();
-            tokio::time::sleep(self.keep_alive_interval * 2).await;
-            if received() == before {
-                return;
-            }
+        if let Some(conn) = self.pool.open_connection(peer_addr).await {
+            quiet_for(&conn, self.keep_alive_interval * 2).await;
         }
     }
 
@@ -337,6 +316,23 @@ impl Mesh {
         self.gossip.stop();
         self.endpoint.close(codes::SHUTDOWN, b"shutdown");
         let _ = timeout(within, self.endpoint.wait_idle()).await;
+    }
+}
+
+/// Resolves once `conn` has received nothing for `bound` (watched at a quarter of it).
+async fn quiet_for(conn: &quinn::Connection, bound: Duration) {
+    let received = || conn.stats().udp_rx.datagrams;
+    let mut last = received();
+    let mut quiet_since = tokio::time::Instant::now();
+    loop {
+        tokio::time::sleep(bound / 4).await;
+        let now = received();
+        if now != last {
+            last = now;
+            quiet_since = tokio::time::Instant::now();
+        } else if quiet_since.elapsed() >= bound {
+            return;
+        }
     }
 }
 
