@@ -110,9 +110,10 @@ impl LocalEngine {
     }
 
     /// Resolves once a poll has found the engine unhealthy (at once if the last one did);
-    /// never if the poller stops. A request waiting for this engine's first byte races
-    /// it: a frozen engine would otherwise hold the request until the request timeout. (An
-    /// engine never polled yet is not judged: the request finds out by itself.)
+    /// never if the poller stops. A request waiting for this engine's first byte races it
+    /// (through `AppState::engine_stalled`, which also asks whether the engine still begins
+    /// answers): a frozen engine would otherwise hold the request until the request timeout.
+    /// (An engine never polled yet is not judged: the request finds out by itself.)
     pub async fn unhealthy(&self) {
         let mut state = self.state.clone();
         let judged_unhealthy = |engine: &Arc<EngineState>| engine.polls > 0 && !engine.healthy;

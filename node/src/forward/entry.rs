@@ -153,7 +153,7 @@ async fn attempt_local(
     // the request back to the plan (see `first_byte` for after the head).
     let answer = tokio::select! {
         answer = state.engine.client.send(method, &head.path, &head.headers, body) => answer,
-        () = state.engine.unhealthy() => {
+        () = state.engine_stalled() => {
             state.metrics.abandoned(ABANDON_ENGINE_UNHEALTHY, 1);
             return Err(AttemptError::retryable("local engine unhealthy before its first byte"));
         }
@@ -198,7 +198,7 @@ pub async fn first_byte(
     let lost = async {
         match target {
             Target::Local => {
-                state.engine.unhealthy().await;
+                state.engine_stalled().await;
                 ABANDON_ENGINE_UNHEALTHY
             }
             Target::Peer { name, addr } => peer_lost(state, name, *addr).await,

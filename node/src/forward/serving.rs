@@ -126,7 +126,7 @@ async fn handle(
     let answer = tokio::select! {
         answer = engine_call => answer,
         _ = send.stopped() => return Err("entry gave up before the answer".into()),
-        () = state.engine.unhealthy() => return give_back(state, &mut send).await,
+        () = state.engine_stalled() => return give_back(state, &mut send).await,
     };
     let response = match answer {
         Ok(response) => response,
@@ -184,7 +184,7 @@ async fn handle(
                     index_later(state, &head.path, &mut to_index);
                     return Err("entry stopped reading".into());
                 }
-                () = state.engine.unhealthy(), if !first_byte => {
+                () = state.engine_stalled(), if !first_byte => {
                     return give_back(state, &mut send).await;
                 }
             },

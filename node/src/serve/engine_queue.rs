@@ -9,6 +9,7 @@ use kvmesh_protocol::lifecycle::{
     Admission, COPY_HOLD_MAX_MS, DeclineReason, LoadReport, ServingState, Ticket,
 };
 use kvmesh_protocol::route::Gauges;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
@@ -21,6 +22,8 @@ pub struct EngineQueue {
     epoch: Instant,
     /// Woken whenever a request starts or ends (held copies look again).
     changed: Arc<Notify>,
+    /// When the engine last began an answer (its first byte), on `epoch`; `u64::MAX`: never.
+    last_answer_ms: Arc<AtomicU64>,
 }
 
 impl EngineQueue {
@@ -34,6 +37,16 @@ impl EngineQueue {
             metrics,
             epoch: Instant::now(),
             changed: Arc::new(Notify::new()),
+            last_answer_ms: Arc::new(AtomicU64::new(u64::MAX)),
+        }
+    }
+
+    /// How long since the engine last began an answer; `None` if it never did. A busy engine
+    /// keeps beginning them however slowly it answers its poller; a frozen one does not.
+    pub fn since_last_answer(&self) -> Option<Duration> {
+        match self.last_answer_ms.load(Ordering::Relaxed) {
+            u64::MAX => None,
+            at_ms => Some(Duration::from_millis(self.now_ms().saturating_sub(at_ms))),
         }
     }
 
@@ -112,8 +125,9 @@ impl HandedOver {
         if std::mem::replace(&mut self.started, true) {
             return;
         }
+        let now_ms = self.queue.now_ms();
+        self.queue.last_answer_ms.store(now_ms, Ordering::Relaxed);
         if let Some(ticket) = &mut self.ticket {
-            let now_ms = self.queue.now_ms();
             let mut state = lock(&self.queue.state);
             state.started(ticket, now_ms);
             self.queue.observe(&state);

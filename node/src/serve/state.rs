@@ -12,7 +12,13 @@ use kvmesh_protocol::lifecycle::EntryState;
 use prometheus_client::registry::Registry;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// How long an engine judged unhealthy must have begun no answer for before the requests
+/// waiting at it are given back (see [`AppState::engine_stalled`]): two of the poller's
+/// timeouts, so that an engine whose answers merely queue behind a burst is not taken for a
+/// frozen one.
+pub const ENGINE_STALL: Duration = Duration::from_secs(2);
 
 pub struct AppState {
     pub node_name: String,
@@ -106,6 +112,24 @@ impl AppState {
                 model,
             )
             .await
+    }
+
+    /// Resolves once this node's engine is judged unhealthy and has begun no answer for
+    /// [`ENGINE_STALL`] (at once if it never began one): a frozen or hung engine, whose
+    /// requests waiting for their first byte are given back to be served elsewhere. An engine
+    /// too busy to answer its poller in time but still beginning answers keeps them: given
+    /// back, they would start over at the back of another engine's queue, and a burst that
+    /// makes every engine this slow would run twice.
+    pub async fn engine_stalled(&self) {
+        loop {
+            self.engine.unhealthy().await;
+            match self.engine_queue.since_last_answer() {
+                Some(quiet) if quiet < ENGINE_STALL => {
+                    tokio::time::sleep(ENGINE_STALL - quiet).await
+                }
+                _ => return,
+            }
+        }
     }
 
     /// This node's engine accepted a request with `chain`: its blocks are now cached there.
