@@ -152,6 +152,10 @@ pub struct NodeMetrics {
     /// Requests entering here whose prefix, popular in this node's recent traffic, had fewer
     /// holders than its share owes, by where they went (`holder`, `new_holder`).
     pub popular_prefix_routes: Family<OutcomeLabels, Counter>,
+    /// 1 while the prompts entering here share prefixes (a new prefix goes to its rendezvous
+    /// engine), 0 while they do not (to the least loaded engine): see
+    /// `PrefixTraffic::prefixes_recur`.
+    pub prefixes_recur: Gauge,
     /// LoRA adapters this node loaded into its engine for a request, by outcome.
     pub lora_loads: Family<OutcomeLabels, Counter>,
     /// Media parts of requests entering here, by what pinning their identity did.
@@ -215,6 +219,7 @@ impl Default for NodeMetrics {
             engine_queued: Gauge::default(),
             copies_held: Family::default(),
             popular_prefix_routes: Family::default(),
+            prefixes_recur: Gauge::default(),
             lora_loads: Family::default(),
             media_parts: Family::default(),
             declined: Family::default(),
@@ -490,6 +495,11 @@ impl NodeMetrics {
             "popular_prefix_routes",
             "Requests entering at this node whose prefix, behind a share of its recent requests, was held by fewer engines than that share fills, so that every engine counted as holding it, by where they went: holder (an engine that held it) or new_holder (one that did not, and holds it after)",
             self.popular_prefix_routes.clone(),
+        );
+        registry.register(
+            "prefixes_recur",
+            "1 while the recent requests entering at this node share prefixes (of their distinct first blocks, at least a tenth begin several requests; or too few requests to tell), so that a new prefix goes to the engine every node picks for it; 0 while they do not, so that a new prefix goes to the least loaded engine",
+            self.prefixes_recur.clone(),
         );
         registry.register(
             "media_parts",

@@ -361,6 +361,7 @@ fn bench_workload(c: &mut Criterion, workload: &str, target: Target) {
         // As the node passes it (`serve/routing.rs`): near-equal holders share by request id.
         spread: Some(node_key("bench-request-1")),
         popular: &[],
+        prefixes_recur: true,
     };
     let mut group = c.benchmark_group(format!("decide_gossiped_{workload}"));
     for (holders, summaries) in summaries_for(workload, &target, &[0, 1, 16, PEERS]) {

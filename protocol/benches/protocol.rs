@@ -171,6 +171,7 @@ fn deciding(c: &mut Criterion) {
         role: Role::Mixed,
         spread: None,
         popular: &[],
+        prefixes_recur: true,
     };
     let config = RouteConfig::default();
     let mut group = c.benchmark_group("decide");

@@ -72,6 +72,7 @@ fn allocations_do_not_grow_with_candidates() {
         role: Role::Mixed,
         spread: None,
         popular: &[],
+        prefixes_recur: true,
     };
     let config = RouteConfig::default();
     let mut counts = Vec::new();

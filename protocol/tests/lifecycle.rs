@@ -291,6 +291,7 @@ fn a_burst_of_new_prefixes_from_one_entry_spreads_over_both_engines() {
                 role: Role::Mixed,
                 spread: Some(i),
                 popular: &[],
+                prefixes_recur: true,
             };
             let peers = [
                 PeerInput {
@@ -471,5 +472,6 @@ fn request(chain: &[u64]) -> RouteRequest<'_> {
         role: Role::Mixed,
         spread: None,
         popular: &[],
+        prefixes_recur: true,
     }
 }

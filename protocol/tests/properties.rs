@@ -327,7 +327,7 @@ proptest! {
             config.policy = kvmesh_protocol::route::ScoreForm::Cost;
         }
         config.bound_on = if bound_on_queue { BoundOn::Queued } else { BoundOn::InFlight };
-        let request = RouteRequest { model: "m", chain: &chain, prompt_tokens: chain_len as u32 * 16, tokens_per_block: 16.0, session: None, role: Role::Mixed, spread, popular: &[] };
+        let request = RouteRequest { model: "m", chain: &chain, prompt_tokens: chain_len as u32 * 16, tokens_per_block: 16.0, session: None, role: Role::Mixed, spread, popular: &[], prefixes_recur: true };
         let eligible: Vec<usize> = (0..spec.len()).filter(|&i| spec[i].3 && spec[i].4).collect();
         match decide(&cands, &request, &config, 1_500) {
             Err(RouteError::NoCandidate(_)) => prop_assert!(eligible.is_empty()),
@@ -371,7 +371,7 @@ proptest! {
         let order: Vec<usize> = (0..spec.len()).collect();
         let mut rotated = order.clone();
         rotated.rotate_left(rotate % spec.len());
-        let request = RouteRequest { model: "m", chain: &chain, prompt_tokens: 32, tokens_per_block: 16.0, session: None, role: Role::Mixed, spread, popular: &[] };
+        let request = RouteRequest { model: "m", chain: &chain, prompt_tokens: 32, tokens_per_block: 16.0, session: None, role: Role::Mixed, spread, popular: &[], prefixes_recur: true };
         let config = RouteConfig::default();
         let a = decide(&candidates(&cluster, &order), &request, &config, 1_500).unwrap();
         let b = decide(&candidates(&cluster, &rotated), &request, &config, 1_500).unwrap();

@@ -235,6 +235,36 @@ fn a_prefix_behind_every_request_spreads_to_every_engine() {
     assert!(new_holders >= 3.0, "{new_holders} sent to new holders");
 }
 
+/// An entry whose recent prompts share no prefix says so (`kvmesh_prefixes_recur` 0: a new
+/// prefix then goes to the least loaded engine, not to its rendezvous engine); until it has
+/// seen enough requests to tell, it assumes they do.
+#[test]
+fn an_entry_tells_whether_its_prompts_share_prefixes() {
+    let cluster = mesh(Timing::Instant, &[]);
+    let entry = &cluster.nodes()[0].sidecar;
+    let recur = || {
+        entry
+            .metric("kvmesh_prefixes_recur", &[])
+            .expect("metrics")
+            .expect("the gauge is set once a request was routed")
+    };
+    let send = |i: usize| {
+        let prompt = format!("prompt {i} of its own: {}", "unrelated words. ".repeat(40));
+        let request = Request::post_json(
+            "/v1/completions",
+            &completion_body("mock-model", &prompt, 2, false),
+        );
+        let response = entry.send(request);
+        assert_eq!(response.status, 200, "{}", response.describe());
+    };
+    send(0);
+    assert_eq!(recur(), 1.0, "one request says nothing yet");
+    for i in 1..64 {
+        send(i);
+    }
+    assert_eq!(recur(), 0.0, "64 prompts, each its own");
+}
+
 #[test]
 fn a_killed_node_stops_receiving_traffic_and_no_unstarted_request_is_lost() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -164,6 +164,7 @@ fn route_request<'a>(
         role: Role::Mixed,
         spread: Some(node_key(request_id)),
         popular: &[],
+        prefixes_recur: true,
     }
 }
 
@@ -208,7 +209,9 @@ pub fn route(
             .route(&peers, &request, &state.config.route, now)
             .map(|plan| PdRoute::Whole { plan, pd: None }),
     };
+    let prefixes_recur = entry.prefixes_recur();
     drop(entry);
+    state.metrics.prefixes_recur.set(i64::from(prefixes_recur));
     let retries = state.config.retries as u32;
     let placed = placed.map_err(|error| failure(error, &peers))?;
     let first = match &placed {

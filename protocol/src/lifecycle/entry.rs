@@ -152,6 +152,12 @@ impl EntryState {
         Ok(Plan::new(&decision?, &candidates, request, config))
     }
 
+    /// Whether the requests this node routed lately share prefixes (see
+    /// [`PrefixTraffic::prefixes_recur`]).
+    pub fn prefixes_recur(&self) -> bool {
+        self.traffic.prefixes_recur()
+    }
+
     /// Counts a routed request in the recent traffic.
     pub(super) fn count(&mut self, request: &RouteRequest<'_>) {
         self.traffic.record(request.chain);

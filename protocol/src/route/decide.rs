@@ -97,6 +97,13 @@ pub struct RouteRequest<'a> {
     /// [`super::PrefixTraffic`]): one held by fewer engines than its share fills counts as
     /// held by every engine. Empty: every prefix is judged by who holds it.
     pub popular: &'a [PrefixShare],
+    /// Whether prompts in the recent traffic share prefixes (see
+    /// [`super::PrefixTraffic::prefixes_recur`]). Where they do, a new prefix goes where every
+    /// entry node sends it, so that its copies and next requests meet there
+    /// ([`RouteConfig::cold_choices`]); where they do not, to the least loaded engine (as
+    /// gossip shows them; ties by rendezvous on its first block), as a plain load balancer
+    /// would: nothing is likely to come back for it. `true` unless the traffic says otherwise.
+    pub prefixes_recur: bool,
 }
 
 impl RouteRequest<'_> {
@@ -328,8 +335,9 @@ pub fn decide_with(
     });
 
     // A new prefix's choices: the engines with the highest rendezvous weights on its first
-    // block, the same few on every entry node; for an adapter, among the engines readiest to
-    // run it (gossiped: every entry node sees them alike).
+    // block, the same few on every entry node (every engine where prefixes do not recur);
+    // for an adapter, among the engines readiest to run it (gossiped: every entry node sees
+    // them alike).
     let best_ready = entries
         .iter()
         .map(|e| e.ready)
@@ -348,7 +356,10 @@ pub fn decide_with(
                 .map(|e| rendezvous_weight(request.chain[0], e.node_key)),
         );
         // The `choices`-th highest weight, without sorting all of them.
-        let choices = (config.cold_choices.max(1) as usize).min(weights.len());
+        let choices = match request.prefixes_recur {
+            true => (config.cold_choices.max(1) as usize).min(weights.len()),
+            false => weights.len(),
+        };
         *weights
             .select_nth_unstable_by(choices - 1, |a, b| b.cmp(a))
             .1
@@ -357,14 +368,18 @@ pub fn decide_with(
     };
     // The least load among the choices: a choice counts as busier only beyond it plus the
     // margin, so that entry nodes whose views differ by a request or so (one reads its own
-    // engine live, the others through gossip) still agree.
+    // engine live, the others through gossip) still agree. Where prefixes do not recur, no
+    // margin: nothing is gained by agreeing, and a request more is a request more.
     let cold_lightest = entries
         .iter()
         .filter(|e| cold && is_choice(e, cold_floor))
         .map(|e| e.shared_load)
         .min()
         .unwrap_or(0);
-    let cold_margin = cold_lightest.saturating_add(config.cold_load_margin);
+    let cold_margin = match request.prefixes_recur {
+        true => cold_lightest.saturating_add(config.cold_load_margin),
+        false => cold_lightest,
+    };
     let (popular_blocks, everywhere) = owed_everywhere(entries, request.popular).unwrap_or((0, 0));
     let scored = &mut scratch.scored;
     scored.clear();

@@ -16,6 +16,16 @@
 //! depth counts a prefix; only some depths are counted, four per doubling (1, 2, 3, 4, 5, 6,
 //! 7, 8, 10, 12, 14, 16, 20, …): about 50 counters for a 100,000-token prompt. A popular prefix
 //! then ends between a counted depth and the next, which bounds how far it is credited.
+//!
+//! The same counts say whether prompts share prefixes at all ([`PrefixTraffic::prefixes_recur`]):
+//! of the distinct first blocks in the window, the share that more than one request began with.
+//! Where few do (a trace of unrelated prompts, or the own prompts beside one hot system
+//! prompt), a new prefix is unlikely to be asked for again, and sending it to the engine every
+//! entry node would pick for it (rendezvous) only queues it behind that engine's work; it goes
+//! to the least loaded engine instead. Each entry node counts its own sample of the traffic,
+//! in which a prefix that recurs only a few times cluster-wide is rarely seen twice: such
+//! prefixes gain least from meeting on one engine, and once an engine holds one, gossip says
+//! so and its next requests go there anyway.
 
 use super::decide::RouteRequest;
 use crate::block_map::BlockMap;
@@ -27,6 +37,12 @@ pub const TRAFFIC_WINDOW: usize = 512;
 /// A prefix seen fewer times than this in the window has no share: a handful of requests says
 /// nothing about a prefix's traffic.
 pub const MIN_SIGHTINGS: u32 = 8;
+/// Requests the window must hold before it may say that prefixes do not recur: until then
+/// they are assumed to (see [`PrefixTraffic::prefixes_recur`]).
+pub const MIN_RECURRENCE_SAMPLE: usize = 64;
+/// The fraction of the window's distinct first blocks that must each begin more than one of
+/// its requests for prefixes to count as recurring.
+pub const RECURRING_SHARE: f64 = 0.1;
 
 /// A prefix of the request's chain and its share of the recent traffic.
 #[derive(Copy, Clone, Debug, PartialEq)]
@@ -47,6 +63,10 @@ pub struct PrefixTraffic {
     window: VecDeque<Vec<BlockHash>>,
     /// Block hash → requests in the window whose chain has it at a sampled depth.
     counts: BlockMap<BlockHash, u32>,
+    /// Distinct first blocks of the window's requests.
+    first_blocks: usize,
+    /// Of those, the ones more than one request in the window began with.
+    repeated_first_blocks: usize,
     capacity: usize,
 }
 
@@ -62,6 +82,8 @@ impl PrefixTraffic {
         Self {
             window: VecDeque::new(),
             counts: BlockMap::default(),
+            first_blocks: 0,
+            repeated_first_blocks: 0,
             capacity: capacity.max(1),
         }
     }
@@ -71,23 +93,49 @@ impl PrefixTraffic {
         let sampled: Vec<BlockHash> = sampled_depths(chain.len())
             .map(|blocks| chain[blocks as usize - 1])
             .collect();
-        for hash in &sampled {
-            *self.counts.entry(*hash).or_default() += 1;
+        for (depth, hash) in sampled.iter().enumerate() {
+            let count = self.counts.entry(*hash).or_default();
+            *count += 1;
+            if depth == 0 {
+                match *count {
+                    1 => self.first_blocks += 1,
+                    2 => self.repeated_first_blocks += 1,
+                    _ => {}
+                }
+            }
         }
         self.window.push_back(sampled);
         while self.window.len() > self.capacity {
             let Some(oldest) = self.window.pop_front() else {
                 break;
             };
-            for hash in oldest {
+            for (depth, hash) in oldest.into_iter().enumerate() {
                 if let Some(count) = self.counts.get_mut(&hash) {
                     *count -= 1;
+                    if depth == 0 {
+                        match *count {
+                            0 => self.first_blocks -= 1,
+                            1 => self.repeated_first_blocks -= 1,
+                            _ => {}
+                        }
+                    }
                     if *count == 0 {
                         self.counts.remove(&hash);
                     }
                 }
             }
         }
+    }
+
+    /// Whether requests in this traffic share prefixes: at least [`RECURRING_SHARE`] of the
+    /// distinct first blocks in the window began more than one request, or the window holds
+    /// too few requests to tell ([`MIN_RECURRENCE_SAMPLE`]). Where they do not, a new prefix
+    /// is unlikely to be asked for again, and keeping its copies on one engine buys nothing
+    /// (see [`RouteRequest::prefixes_recur`]).
+    pub fn prefixes_recur(&self) -> bool {
+        let requests = self.window.len();
+        requests < MIN_RECURRENCE_SAMPLE
+            || self.repeated_first_blocks as f64 >= RECURRING_SHARE * self.first_blocks as f64
     }
 
     /// The sampled prefixes of `chain` seen at least [`MIN_SIGHTINGS`] times in the window,
@@ -119,6 +167,7 @@ impl PrefixTraffic {
         self.shares(request.chain, shares);
         RouteRequest {
             popular: shares,
+            prefixes_recur: self.prefixes_recur(),
             ..*request
         }
     }
@@ -229,6 +278,40 @@ mod tests {
             !traffic.counts.contains_key(&1000) && !traffic.counts.contains_key(&1001),
             "no count outlives its requests"
         );
+    }
+
+    #[test]
+    fn prefixes_recur_where_enough_first_blocks_begin_several_requests() {
+        let mut traffic = PrefixTraffic::new(200);
+        // Too few requests to tell: assumed to recur.
+        for i in 0..(MIN_RECURRENCE_SAMPLE as u64 - 1) {
+            traffic.record(&chain(100 + i, i, 4));
+        }
+        assert!(traffic.prefixes_recur());
+        // Every prompt its own.
+        traffic.record(&chain(999, 999, 4));
+        assert!(!traffic.prefixes_recur());
+        // One hot prefix behind most requests, the rest their own: one first block of many
+        // recurs, and a new one is still unlikely to.
+        let mut hot = PrefixTraffic::new(200);
+        for i in 0..200 {
+            let prefix = if i % 5 == 0 { 10 + i } else { 1 };
+            hot.record(&chain(prefix, i, 4));
+        }
+        assert!(!hot.prefixes_recur(), "1 of 41 first blocks recurs");
+        // Conversations of three turns: every first block recurs.
+        let mut turns = PrefixTraffic::new(200);
+        for i in 0..200 {
+            turns.record(&chain(10 + i / 3, i, 4));
+        }
+        assert!(turns.prefixes_recur());
+        // The counts follow the window: once the own prompts are gone, the turns recur.
+        for i in 0..200 {
+            hot.record(&chain(10 + i / 3, i, 4));
+        }
+        assert!(hot.prefixes_recur());
+        assert_eq!(hot.first_blocks, 67);
+        assert_eq!(hot.repeated_first_blocks, 67);
     }
 
     #[test]

@@ -74,6 +74,7 @@ pub(crate) fn request(chain: &[u64]) -> RouteRequest<'_> {
         role: Role::Mixed,
         spread: None,
         popular: &[],
+        prefixes_recur: true,
     }
 }
 
@@ -123,6 +124,7 @@ fn a_prefix_owed_more_holders_counts_as_held_everywhere() {
         });
         let request = RouteRequest {
             popular: &popular,
+            prefixes_recur: true,
             ..request(&prompt)
         };
         decide(&candidates, &request, &config, NOW).unwrap()
@@ -156,6 +158,7 @@ fn a_prefix_owed_more_holders_counts_as_held_everywhere() {
     }];
     let request = RouteRequest {
         popular: &popular,
+        prefixes_recur: true,
         ..request(&prompt)
     };
     let decision = decide(&candidates, &request, &config, NOW).unwrap();
@@ -530,6 +533,48 @@ fn a_cold_prefix_goes_to_the_less_loaded_of_its_two_rendezvous_choices() {
         order,
         [second, first, third, by_weight[3]].map(node_key).to_vec()
     );
+}
+
+#[test]
+fn where_prefixes_do_not_recur_a_new_one_goes_to_the_least_loaded_engine() {
+    let prompt = chain(8, 5);
+    let names = ["a", "b", "c", "d", "e"];
+    let mut by_weight: Vec<&str> = names.to_vec();
+    by_weight.sort_by_key(|n| std::cmp::Reverse(rendezvous_weight(prompt[0], node_key(n))));
+    let (first, last) = (by_weight[0], by_weight[4]);
+    let (idle, busy) = (digest(0), digest(1));
+    // Every engine a request busier than the one last in the rendezvous order.
+    let candidates: Vec<Candidate<'_>> = names
+        .iter()
+        .map(|n| candidate(n, if *n == last { &idle } else { &busy }, None))
+        .collect();
+    let chosen = |prefixes_recur: bool| {
+        let request = RouteRequest {
+            prefixes_recur,
+            ..request(&prompt)
+        };
+        let d = decide(&candidates, &request, &RouteConfig::default(), NOW).unwrap();
+        assert!(d.new_prefix);
+        candidates[d.ranked[0]].node_key
+    };
+    assert_eq!(
+        chosen(true),
+        node_key(first),
+        "rendezvous, whatever the loads"
+    );
+    assert_eq!(
+        chosen(false),
+        node_key(last),
+        "a request lighter is lighter"
+    );
+    // Equal loads: the rendezvous order still breaks the tie, alike on every entry node.
+    let even: Vec<Candidate<'_>> = names.iter().map(|n| candidate(n, &busy, None)).collect();
+    let request = RouteRequest {
+        prefixes_recur: false,
+        ..request(&prompt)
+    };
+    let d = decide(&even, &request, &RouteConfig::default(), NOW).unwrap();
+    assert_eq!(even[d.ranked[0]].node_key, node_key(first));
 }
 
 #[test]

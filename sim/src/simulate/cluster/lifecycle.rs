@@ -215,6 +215,7 @@ fn route_request(prepared: &Prepared) -> RouteRequest<'_> {
         role: Role::Mixed,
         spread: Some(prepared.spread),
         popular: &[],
+        prefixes_recur: true,
     }
 }
 

@@ -349,6 +349,7 @@ impl<'c> Sim<'c> {
             role: Role::Mixed,
             spread: Some(prepared.spread),
             popular: &[],
+            prefixes_recur: true,
         };
         let config = self.config;
         let target = match &mut self.router {
