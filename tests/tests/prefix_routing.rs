@@ -236,7 +236,7 @@ fn a_prefix_behind_every_request_spreads_to_every_engine() {
 }
 
 /// An entry whose recent prompts share no prefix says so (`kvmesh_prefixes_recur` 0: a new
-/// prefix then goes to the least loaded engine, not to its rendezvous engine); until it has
+/// prefix then goes to the least loaded of its first few rendezvous engines, not to the first); until it has
 /// seen enough requests to tell, it assumes they do.
 #[test]
 fn an_entry_tells_whether_its_prompts_share_prefixes() {

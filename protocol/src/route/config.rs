@@ -115,11 +115,21 @@ pub struct RouteConfig {
     /// (BENCHMARKS.md, "The demo's gsp with the new lifecycle"), and on a trace where no
     /// prompt repeats the least loaded of 4 with no margin is 1% faster in the simulator, but
     /// split such copies in 8 of 12 runs (BENCHMARKS.md, "What hot and Azure still lose").
+    /// Where an entry's recent prompts share no prefixes, `unshared_choices` applies instead.
     pub cold_choices: u32,
     /// With `cold_choices` above 1: requests by which a choice's load must exceed the
     /// lightest choice's before it ranks below it, so that views a request apart still agree.
     /// Default 1.
     pub cold_load_margin: u32,
+    /// Where an entry's recent prompts share no prefixes
+    /// ([`super::RouteRequest::prefixes_recur`]): a new prefix goes to the least loaded of its
+    /// first `unshared_choices` engines by rendezvous, with no margin, as nothing is likely to
+    /// come back for it (`cold_choices`, if more). Power of d choices rather than the least
+    /// loaded of all: the loads are gossip's, 100–600 ms old, and at 8× the Azure trace's rate
+    /// every entry sending its new prompts to the one engine its view shows lightest made
+    /// kvmesh 1.05× least-loaded against 0.85× with 4 (BENCHMARKS.md, "New prefixes where no
+    /// prompt repeats"). Default 4.
+    pub unshared_choices: u32,
     /// Late binding: how many times one request may be declined by a serving node whose own,
     /// exact queue would hold it longer than the entry estimated the next candidate would (see
     /// [`crate::lifecycle`]). The entry judges on digests 100–600 ms old; the serving node
@@ -187,6 +197,7 @@ impl Default for RouteConfig {
             spread_margin: 0.05,
             cold_choices: 1,
             cold_load_margin: 1,
+            unshared_choices: 4,
             max_declines: 1,
             max_new_prefix_declines: 3,
             decline_slack: 0.0,

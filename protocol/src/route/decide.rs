@@ -100,9 +100,9 @@ pub struct RouteRequest<'a> {
     /// Whether prompts in the recent traffic share prefixes (see
     /// [`super::PrefixTraffic::prefixes_recur`]). Where they do, a new prefix goes where every
     /// entry node sends it, so that its copies and next requests meet there
-    /// ([`RouteConfig::cold_choices`]); where they do not, to the least loaded engine (as
-    /// gossip shows them; ties by rendezvous on its first block), as a plain load balancer
-    /// would: nothing is likely to come back for it. `true` unless the traffic says otherwise.
+    /// ([`RouteConfig::cold_choices`]); where they do not, to the least loaded of a few
+    /// engines ([`RouteConfig::unshared_choices`]), as a load balancer would: nothing is
+    /// likely to come back for it. `true` unless the traffic says otherwise.
     pub prefixes_recur: bool,
 }
 
@@ -335,7 +335,7 @@ pub fn decide_with(
     });
 
     // A new prefix's choices: the engines with the highest rendezvous weights on its first
-    // block, the same few on every entry node (every engine where prefixes do not recur);
+    // block, the same few on every entry node (more where prefixes do not recur);
     // for an adapter, among the engines readiest to run it (gossiped: every entry node sees
     // them alike).
     let best_ready = entries
@@ -357,9 +357,10 @@ pub fn decide_with(
         );
         // The `choices`-th highest weight, without sorting all of them.
         let choices = match request.prefixes_recur {
-            true => (config.cold_choices.max(1) as usize).min(weights.len()),
-            false => weights.len(),
+            true => config.cold_choices,
+            false => config.cold_choices.max(config.unshared_choices),
         };
+        let choices = (choices.max(1) as usize).min(weights.len());
         *weights
             .select_nth_unstable_by(choices - 1, |a, b| b.cmp(a))
             .1

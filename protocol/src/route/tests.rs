@@ -536,45 +536,50 @@ fn a_cold_prefix_goes_to_the_less_loaded_of_its_two_rendezvous_choices() {
 }
 
 #[test]
-fn where_prefixes_do_not_recur_a_new_one_goes_to_the_least_loaded_engine() {
+fn where_prefixes_do_not_recur_a_new_one_goes_to_the_least_loaded_of_a_few() {
     let prompt = chain(8, 5);
-    let names = ["a", "b", "c", "d", "e"];
+    let names = ["a", "b", "c", "d", "e", "f"];
     let mut by_weight: Vec<&str> = names.to_vec();
     by_weight.sort_by_key(|n| std::cmp::Reverse(rendezvous_weight(prompt[0], node_key(n))));
-    let (first, last) = (by_weight[0], by_weight[4]);
     let (idle, busy) = (digest(0), digest(1));
-    // Every engine a request busier than the one last in the rendezvous order.
-    let candidates: Vec<Candidate<'_>> = names
-        .iter()
-        .map(|n| candidate(n, if *n == last { &idle } else { &busy }, None))
-        .collect();
-    let chosen = |prefixes_recur: bool| {
+    let config = RouteConfig {
+        unshared_choices: 4,
+        ..RouteConfig::default()
+    };
+    // Every engine a request busier than `lighter`.
+    let cluster = |lighter: &str| -> Vec<Candidate<'_>> {
+        let lighter = lighter.to_owned();
+        names
+            .iter()
+            .map(|n| candidate(n, if *n == lighter { &idle } else { &busy }, None))
+            .collect()
+    };
+    let chosen = |candidates: &[Candidate<'_>], prefixes_recur: bool| {
         let request = RouteRequest {
             prefixes_recur,
             ..request(&prompt)
         };
-        let d = decide(&candidates, &request, &RouteConfig::default(), NOW).unwrap();
+        let d = decide(candidates, &request, &config, NOW).unwrap();
         assert!(d.new_prefix);
         candidates[d.ranked[0]].node_key
     };
+    let fourth_lighter = cluster(by_weight[3]);
     assert_eq!(
-        chosen(true),
-        node_key(first),
+        chosen(&fourth_lighter, true),
+        node_key(by_weight[0]),
         "rendezvous, whatever the loads"
     );
     assert_eq!(
-        chosen(false),
-        node_key(last),
+        chosen(&fourth_lighter, false),
+        node_key(by_weight[3]),
         "a request lighter is lighter"
     );
-    // Equal loads: the rendezvous order still breaks the tie, alike on every entry node.
+    // Beyond the first four, the rendezvous order again: no herd on one engine's stale view.
+    let fifth_lighter = cluster(by_weight[4]);
+    assert_eq!(chosen(&fifth_lighter, false), node_key(by_weight[0]));
+    // Equal loads: the rendezvous order breaks the tie, alike on every entry node.
     let even: Vec<Candidate<'_>> = names.iter().map(|n| candidate(n, &busy, None)).collect();
-    let request = RouteRequest {
-        prefixes_recur: false,
-        ..request(&prompt)
-    };
-    let d = decide(&even, &request, &RouteConfig::default(), NOW).unwrap();
-    assert_eq!(even[d.ranked[0]].node_key, node_key(first));
+    assert_eq!(chosen(&even, false), node_key(by_weight[0]));
 }
 
 #[test]
