@@ -17,15 +17,15 @@
 //! 7, 8, 10, 12, 14, 16, 20, …): about 50 counters for a 100,000-token prompt. A popular prefix
 //! then ends between a counted depth and the next, which bounds how far it is credited.
 //!
-//! The same counts say whether prompts share prefixes at all ([`PrefixTraffic::prefixes_recur`]):
-//! of the distinct first blocks in the window, the share that more than one request began with.
-//! Where few do (a trace of unrelated prompts, or the own prompts beside one hot system
-//! prompt), a new prefix is unlikely to be asked for again, and sending it to the engine every
-//! entry node would pick for it (rendezvous) only queues it behind that engine's work; it goes
-//! to the least loaded of a few engines instead. Each entry node counts its own sample of the traffic,
-//! in which a prefix that recurs only a few times cluster-wide is rarely seen twice: such
-//! prefixes gain least from meeting on one engine, and once an engine holds one, gossip says
-//! so and its next requests go there anyway.
+//! The window also says whether prompts share prefixes at all
+//! ([`PrefixTraffic::prefixes_recur`]): of the distinct first blocks in it, the share that
+//! more than one request began with. Where few do (a trace of unrelated prompts, or the own
+//! prompts beside one hot system prompt), a new prefix is unlikely to be asked for again, and
+//! sending it to the engine every entry node would pick for it (rendezvous) only queues it
+//! behind that engine's work; it goes to the least loaded of a few engines instead. Each entry
+//! node counts its own sample of the traffic, in which a prefix that recurs only a few times
+//! cluster-wide is rarely seen twice: such prefixes gain least from meeting on one engine, and
+//! once an engine holds one, gossip says so and its next requests go there anyway.
 
 use super::decide::RouteRequest;
 use crate::block_map::BlockMap;
@@ -63,9 +63,10 @@ pub struct PrefixTraffic {
     window: VecDeque<Vec<BlockHash>>,
     /// Block hash → requests in the window whose chain has it at a sampled depth.
     counts: BlockMap<BlockHash, u32>,
-    /// Distinct first blocks of the window's requests.
-    first_blocks: usize,
-    /// Of those, the ones more than one request in the window began with.
+    /// First block → requests in the window that began with it (apart from `counts`, whose
+    /// hashes of every depth share one map).
+    first_blocks: BlockMap<BlockHash, u32>,
+    /// Of those first blocks, the ones more than one request in the window began with.
     repeated_first_blocks: usize,
     capacity: usize,
 }
@@ -82,7 +83,7 @@ impl PrefixTraffic {
         Self {
             window: VecDeque::new(),
             counts: BlockMap::default(),
-            first_blocks: 0,
+            first_blocks: BlockMap::default(),
             repeated_first_blocks: 0,
             capacity: capacity.max(1),
         }
@@ -93,15 +94,14 @@ impl PrefixTraffic {
         let sampled: Vec<BlockHash> = sampled_depths(chain.len())
             .map(|blocks| chain[blocks as usize - 1])
             .collect();
-        for (depth, hash) in sampled.iter().enumerate() {
-            let count = self.counts.entry(*hash).or_default();
+        for hash in &sampled {
+            *self.counts.entry(*hash).or_default() += 1;
+        }
+        if let Some(&first) = sampled.first() {
+            let count = self.first_blocks.entry(first).or_default();
             *count += 1;
-            if depth == 0 {
-                match *count {
-                    1 => self.first_blocks += 1,
-                    2 => self.repeated_first_blocks += 1,
-                    _ => {}
-                }
+            if *count == 2 {
+                self.repeated_first_blocks += 1;
             }
         }
         self.window.push_back(sampled);
@@ -109,16 +109,21 @@ impl PrefixTraffic {
             let Some(oldest) = self.window.pop_front() else {
                 break;
             };
-            for (depth, hash) in oldest.into_iter().enumerate() {
+            if let Some(first) = oldest.first()
+                && let Some(count) = self.first_blocks.get_mut(first)
+            {
+                *count -= 1;
+                match *count {
+                    0 => {
+                        self.first_blocks.remove(first);
+                    }
+                    1 => self.repeated_first_blocks = self.repeated_first_blocks.saturating_sub(1),
+                    _ => {}
+                }
+            }
+            for hash in oldest {
                 if let Some(count) = self.counts.get_mut(&hash) {
                     *count -= 1;
-                    if depth == 0 {
-                        match *count {
-                            0 => self.first_blocks -= 1,
-                            1 => self.repeated_first_blocks -= 1,
-                            _ => {}
-                        }
-                    }
                     if *count == 0 {
                         self.counts.remove(&hash);
                     }
@@ -135,7 +140,7 @@ impl PrefixTraffic {
     pub fn prefixes_recur(&self) -> bool {
         let requests = self.window.len();
         requests < MIN_RECURRENCE_SAMPLE
-            || self.repeated_first_blocks as f64 >= RECURRING_SHARE * self.first_blocks as f64
+            || self.repeated_first_blocks as f64 >= RECURRING_SHARE * self.first_blocks.len() as f64
     }
 
     /// The sampled prefixes of `chain` seen at least [`MIN_SIGHTINGS`] times in the window,
@@ -310,7 +315,7 @@ mod tests {
             hot.record(&chain(10 + i / 3, i, 4));
         }
         assert!(hot.prefixes_recur());
-        assert_eq!(hot.first_blocks, 67);
+        assert_eq!(hot.first_blocks.len(), 67);
         assert_eq!(hot.repeated_first_blocks, 67);
     }
 
