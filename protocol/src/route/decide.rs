@@ -100,9 +100,9 @@ pub struct RouteRequest<'a> {
     /// Whether prompts in the recent traffic share prefixes (see
     /// [`super::PrefixTraffic::prefixes_recur`]). Where they do, a new prefix goes where every
     /// entry node sends it, so that its copies and next requests meet there
-    /// ([`RouteConfig::cold_choices`]); where they do not, to the least loaded of a few
-    /// engines ([`RouteConfig::unshared_choices`]), as a load balancer would: nothing is
-    /// likely to come back for it. `true` unless the traffic says otherwise.
+    /// ([`RouteConfig::cold_choices`]); where they do not, to the least loaded of its first
+    /// [`RouteConfig::unshared_choices`] (by default one: there too), as a load balancer
+    /// would: nothing is likely to come back for it. `true` unless the traffic says otherwise.
     pub prefixes_recur: bool,
 }
 
