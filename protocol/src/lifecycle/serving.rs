@@ -131,6 +131,13 @@ pub struct ServingState {
     streamed_unstarted_at_poll: u32,
     /// Whole-answer requests handed over since the last poll (the poll does not show them).
     whole_since_poll: u32,
+    /// Whole-answer requests handed over with no answer back.
+    whole_unstarted: u32,
+    /// `whole_unstarted` when the engine's gauges were last read: the poll showed each of
+    /// them running or waiting.
+    whole_unstarted_at_poll: u32,
+    /// Of those, the ones answered since: a waiting one the poll counted waits no more.
+    whole_done_since_poll: u32,
     poll_epoch: u64,
     polled: Option<Gauges>,
     /// Requests handed over and not finished.
@@ -155,6 +162,8 @@ impl ServingState {
         self.polled = Some(gauges);
         self.streamed_unstarted_at_poll = self.streamed_unstarted;
         self.whole_since_poll = 0;
+        self.whole_unstarted_at_poll = self.whole_unstarted;
+        self.whole_done_since_poll = 0;
         self.poll_epoch += 1;
     }
 
@@ -195,11 +204,18 @@ impl ServingState {
 
     /// Requests queued ahead of a new one: streamed ones not started, plus what the engine's
     /// `waiting` gauge showed beyond the streamed ones at the last poll (whole answers, other
-    /// clients), plus whole answers handed over since.
+    /// clients) less the whole answers it showed waiting that were answered since, plus whole
+    /// answers handed over since. Which whole answers the poll showed waiting is not known:
+    /// the engine runs them in order, so the earliest are taken for the running ones, and
+    /// only answers beyond those count as ones that waited.
     pub fn queued(&self) -> u32 {
         let waiting = self.polled.map_or(0, |g| g.waiting);
+        let beyond_streamed = waiting.saturating_sub(self.streamed_unstarted_at_poll);
+        let whole_waiting = self.whole_unstarted_at_poll.min(beyond_streamed);
+        let whole_running = self.whole_unstarted_at_poll - whole_waiting;
+        let waited_done = self.whole_done_since_poll.saturating_sub(whole_running);
         self.streamed_unstarted
-            .saturating_add(waiting.saturating_sub(self.streamed_unstarted_at_poll))
+            .saturating_add(beyond_streamed.saturating_sub(waited_done))
             .saturating_add(self.whole_since_poll)
     }
 
@@ -346,6 +362,7 @@ impl ServingState {
             self.streamed_unstarted_tokens += u64::from(request.prefill_tokens);
         } else {
             self.whole_since_poll += 1;
+            self.whole_unstarted += 1;
         }
         self.handed_over += 1;
         let seq = self.handed_over;
@@ -379,8 +396,13 @@ impl ServingState {
             self.streamed_unstarted_tokens = self
                 .streamed_unstarted_tokens
                 .saturating_sub(u64::from(ticket.prefill_tokens));
-        } else if ticket.epoch == self.poll_epoch {
-            self.whole_since_poll = self.whole_since_poll.saturating_sub(1);
+        } else {
+            self.whole_unstarted = self.whole_unstarted.saturating_sub(1);
+            if ticket.epoch == self.poll_epoch {
+                self.whole_since_poll = self.whole_since_poll.saturating_sub(1);
+            } else {
+                self.whole_done_since_poll += 1;
+            }
         }
         if ticket.new_prefix.is_some()
             && let Some(i) = self.new_prefixes.iter().position(|c| c.seq == ticket.seq)
@@ -507,10 +529,27 @@ mod tests {
         serving.started(&mut third, 0);
         assert_eq!(serving.queued(), 1, "the whole answer the poll saw waiting");
         serving.finished(first, 0);
+        assert_eq!(
+            serving.queued(),
+            1,
+            "the first answer taken for the one that ran"
+        );
         serving.finished(second, 0);
+        assert_eq!(serving.queued(), 0, "the second waited, and waits no more");
         serving.finished(third, 0);
         assert_eq!(serving.inflight(), 0);
-        assert_eq!(serving.queued(), 1, "until the next poll");
+        // Another client's request the poll saw waiting counts until the next poll.
+        let mut fourth = serving.admit(&whole, 0).unwrap();
+        serving.polled(gauges(1, 1));
+        serving.started(&mut fourth, 0);
+        assert_eq!(
+            serving.queued(),
+            0,
+            "taken for the one the poll saw waiting"
+        );
+        serving.finished(fourth, 0);
+        serving.polled(gauges(0, 1));
+        assert_eq!(serving.queued(), 1, "someone else's, waiting");
         serving.polled(gauges(0, 0));
         assert_eq!(serving.queued(), 0);
     }
