@@ -130,7 +130,7 @@ pub struct RouteConfig {
     /// kvmesh 1.05× least-loaded against 0.85× with 4 (BENCHMARKS.md, "New prefixes where no
     /// prompt repeats"). Default 1, plain rendezvous: with 4 the simulator's Azure trace is
     /// 1% faster, but over real processes a burst of 1,000 distinct prompts through one
-    /// sidecar of two went 61–63% to the peer, whose gossiped load lags the requests still on
+    /// sidecar of two went up to 63% to the peer, whose gossiped load lags the requests still on
     /// their way to its engine, where rendezvous and late binding split it 50:50.
     pub unshared_choices: u32,
     /// Late binding: how many times one request may be declined by a serving node whose own,
