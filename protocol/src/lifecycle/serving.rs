@@ -149,6 +149,10 @@ pub struct ServingState {
     /// First blocks of the new prefixes declined here, with when their copies stop following
     /// them (oldest first).
     declined_new_prefixes: VecDeque<(u64, u64)>,
+    /// New prefixes whose first byte came back here (first block, prompt tokens it covers,
+    /// until when it is remembered; oldest first): a later copy meets them in the engine's
+    /// cache, while its entry, whose view does not show them yet, counted it whole.
+    computed_new_prefixes: VecDeque<(u64, u32, u64)>,
     digest_version: u64,
 }
 
@@ -319,13 +323,27 @@ impl ServingState {
         {
             self.declined_new_prefixes.pop_front();
         }
+        while self
+            .computed_new_prefixes
+            .front()
+            .is_some_and(|&(_, _, until)| until <= now_ms)
+        {
+            self.computed_new_prefixes.pop_front();
+        }
         let new_prefix = request.first_block.filter(|_| request.new_prefix);
         let joins = self.computing(request.first_block);
+        let computed = new_prefix.and_then(|block| {
+            let mut here = self.computed_new_prefixes.iter().rev();
+            here.find(|&&(b, _, _)| b == block)
+                .map(|&(_, covers, _)| covers)
+        });
         let covers_tokens = request.prefill_tokens;
-        let prefill_tokens = match joins {
-            Some(block) => covers_tokens.saturating_sub(self.covered_by_earliest(block)),
-            None => covers_tokens,
+        let prefill_tokens = match (joins, computed) {
+            (Some(block), _) => covers_tokens.saturating_sub(self.covered_by_earliest(block)),
+            (None, Some(covered)) => covers_tokens.saturating_sub(covered),
+            (None, None) => covers_tokens,
         };
+        let met_here = joins.is_some() || computed.is_some();
         let request = &Admission {
             prefill_tokens,
             ..*request
@@ -333,13 +351,13 @@ impl ServingState {
         if let Some(bound) = request.decline_above_tokens {
             let declined_before = new_prefix
                 .is_some_and(|block| self.declined_new_prefixes.iter().any(|&(b, _)| b == block));
-            if declined_before && joins.is_none() {
+            if declined_before && !met_here {
                 return Err(DeclineReason::Follows);
             }
             let over = self.tokens_ahead(request.prefill_tokens, now_ms) > f64::from(bound);
             if over {
                 // A copy is not recorded: its later copies still meet the prefix here.
-                let Some(block) = new_prefix.filter(|_| joins.is_none()) else {
+                let Some(block) = new_prefix.filter(|_| !met_here) else {
                     return Err(match new_prefix {
                         Some(_) => DeclineReason::NewPrefix,
                         None => DeclineReason::Queue,
@@ -407,7 +425,15 @@ impl ServingState {
         if ticket.new_prefix.is_some()
             && let Some(i) = self.new_prefixes.iter().position(|c| c.seq == ticket.seq)
         {
-            self.new_prefixes.swap_remove(i);
+            let computed = self.new_prefixes.swap_remove(i);
+            if self.computed_new_prefixes.len() >= FOLLOW_MAX_ENTRIES {
+                self.computed_new_prefixes.pop_front();
+            }
+            self.computed_new_prefixes.push_back((
+                computed.first_block,
+                computed.covers_tokens,
+                now_ms.saturating_add(FOLLOW_TTL_MS),
+            ));
         }
     }
 
@@ -591,6 +617,33 @@ mod tests {
         }
         assert_eq!(serving.new_prefixes_in_flight(), 0);
         assert_eq!(serving.queued(), 0);
+    }
+
+    #[test]
+    fn a_copy_arriving_after_the_first_was_answered_meets_it_in_the_cache() {
+        let mut serving = serving();
+        let mut first = serving.admit(&streamed(Some(1), None), 0).unwrap();
+        serving.started(&mut first, 10);
+        // Something else queued here: a whole prompt behind it is over a bound of just under
+        // one prompt, but the copy's own work is what its prompt has beyond the first's.
+        let other = serving.admit(&streamed(None, None), 10).unwrap();
+        assert_eq!(
+            serving.admit(&streamed(Some(2), Some(999)), 20),
+            Err(DeclineReason::NewPrefix),
+            "another new prefix is over the bound"
+        );
+        let copy = serving
+            .admit(&streamed(Some(1), Some(999)), 20)
+            .expect("the copy meets the first's blocks here");
+        serving.finished(copy, 20);
+        // Remembered as long as its entries' views take to show it held.
+        let later = 20 + FOLLOW_TTL_MS;
+        assert_eq!(
+            serving.admit(&streamed(Some(1), Some(999)), later),
+            Err(DeclineReason::NewPrefix)
+        );
+        serving.finished(first, later);
+        serving.finished(other, later);
     }
 
     #[test]
