@@ -316,20 +316,10 @@ impl ServingState {
     /// next: the least busy of the rest in that entry's view, which entries that exchange with
     /// the same engines mostly share.
     pub fn admit(&mut self, request: &Admission, now_ms: u64) -> Result<Ticket, DeclineReason> {
-        while self
-            .declined_new_prefixes
-            .front()
-            .is_some_and(|&(_, until)| until <= now_ms)
-        {
-            self.declined_new_prefixes.pop_front();
-        }
-        while self
-            .computed_new_prefixes
-            .front()
-            .is_some_and(|&(_, _, until)| until <= now_ms)
-        {
-            self.computed_new_prefixes.pop_front();
-        }
+        forget_until(&mut self.declined_new_prefixes, now_ms, |&(_, until)| until);
+        forget_until(&mut self.computed_new_prefixes, now_ms, |&(_, _, until)| {
+            until
+        });
         let new_prefix = request.first_block.filter(|_| request.new_prefix);
         let joins = self.computing(request.first_block);
         let computed = new_prefix.and_then(|block| {
@@ -363,11 +353,10 @@ impl ServingState {
                         None => DeclineReason::Queue,
                     });
                 };
-                if self.declined_new_prefixes.len() >= FOLLOW_MAX_ENTRIES {
-                    self.declined_new_prefixes.pop_front();
-                }
-                self.declined_new_prefixes
-                    .push_back((block, now_ms.saturating_add(FOLLOW_TTL_MS)));
+                remember(
+                    &mut self.declined_new_prefixes,
+                    (block, now_ms.saturating_add(FOLLOW_TTL_MS)),
+                );
                 return Err(DeclineReason::NewPrefix);
             }
         }
@@ -426,14 +415,14 @@ impl ServingState {
             && let Some(i) = self.new_prefixes.iter().position(|c| c.seq == ticket.seq)
         {
             let computed = self.new_prefixes.swap_remove(i);
-            if self.computed_new_prefixes.len() >= FOLLOW_MAX_ENTRIES {
-                self.computed_new_prefixes.pop_front();
-            }
-            self.computed_new_prefixes.push_back((
-                computed.first_block,
-                computed.covers_tokens,
-                now_ms.saturating_add(FOLLOW_TTL_MS),
-            ));
+            remember(
+                &mut self.computed_new_prefixes,
+                (
+                    computed.first_block,
+                    computed.covers_tokens,
+                    now_ms.saturating_add(FOLLOW_TTL_MS),
+                ),
+            );
         }
     }
 
@@ -442,6 +431,21 @@ impl ServingState {
         self.started(&mut ticket, now_ms);
         self.inflight = self.inflight.saturating_sub(1);
     }
+}
+
+/// Drops the entries of `memory` (oldest first) whose `until` has passed at `now_ms`.
+fn forget_until<T>(memory: &mut VecDeque<T>, now_ms: u64, until: impl Fn(&T) -> u64) {
+    while memory.front().is_some_and(|entry| until(entry) <= now_ms) {
+        memory.pop_front();
+    }
+}
+
+/// Appends `entry` to `memory`, forgetting the oldest beyond [`FOLLOW_MAX_ENTRIES`].
+fn remember<T>(memory: &mut VecDeque<T>, entry: T) {
+    if memory.len() >= FOLLOW_MAX_ENTRIES {
+        memory.pop_front();
+    }
+    memory.push_back(entry);
 }
 
 #[cfg(test)]
