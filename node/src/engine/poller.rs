@@ -77,6 +77,8 @@ pub struct EngineState {
     /// Every `/v1/models` entry, as the engine describes it.
     pub cards: Vec<ModelCard>,
     pub metrics: EngineMetrics,
+    /// When `metrics` were asked for: the engine read them between then and the poll's end.
+    pub metrics_asked_at: Option<Instant>,
     pub ttft_ewma_ms: f64,
     pub prefill_tokens_per_s: f64,
     /// The last error, for `/debug/cluster` and logs.
@@ -162,6 +164,7 @@ async fn poll_loop(client: EngineClient, interval: Duration, tx: watch::Sender<A
             }
         }
         if failure.is_none() {
+            let asked_at = Instant::now();
             match client.get_text("/metrics", timeout).await {
                 Ok(text) => {
                     let now = Instant::now();
@@ -170,6 +173,7 @@ async fn poll_loop(client: EngineClient, interval: Duration, tx: watch::Sender<A
                         update_ewmas(&mut state, &mut prefill, before, &current);
                     }
                     state.metrics = current.clone();
+                    state.metrics_asked_at = Some(asked_at);
                     previous = Some((current, now));
                 }
                 Err(e) => failure = Some(PollFailure::new("/metrics", &e)),

@@ -85,10 +85,12 @@ impl EngineQueue {
         lock(&self.state).gauges(now_ms)
     }
 
-    /// The engine's gauges were just read, and its prefill speed measured (0: not yet).
-    pub fn polled(&self, gauges: Gauges, prefill_tokens_per_s: f64) {
+    /// The engine's gauges, asked for at `asked_at`, were just read, and its prefill speed
+    /// measured (0: not yet).
+    pub fn polled(&self, gauges: Gauges, prefill_tokens_per_s: f64, asked_at: Instant) {
+        let asked_ms = asked_at.saturating_duration_since(self.epoch).as_millis() as u64;
         let mut state = lock(&self.state);
-        state.polled(gauges);
+        state.polled(gauges, asked_ms);
         state.set_prefill_speed(prefill_tokens_per_s);
         self.observe(&state);
     }

@@ -222,7 +222,9 @@ async fn poll_loop(state: SharedState) {
     loop {
         let current = engine.borrow_and_update().clone();
         state.metrics.engine_healthy.set(i64::from(current.healthy));
-        if current.polls != polls {
+        if current.polls != polls
+            && let Some(asked_at) = current.metrics_asked_at
+        {
             polls = current.polls;
             state.engine_queue.polled(
                 Gauges {
@@ -232,6 +234,7 @@ async fn poll_loop(state: SharedState) {
                     queued_tokens: None,
                 },
                 current.prefill_tokens_per_s,
+                asked_at,
             );
         }
         if engine.changed().await.is_err() {

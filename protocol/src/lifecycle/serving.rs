@@ -35,6 +35,14 @@ pub const FOLLOW_MAX_ENTRIES: usize = 4_096;
 /// in that queue anyway; past the bound, the two are computed side by side, as without it.
 pub const COPY_HOLD_MAX_MS: u64 = 10_000;
 
+/// Answers begun are remembered this long, to tell which of them a poll's gauges may still
+/// show ([`ServingState::polled`]): longer than a poll may take (the node's poller gives up on
+/// one after at most a few seconds).
+pub const STARTS_KEPT_MS: u64 = 5_000;
+
+/// At most this many answers begun are remembered (the oldest go first).
+pub const STARTS_KEPT_MAX: usize = 4_096;
+
 /// What the serving side needs to know of a request to admit it.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct Admission {
@@ -153,6 +161,8 @@ pub struct ServingState {
     /// until when it is remembered; oldest first): a later copy meets them in the engine's
     /// cache, while its entry, whose view does not show them yet, counted it whole.
     computed_new_prefixes: VecDeque<(u64, u32, u64)>,
+    /// When recent answers began, and whether each streams (oldest first).
+    recent_starts: VecDeque<(u64, bool)>,
     digest_version: u64,
 }
 
@@ -161,13 +171,24 @@ impl ServingState {
         Self::default()
     }
 
-    /// The engine's gauges were just read.
-    pub fn polled(&mut self, gauges: Gauges) {
+    /// The engine's gauges, asked for at `asked_ms`, were just read. The engine read them at
+    /// some moment between the two, so an answer begun after `asked_ms` may be counted in
+    /// them as waiting or not. It is taken as still unstarted at the read: the requests the gauges show
+    /// beyond this node's are then never overcounted, only at worst undercounted until the
+    /// next poll. (Overcounted, a request answered long ago would hold the queue over its
+    /// bound and decline the next copy of a new prefix.)
+    pub fn polled(&mut self, gauges: Gauges, asked_ms: u64) {
+        let begun_since = |streamed: bool| {
+            let since = self.recent_starts.iter().rev();
+            let since = since.take_while(|&&(at_ms, _)| at_ms > asked_ms);
+            since.filter(|&&(_, s)| s == streamed).count() as u32
+        };
+        let (streamed_begun, whole_begun) = (begun_since(true), begun_since(false));
         self.polled = Some(gauges);
-        self.streamed_unstarted_at_poll = self.streamed_unstarted;
+        self.streamed_unstarted_at_poll = self.streamed_unstarted + streamed_begun;
         self.whole_since_poll = 0;
-        self.whole_unstarted_at_poll = self.whole_unstarted;
-        self.whole_done_since_poll = 0;
+        self.whole_unstarted_at_poll = self.whole_unstarted + whole_begun;
+        self.whole_done_since_poll = whole_begun;
         self.poll_epoch += 1;
     }
 
@@ -356,6 +377,7 @@ impl ServingState {
                 remember(
                     &mut self.declined_new_prefixes,
                     (block, now_ms.saturating_add(FOLLOW_TTL_MS)),
+                    FOLLOW_MAX_ENTRIES,
                 );
                 return Err(DeclineReason::NewPrefix);
             }
@@ -397,6 +419,14 @@ impl ServingState {
         if std::mem::replace(&mut ticket.started, true) {
             return;
         }
+        forget_until(&mut self.recent_starts, now_ms, |&(at_ms, _)| {
+            at_ms.saturating_add(STARTS_KEPT_MS)
+        });
+        remember(
+            &mut self.recent_starts,
+            (now_ms, ticket.streamed),
+            STARTS_KEPT_MAX,
+        );
         if ticket.streamed {
             self.streamed_unstarted = self.streamed_unstarted.saturating_sub(1);
             self.head_since_ms = now_ms;
@@ -422,6 +452,7 @@ impl ServingState {
                     computed.covers_tokens,
                     now_ms.saturating_add(FOLLOW_TTL_MS),
                 ),
+                FOLLOW_MAX_ENTRIES,
             );
         }
     }
@@ -440,9 +471,9 @@ fn forget_until<T>(memory: &mut VecDeque<T>, now_ms: u64, until: impl Fn(&T) -> 
     }
 }
 
-/// Appends `entry` to `memory`, forgetting the oldest beyond [`FOLLOW_MAX_ENTRIES`].
-fn remember<T>(memory: &mut VecDeque<T>, entry: T) {
-    if memory.len() >= FOLLOW_MAX_ENTRIES {
+/// Appends `entry` to `memory`, forgetting the oldest beyond `max` entries.
+fn remember<T>(memory: &mut VecDeque<T>, entry: T, max: usize) {
+    if memory.len() >= max {
         memory.pop_front();
     }
     memory.push_back(entry);
@@ -550,7 +581,7 @@ mod tests {
         assert_eq!(serving.queued(), 2, "handed over since the last poll");
         // The engine runs one and queues the other; a streamed request waits too.
         let mut third = serving.admit(&streamed(None, None), 0).unwrap();
-        serving.polled(gauges(1, 2));
+        serving.polled(gauges(1, 2), 0);
         assert_eq!(
             serving.queued(),
             2,
@@ -569,19 +600,46 @@ mod tests {
         serving.finished(third, 0);
         assert_eq!(serving.inflight(), 0);
         // Another client's request the poll saw waiting counts until the next poll.
-        let mut fourth = serving.admit(&whole, 0).unwrap();
-        serving.polled(gauges(1, 1));
-        serving.started(&mut fourth, 0);
+        let mut fourth = serving.admit(&whole, 10).unwrap();
+        serving.polled(gauges(1, 1), 10);
+        serving.started(&mut fourth, 20);
         assert_eq!(
             serving.queued(),
             0,
             "taken for the one the poll saw waiting"
         );
-        serving.finished(fourth, 0);
-        serving.polled(gauges(0, 1));
+        serving.finished(fourth, 20);
+        serving.polled(gauges(0, 1), 30);
         assert_eq!(serving.queued(), 1, "someone else's, waiting");
-        serving.polled(gauges(0, 0));
+        serving.polled(gauges(0, 0), 40);
         assert_eq!(serving.queued(), 0);
+    }
+
+    #[test]
+    fn an_answer_begun_while_the_gauges_were_read_is_not_counted_waiting_after() {
+        let mut serving = ServingState::new();
+        let whole = Admission {
+            streamed: false,
+            ..streamed(None, None)
+        };
+        let mut tickets = [
+            serving.admit(&whole, 0).unwrap(),
+            serving.admit(&streamed(None, None), 0).unwrap(),
+        ];
+        // Asked at 10; both answers begin at 12; the engine read its gauges at 11, with both
+        // still waiting; the gauges arrive at 15.
+        for ticket in &mut tickets {
+            serving.started(ticket, 12);
+        }
+        serving.polled(gauges(0, 2), 10);
+        assert_eq!(serving.queued(), 0, "both begun since the poll was asked");
+        // An answer begun before the poll was asked is not one the gauges may show waiting:
+        // what they show waiting is someone else's.
+        serving.polled(gauges(0, 1), 20);
+        assert_eq!(serving.queued(), 1, "another client's request");
+        for ticket in tickets {
+            serving.finished(ticket, 30);
+        }
     }
 
     #[test]
@@ -768,7 +826,7 @@ mod tests {
             ..streamed(None, None)
         };
         let unknown = serving.admit(&whole, 0).unwrap();
-        serving.polled(gauges(0, 1));
+        serving.polled(gauges(0, 1), 0);
         assert_eq!(
             serving.queued_tokens(0),
             None,
@@ -796,7 +854,7 @@ mod tests {
     #[test]
     fn reports_carry_the_exact_queue_and_the_digest_version() {
         let mut serving = ServingState::new();
-        serving.polled(gauges(4, 0));
+        serving.polled(gauges(4, 0), 0);
         serving.set_digest_version(9);
         let ticket = serving.admit(&streamed(None, None), 0).unwrap();
         let report = serving.report(0);

@@ -411,7 +411,7 @@ fn tick(sim: &mut Sim<'_>, now: u64) {
                 let mut totals = TickTotals::default();
                 for ((node, view), waiting) in nodes.iter_mut().zip(published).zip(unpublished) {
                     let gauges = node.engine_gauges();
-                    node.serving.polled(gauges);
+                    node.serving.polled(gauges, now / 1_000_000);
                     publish(node, view, waiting, &mut totals, lags, summaries, now);
                 }
                 totals
