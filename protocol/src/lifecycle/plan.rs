@@ -474,7 +474,11 @@ impl Plan {
     pub fn ended(&mut self, entry: &mut EntryState) {
         self.first_byte(entry);
         if let Some(sent) = self.served.take() {
-            entry.settle_send(sent.key, sent.at_ms);
+            // A report settled it already (settling twice would take another send of the
+            // same millisecond off the ledger).
+            if !sent.reported {
+                entry.settle_send(sent.key, sent.at_ms);
+            }
             entry.served_ended(sent.key, sent.at_ms);
         }
     }
@@ -798,6 +802,41 @@ mod tests {
             Progress::GaveUp { timed_out: false }
         );
         assert_eq!(plan.next_attempt(&mut entry, &chain, 14), None);
+    }
+
+    #[test]
+    fn an_answer_ending_leaves_another_send_of_the_same_millisecond_counted() {
+        use crate::lifecycle::EntryState;
+        let digests = idle_mixed_digests(2);
+        let peers = peer_inputs(&digests);
+        let chain: Vec<u64> = (0..8).collect();
+        let mut entry = EntryState::default();
+        let mut first = plan_with_two_retries(&mut entry, &peers, &chain);
+        let sent = first.next_attempt(&mut entry, &chain, 10).unwrap();
+        let mut second = plan_with_two_retries(&mut entry, &peers, &chain);
+        let copy = second.next_attempt(&mut entry, &chain, 10).unwrap();
+        assert_eq!(copy.node_key, sent.node_key, "the copy follows the first");
+        let there = peers.iter().find(|p| p.key == sent.node_key).unwrap();
+        let report = LoadReport {
+            digest_version: 1,
+            running: 0,
+            waiting: 1,
+            kv_usage: 0.0,
+            queued_tokens: None,
+            inflight: 1,
+        };
+        let started = Outcome::Started(Some(report));
+        assert_eq!(
+            first.on_outcome(&mut entry, &chain, started, 11),
+            Progress::Served
+        );
+        assert_eq!(entry.estimate(there, 11).pending, 1, "the copy, on its way");
+        first.ended(&mut entry);
+        assert_eq!(
+            entry.estimate(there, 12).pending,
+            1,
+            "the report settled the first send; its end takes nothing else"
+        );
     }
 
     #[test]
