@@ -215,17 +215,18 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
 }
 
 /// Tells the engine queue each time the engine's gauges were read, so that it counts as
-/// queued exactly what the gauges cannot show yet.
+/// queued exactly what the gauges cannot show yet. A poll that failed read nothing new: its
+/// gauges are the last ones, already told.
 async fn poll_loop(state: SharedState) {
     let mut engine = state.engine.watch();
-    let mut polls = 0;
+    let mut told: Option<Instant> = None;
     loop {
         let current = engine.borrow_and_update().clone();
         state.metrics.engine_healthy.set(i64::from(current.healthy));
-        if current.polls != polls
-            && let Some(asked_at) = current.metrics_asked_at
+        if let Some(asked_at) = current.metrics_asked_at
+            && told != Some(asked_at)
         {
-            polls = current.polls;
+            told = Some(asked_at);
             state.engine_queue.polled(
                 Gauges {
                     running: current.metrics.running.max(0.0) as u32,

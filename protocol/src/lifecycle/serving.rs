@@ -173,10 +173,10 @@ impl ServingState {
 
     /// The engine's gauges, asked for at `asked_ms`, were just read. The engine read them at
     /// some moment between the two, so an answer begun after `asked_ms` may be counted in
-    /// them as waiting or not. It is taken as still unstarted at the read: the requests the gauges show
-    /// beyond this node's are then never overcounted, only at worst undercounted until the
-    /// next poll. (Overcounted, a request answered long ago would hold the queue over its
-    /// bound and decline the next copy of a new prefix.)
+    /// them as waiting or not. It is taken as still unstarted at the read: the requests the
+    /// gauges show beyond this node's are then never overcounted, only at worst undercounted
+    /// until the next poll. (Overcounted, a request answered long ago would hold the queue
+    /// over its bound and decline the next copy of a new prefix.)
     pub fn polled(&mut self, gauges: Gauges, asked_ms: u64) {
         let begun_since = |streamed: bool| {
             let since = self.recent_starts.iter().rev();
