@@ -178,12 +178,14 @@ impl ServingState {
     /// until the next poll. (Overcounted, a request answered long ago would hold the queue
     /// over its bound and decline the next copy of a new prefix.)
     pub fn polled(&mut self, gauges: Gauges, asked_ms: u64) {
-        let begun_since = |streamed: bool| {
-            let since = self.recent_starts.iter().rev();
-            let since = since.take_while(|&&(at_ms, _)| at_ms > asked_ms);
-            since.filter(|&&(_, s)| s == streamed).count() as u32
-        };
-        let (streamed_begun, whole_begun) = (begun_since(true), begun_since(false));
+        let (mut streamed_begun, mut whole_begun) = (0, 0);
+        let recent = self.recent_starts.iter().rev();
+        for &(_, streamed) in recent.take_while(|&&(at_ms, _)| at_ms > asked_ms) {
+            match streamed {
+                true => streamed_begun += 1,
+                false => whole_begun += 1,
+            }
+        }
         self.polled = Some(gauges);
         self.streamed_unstarted_at_poll = self.streamed_unstarted + streamed_begun;
         self.whole_since_poll = 0;
