@@ -712,6 +712,18 @@ mod tests {
     }
 
     /// The plan for `chain` over `peers`, decided at 10 ms, with two retries.
+    /// What an engine reports with one request queued there, the one it answers.
+    fn one_queued() -> LoadReport {
+        LoadReport {
+            digest_version: 1,
+            running: 0,
+            waiting: 1,
+            kv_usage: 0.0,
+            queued_tokens: None,
+            inflight: 1,
+        }
+    }
+
     fn plan_with_two_retries(
         entry: &mut crate::lifecycle::EntryState,
         peers: &[crate::lifecycle::PeerInput<'_>],
@@ -769,15 +781,7 @@ mod tests {
         let mut plan = plan_with_two_retries(&mut entry, &peers, &chain);
         let first = plan.next_attempt(&mut entry, &chain, 10).unwrap();
         let served_at = peers.iter().find(|p| p.key == first.node_key).unwrap();
-        let report = LoadReport {
-            digest_version: 1,
-            running: 0,
-            waiting: 1,
-            kv_usage: 0.0,
-            queued_tokens: None,
-            inflight: 1,
-        };
-        let started = Outcome::Started(Some(report));
+        let started = Outcome::Started(Some(one_queued()));
         assert_eq!(
             plan.on_outcome(&mut entry, &chain, started, 11),
             Progress::Served
@@ -817,15 +821,7 @@ mod tests {
         let copy = second.next_attempt(&mut entry, &chain, 10).unwrap();
         assert_eq!(copy.node_key, sent.node_key, "the copy follows the first");
         let there = peers.iter().find(|p| p.key == sent.node_key).unwrap();
-        let report = LoadReport {
-            digest_version: 1,
-            running: 0,
-            waiting: 1,
-            kv_usage: 0.0,
-            queued_tokens: None,
-            inflight: 1,
-        };
-        let started = Outcome::Started(Some(report));
+        let started = Outcome::Started(Some(one_queued()));
         assert_eq!(
             first.on_outcome(&mut entry, &chain, started, 11),
             Progress::Served

@@ -496,6 +496,14 @@ mod tests {
         }
     }
 
+    /// The same request, answered whole (not streamed).
+    fn whole(new_prefix: Option<u64>) -> Admission {
+        Admission {
+            streamed: false,
+            ..streamed(new_prefix, None)
+        }
+    }
+
     #[test]
     fn a_copy_of_a_new_prefix_waits_for_the_earlier_one_to_start() {
         let mut serving = serving();
@@ -527,11 +535,7 @@ mod tests {
     fn a_whole_answer_is_not_waited_for() {
         // A non-streamed answer's first byte comes at its end, not its prefill's.
         let mut serving = serving();
-        let whole = Admission {
-            streamed: false,
-            ..streamed(Some(7), None)
-        };
-        let first = serving.admit(&whole, 0).unwrap();
+        let first = serving.admit(&whole(Some(7)), 0).unwrap();
         let copy = serving.admit(&streamed(Some(7), None), 1).unwrap();
         assert!(!serving.behind_earlier_copy(&copy));
         serving.finished(first, 2);
@@ -572,11 +576,8 @@ mod tests {
     fn whole_answers_count_through_the_polled_waiting_gauge() {
         let mut serving = ServingState::new();
         let whole = Admission {
-            first_block: None,
-            new_prefix: false,
             prefill_tokens: 100,
-            decline_above_tokens: None,
-            streamed: false,
+            ..whole(None)
         };
         let first = serving.admit(&whole, 0).unwrap();
         let second = serving.admit(&whole, 0).unwrap();
@@ -620,12 +621,8 @@ mod tests {
     #[test]
     fn an_answer_begun_while_the_gauges_were_read_is_not_counted_waiting_after() {
         let mut serving = ServingState::new();
-        let whole = Admission {
-            streamed: false,
-            ..streamed(None, None)
-        };
         let mut tickets = [
-            serving.admit(&whole, 0).unwrap(),
+            serving.admit(&whole(None), 0).unwrap(),
             serving.admit(&streamed(None, None), 0).unwrap(),
         ];
         // Asked at 10; both answers begin at 12; the engine read its gauges at 11, with both
@@ -823,11 +820,7 @@ mod tests {
     fn the_queue_is_reported_in_the_prompt_tokens_of_the_requests_in_it() {
         let mut serving = serving();
         assert_eq!(serving.queued_tokens(0), Some(0), "nothing queued");
-        let whole = Admission {
-            streamed: false,
-            ..streamed(None, None)
-        };
-        let unknown = serving.admit(&whole, 0).unwrap();
+        let unknown = serving.admit(&whole(None), 0).unwrap();
         serving.polled(gauges(0, 1), 0);
         assert_eq!(
             serving.queued_tokens(0),
