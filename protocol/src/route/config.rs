@@ -138,7 +138,11 @@ pub struct RouteConfig {
     /// [`crate::lifecycle`]). The entry judges on digests 100–600 ms old; the serving node
     /// sees every request its engine gets, so a declined request goes to the next in rank at
     /// the cost of one mesh round trip. A request's last attempt is never declined. 0 turns
-    /// late binding off. Default 1.
+    /// late binding off. Default 3: after a decline, the next in rank was chosen on the same
+    /// stale view, and is as likely to be busy (behind a long uncached prefill, say) as the
+    /// first; with one decline that second attempt was the last and stayed, so a third try
+    /// paid (simulator, 16 nodes: rag 2–4% lower mean TTFT and up to 40% lower p99, hot
+    /// 0.6% lower, no workload worse; BENCHMARKS.md, "A second decline").
     pub max_declines: u32,
     /// `max_declines` for a new prefix (no engine holds its first block). A new prefix costs
     /// a whole uncached prefill, hundreds of times what a decline costs (~0.4 ms on loopback),
@@ -201,7 +205,7 @@ impl Default for RouteConfig {
             cold_choices: 1,
             cold_load_margin: 1,
             unshared_choices: 1,
-            max_declines: 1,
+            max_declines: 3,
             max_new_prefix_declines: 3,
             decline_slack: 0.0,
             session_weight: 0.3,
