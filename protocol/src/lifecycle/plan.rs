@@ -676,6 +676,46 @@ mod tests {
     }
 
     #[test]
+    fn by_default_a_cached_request_may_be_passed_on_until_its_last_engine() {
+        use crate::route::tests::{candidate, digest};
+        let chain: Vec<u64> = (0..8).collect();
+        let config = RouteConfig::default();
+        let request = request(&chain);
+        let idle = digest(0);
+        let candidates = ["a", "b", "c", "d"].map(|name| candidate(name, &idle, None));
+        // Every engine holds the prompt's first 6 blocks: not a new prefix.
+        let held = Estimate {
+            matched: 6,
+            ..estimate(0, 0, 0)
+        };
+        let decision = Decision {
+            ranked: vec![0, 1, 2, 3],
+            reason: RouteReason::PrefixHit,
+            matched_blocks: 6,
+            best_matched_blocks: 6,
+            new_prefix: false,
+            popular_blocks: 0,
+            estimates: vec![held; 4],
+        };
+        let mut plan = Plan::new(&decision, &candidates, &request, &config);
+        let mut entry = crate::lifecycle::EntryState::default();
+        // The next in rank was chosen on the same view as the one that declined, and may be
+        // as busy: the second and third attempts may decline too, the last may not.
+        for rank in 0..3 {
+            let attempt = plan.next_attempt(&mut entry, &chain, 10).unwrap();
+            assert_eq!(attempt.candidate, rank);
+            assert_eq!(attempt.decline_above_tokens, Some(32), "attempt {rank}");
+            assert_eq!(
+                plan.on_outcome(&mut entry, &chain, Outcome::Declined(None), 10),
+                Progress::TryNext
+            );
+        }
+        let last = plan.next_attempt(&mut entry, &chain, 10).unwrap();
+        assert_eq!((last.candidate, last.decline_above_tokens), (3, None));
+        assert_eq!(plan.declines(), 3);
+    }
+
+    #[test]
     fn cached_blocks_left_behind_count_twice() {
         let chain: Vec<u64> = (0..8).collect();
         let config = RouteConfig::default();
