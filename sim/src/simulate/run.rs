@@ -293,6 +293,38 @@ mod tests {
         assert!((ttft / 16.0 - result.ttft_s.mean).abs() < 1e-9);
     }
 
+    /// A request served after a decline is recorded as `declined`, as the node's
+    /// `x-kvmesh-reason` reports it, so that a simulated run's reasons compare with a real
+    /// one's: at most one such record per request, none for more requests than were declined.
+    #[test]
+    fn a_request_served_after_a_decline_is_recorded_as_declined() {
+        let flags = "--nodes 2 --entry-nodes 1 --workload hot --hot-fraction 0 \
+             --hot-system-len 96 --hot-question-len 32 --hot-output-len 4 --requests 200 \
+             --rate 1000000 --seed 3";
+        let argv = std::iter::once("simulate").chain(flags.split_whitespace());
+        let args = Cli::try_parse_from(argv).expect("valid flags").args;
+        let inputs = Inputs::new(&args).expect("a workload");
+        let config = args.cluster_config(2, args.route_config().expect("defaults"), None);
+        let (result, records) =
+            cluster::run_recorded(&config, PolicyKind::Kvmesh, stream(&args, &inputs, 2));
+        let declined = records
+            .iter()
+            .filter(|r| r.reason == Some("declined"))
+            .count() as u64;
+        assert!(result.declines > 0, "a burst through one entry is declined");
+        assert!(
+            declined > 0 && declined <= result.declines,
+            "{declined} records say declined, of {} declines",
+            result.declines
+        );
+        // `decide`'s own reasons stay in the summary.
+        assert!(
+            !result.reasons.contains_key("declined"),
+            "{:?}",
+            result.reasons
+        );
+    }
+
     /// `--spread-seed` draws the spread keys afresh, as a real run does, and nothing else:
     /// the requests, their times and their entries stay those of `--seed`.
     #[test]

@@ -314,6 +314,11 @@ fn reply(sim: &mut Sim<'_>, state: &mut Loop, id: u64, outcome: Outcome, now: u6
     match progress {
         Progress::Served => {
             routing.started = true;
+            // The reason the node reports with the answer: the served attempt's (`declined`
+            // after a decline). A split request keeps its first leg's.
+            if let (Leg::Whole, Some(attempt)) = (routing.leg, routing.attempt) {
+                sim.records[id as usize].reason = Some(attempt.reason.as_str());
+            }
             match (routing.leg, routing.prefill_node, routing.attempt) {
                 // The prefill leg ends when its answer reaches the entry.
                 (Leg::Prefill, ..) => {}

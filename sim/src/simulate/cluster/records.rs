@@ -16,7 +16,9 @@ pub struct RequestRecord {
     /// The node whose engine served it (a split request's decode engine); none if it was not
     /// served.
     pub node: Option<String>,
-    /// `decide`'s reason at the entry (the policies that call it).
+    /// Why it went where it was served, as the node's `x-kvmesh-reason` says (the policies
+    /// that call `decide`): `decide`'s reason, or `declined` when an earlier attempt was
+    /// declined.
     pub reason: Option<&'static str>,
     /// Time to first token, seconds (none if it was not served).
     pub ttft_s: Option<f64>,
