@@ -133,7 +133,8 @@ pub struct ServingState {
     /// got with the oldest queued request.
     prefill_tokens_per_s: f64,
     /// Since when the engine has been working on the oldest of those: when the last one
-    /// started, or when one was handed over to an idle queue.
+    /// started, or when one was handed over to an idle queue, or the last read of the
+    /// engine's gauges that showed every one of them waiting.
     head_since_ms: u64,
     /// `streamed_unstarted` when the engine's gauges were last read.
     streamed_unstarted_at_poll: u32,
@@ -192,6 +193,14 @@ impl ServingState {
         self.whole_unstarted_at_poll = self.whole_unstarted + whole_begun;
         self.whole_done_since_poll = whole_begun;
         self.poll_epoch += 1;
+        // The engine showed every request this node handed it unstarted as waiting: it had
+        // begun none of them, not even the oldest (an engine out of KV blocks holds them all
+        // back until a running request ends). Nothing of the oldest was computed before the
+        // read, whatever the time since it became the oldest.
+        let ours_unstarted = self.streamed_unstarted_at_poll + self.whole_unstarted_at_poll;
+        if self.streamed_unstarted_at_poll > 0 && gauges.waiting >= ours_unstarted {
+            self.head_since_ms = self.head_since_ms.max(asked_ms);
+        }
     }
 
     /// The engine's prefill speed, as measured (ignored unless positive and finite).
@@ -784,6 +793,31 @@ mod tests {
         assert_eq!(serving.tokens_ahead(0, 1_750), 750.0);
         serving.finished(first, 2_000);
         serving.finished(second, 2_000);
+    }
+
+    #[test]
+    fn an_oldest_request_the_engine_shows_waiting_is_credited_only_from_the_read() {
+        let mut blocked = serving();
+        let first = blocked.admit(&streamed(Some(1), None), 1_000).unwrap();
+        let second = blocked.admit(&streamed(Some(2), None), 1_000).unwrap();
+        // Two running requests hold the engine's KV blocks: both of this node's wait.
+        blocked.polled(gauges(2, 2), 1_400);
+        assert_eq!(
+            blocked.tokens_ahead(0, 1_400),
+            2_000.0,
+            "nothing of the oldest computed by the read"
+        );
+        assert_eq!(blocked.tokens_ahead(0, 1_600), 1_800.0, "200 ms since it");
+        // A read that shows one of them begun leaves the time since it became the oldest.
+        let mut prefilling = serving();
+        let third = prefilling.admit(&streamed(Some(1), None), 1_000).unwrap();
+        let fourth = prefilling.admit(&streamed(Some(2), None), 1_000).unwrap();
+        prefilling.polled(gauges(1, 1), 1_400);
+        assert_eq!(prefilling.tokens_ahead(0, 1_400), 1_600.0);
+        blocked.finished(first, 2_000);
+        blocked.finished(second, 2_000);
+        prefilling.finished(third, 2_000);
+        prefilling.finished(fourth, 2_000);
     }
 
     #[test]
