@@ -57,6 +57,9 @@ Usage: scripts/demo.sh [options]
                         and rejoin times. Round-robin and vllm-router run without faults.
                         Needs python3 and --nodes >= 3
   --duration S          seconds of load per run (default 40)
+  --workload-seed N     seed of the requests (which prompts, when, through which entry node;
+                        default 7, the figures in README.md): another seed is another draw
+                        of the same workload
   --keep                after the runs, leave a kvmesh cluster running and print curl and
                         openai client commands to try it by hand (Ctrl-C stops it)
   --with-vllm-router    install vllm-router into a throwaway virtualenv (python3 -m venv +
@@ -78,6 +81,7 @@ EOF
 NODES=4
 WORKLOADS=
 DURATION=40
+WORKLOAD_SEED=7
 KEEP=0
 WITH_VLLM_ROUTER=0
 NO_VLLM_ROUTER=0
@@ -96,6 +100,7 @@ while [[ $# -gt 0 ]]; do
         --nodes) NODES=$2; shift 2 ;;
         --workload) WORKLOADS=$2; shift 2 ;;
         --duration) DURATION=$2; shift 2 ;;
+        --workload-seed) WORKLOAD_SEED=$2; shift 2 ;;
         --keep) KEEP=1; shift ;;
         --with-vllm-router) WITH_VLLM_ROUTER=1; shift ;;
         --no-vllm-router) NO_VLLM_ROUTER=1; shift ;;
@@ -146,6 +151,7 @@ if [[ -n $PD_CONFIG ]]; then
 fi
 [[ $NODES =~ ^[0-9]+$ && $NODES -ge 2 ]] || { echo "demo.sh: --nodes must be >= 2" >&2; exit 2; }
 [[ $DURATION =~ ^[0-9]+$ && $DURATION -ge 5 ]] || { echo "demo.sh: --duration must be an integer >= 5" >&2; exit 2; }
+[[ $WORKLOAD_SEED =~ ^[0-9]+$ ]] || { echo "demo.sh: --workload-seed must be a non-negative integer" >&2; exit 2; }
 IFS=, read -r -a WORKLOAD_LIST <<<"$WORKLOADS"
 for w in "${WORKLOAD_LIST[@]}"; do
     case $w in gsp | trace | chat | rag | rag-pressure | pd-burst | vision) ;; *) echo "demo.sh: unknown workload $w" >&2; exit 2 ;; esac
@@ -233,7 +239,7 @@ ENGINE_NOTE=
 EXPECTED_S=$DURATION # about how long one run's load lasts
 configure() {
     local w=$1
-    LOAD_ARGS=(--workload "$w" --stream --seed 7 --timeout 120 --threads 1)
+    LOAD_ARGS=(--workload "$w" --stream --seed "$WORKLOAD_SEED" --timeout 120 --threads 1)
     case $w in
         gsp)
             # SGLang's generated-shared-prefix benchmark: 2048-token system prompts shared by
@@ -308,10 +314,10 @@ configure() {
             local secs=$DURATION
             [[ $QUICK == 1 ]] && secs=15
             EXPECTED_S=$secs
-            python3 "$ROOT/scripts/lib/pd-burst-trace.py" --duration "$secs" --seed 7 \
+            python3 "$ROOT/scripts/lib/pd-burst-trace.py" --duration "$secs" --seed "$WORKLOAD_SEED" \
                 --out "$WORK/pd-burst.jsonl" || die "cannot write the pd-burst trace"
             ENGINE_ARGS=(--kv-blocks 16384 --block-size 16)
-            LOAD_ARGS=(--workload trace --trace "$WORK/pd-burst.jsonl" --stream --seed 7 --timeout 120
+            LOAD_ARGS=(--workload trace --trace "$WORK/pd-burst.jsonl" --stream --seed "$WORKLOAD_SEED" --timeout 120
                 --threads 1)
             ENGINE_NOTE="pd-burst: for $secs s, long prompts (4096-8192 tokens, the first 2048 from one of 6 shared documents, 16-64 output tokens) at 1 req/s (Poisson), and every 8 s a burst of 12 requests within 0.4 s (1024-token new prompts, 256-384 output tokens); engines: 16384 KV blocks x 16 tokens, real-time model"
             ;;

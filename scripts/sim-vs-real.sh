@@ -25,13 +25,13 @@
 #
 # Usage: scripts/sim-vs-real.sh [--bin-dir DIR] [--workload gsp,chat,rag-pressure]
 #            [--runs 1] [--duration 40] [--nodes 4] [--out DIR] [--kv-blocks N]
-#            [--engine-arg ARG]... [--spreads 5]
+#            [--engine-arg ARG]... [--workload-seed 7] [--spreads 5]
 #   --bin-dir DIR    kvmesh and kvmesh-sim release binaries (default: cargo build --release)
 #   --workload W,…   any of gsp, chat, rag, rag-pressure, vision, trace (demo.sh's)
 #   --runs N         real runs per workload (the simulation runs once)
 #   --out DIR        where the demo reports, the simulator's JSON and table.md go
 #                    (default: a temporary directory, kept and printed)
-#   --kv-blocks, --engine-arg   passed to demo.sh (and so to the simulator)
+#   --kv-blocks, --engine-arg, --workload-seed   passed to demo.sh (and so to the simulator)
 #   --sim-only       do not run the demo: simulate against the real runs already in --out
 #   --spreads N      simulate kvmesh under N spread seeds (0..N-1); the figures are seed 0's,
 #                    the range is over all N
@@ -53,6 +53,7 @@ while [[ $# -gt 0 ]]; do
         --out) OUT=$2; shift 2 ;;
         --sim-only) SIM_ONLY=1; shift ;;
         --kv-blocks) DEMO_EXTRA+=(--kv-blocks "$2"); shift 2 ;;
+        --workload-seed) DEMO_EXTRA+=(--workload-seed "$2"); shift 2 ;;
         --engine-arg) DEMO_EXTRA+=(--engine-arg "$2"); shift 2 ;;
         --engine-arg=*) DEMO_EXTRA+=("$1"); shift ;;
         -h | --help) sed -n '2,38p' "$0"; exit 0 ;;
