@@ -751,7 +751,6 @@ mod tests {
             .collect()
     }
 
-    /// The plan for `chain` over `peers`, decided at 10 ms, with two retries.
     /// What an engine reports with one request queued there, the one it answers.
     fn one_queued() -> LoadReport {
         LoadReport {
@@ -764,6 +763,7 @@ mod tests {
         }
     }
 
+    /// The plan for `chain` over `peers`, decided at 10 ms, with two retries.
     fn plan_with_two_retries(
         entry: &mut crate::lifecycle::EntryState,
         peers: &[crate::lifecycle::PeerInput<'_>],

@@ -269,18 +269,23 @@ mod tests {
         }
     }
 
+    /// kvmesh over `simulate`'s `flags`, with every request's record.
+    fn kvmesh_recorded(flags: &str) -> (PolicyResult, Vec<cluster::RequestRecord>) {
+        let argv = std::iter::once("simulate").chain(flags.split_whitespace());
+        let args = Cli::try_parse_from(argv).expect("valid flags").args;
+        let inputs = Inputs::new(&args).expect("a workload");
+        let nodes = args.nodes;
+        let config = args.cluster_config(nodes, args.route_config().expect("defaults"), None);
+        cluster::run_recorded(&config, PolicyKind::Kvmesh, stream(&args, &inputs, nodes))
+    }
+
     /// Every request's record: it entered where the load generator would have sent it, an
     /// engine served it, and the records' TTFTs are the summary's.
     #[test]
     fn records_follow_each_request_from_its_entry_to_its_engine() {
         let flags = "--nodes 4 --workload gsp --gsp-groups 4 --gsp-prompts-per-group 4 \
              --requests 16 --rate 8 --seed 3";
-        let argv = std::iter::once("simulate").chain(flags.split_whitespace());
-        let args = Cli::try_parse_from(argv).expect("valid flags").args;
-        let inputs = Inputs::new(&args).expect("a workload");
-        let config = args.cluster_config(4, args.route_config().expect("defaults"), None);
-        let (result, records) =
-            cluster::run_recorded(&config, PolicyKind::Kvmesh, stream(&args, &inputs, 4));
+        let (result, records) = kvmesh_recorded(flags);
         assert_eq!(records.len(), 16);
         let mut ttft = 0.0;
         for (i, r) in records.iter().enumerate() {
@@ -301,12 +306,7 @@ mod tests {
         let flags = "--nodes 2 --entry-nodes 1 --workload hot --hot-fraction 0 \
              --hot-system-len 96 --hot-question-len 32 --hot-output-len 4 --requests 200 \
              --rate 1000000 --seed 3";
-        let argv = std::iter::once("simulate").chain(flags.split_whitespace());
-        let args = Cli::try_parse_from(argv).expect("valid flags").args;
-        let inputs = Inputs::new(&args).expect("a workload");
-        let config = args.cluster_config(2, args.route_config().expect("defaults"), None);
-        let (result, records) =
-            cluster::run_recorded(&config, PolicyKind::Kvmesh, stream(&args, &inputs, 2));
+        let (result, records) = kvmesh_recorded(flags);
         let declined = records
             .iter()
             .filter(|r| r.reason == Some("declined"))
@@ -334,11 +334,7 @@ mod tests {
                 "--nodes 4 --workload rag-pressure --requests 40 --rate 4 --seed 7 \
                  --spread-seed {spread}"
             );
-            let argv = std::iter::once("simulate").chain(flags.split_whitespace());
-            let args = Cli::try_parse_from(argv).expect("valid flags").args;
-            let inputs = Inputs::new(&args).expect("a workload");
-            let config = args.cluster_config(4, args.route_config().expect("defaults"), None);
-            cluster::run_recorded(&config, PolicyKind::Kvmesh, stream(&args, &inputs, 4)).1
+            kvmesh_recorded(&flags).1
         };
         let (a, b) = (records(0), records(3));
         assert_eq!(a.len(), 40);
