@@ -347,6 +347,13 @@ impl ServingState {
     /// whatever the queue, so that its copies follow the first to the engine its entry tries
     /// next: the least busy of the rest in that entry's view, which entries that exchange with
     /// the same engines mostly share.
+    ///
+    /// An engine with nothing in flight and nothing waiting keeps any request it is offered
+    /// (but a follower of a declined new prefix): it starts the request at once, while what
+    /// the next engine would save is the entry's view of it, up to 600 ms old, and a decline
+    /// for a few blocks more cached there leaves the one engine that holds nothing without
+    /// work for as long as every prompt meets something elsewhere (BENCHMARKS.md, "An idle
+    /// engine keeps its request").
     pub fn admit(&mut self, request: &Admission, now_ms: u64) -> Result<Ticket, DeclineReason> {
         forget_until(&mut self.declined_new_prefixes, now_ms, |&(_, until)| until);
         forget_until(&mut self.computed_new_prefixes, now_ms, |&(_, _, until)| {
@@ -376,8 +383,9 @@ impl ServingState {
             if declined_before && !met_here {
                 return Err(DeclineReason::Follows);
             }
+            let idle = self.inflight == 0 && self.queued() == 0;
             let over = self.tokens_ahead(request.prefill_tokens, now_ms) > f64::from(bound);
-            if over {
+            if over && !idle {
                 // A copy is not recorded: its later copies still meet the prefix here.
                 let Some(block) = new_prefix.filter(|_| !met_here) else {
                     return Err(match new_prefix {
@@ -687,6 +695,33 @@ mod tests {
         }
         assert_eq!(serving.new_prefixes_in_flight(), 0);
         assert_eq!(serving.queued(), 0);
+    }
+
+    #[test]
+    fn an_idle_engine_keeps_the_request_it_is_offered() {
+        let mut serving = serving();
+        // 1,000 tokens to compute here, 968 at the next engine, which holds two blocks more.
+        let kept = serving
+            .admit(&streamed(None, Some(968)), 0)
+            .expect("nothing in flight here: the request starts at once");
+        assert_eq!(
+            serving.admit(&streamed(None, Some(968)), 1),
+            Err(DeclineReason::Queue),
+            "behind the first"
+        );
+        serving.finished(kept, 2);
+        serving.polled(gauges(0, 1), 3);
+        assert_eq!(
+            serving.admit(&streamed(None, Some(968)), 3),
+            Err(DeclineReason::Queue),
+            "another client's request waiting at the engine"
+        );
+        serving.polled(gauges(0, 0), 4);
+        let again = serving
+            .admit(&streamed(None, Some(968)), 4)
+            .expect("idle again");
+        serving.finished(again, 5);
+        assert_eq!(serving.inflight(), 0);
     }
 
     #[test]
