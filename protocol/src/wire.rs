@@ -41,8 +41,9 @@ pub struct RequestHead {
     pub reason: RouteReason,
     /// The entry sidecar's node id, for tracing.
     pub entry_node: String,
-    /// The prompt's first block, if it has one.
-    pub first_block: Option<u64>,
+    /// The key copies of the prompt's new prefix share
+    /// ([`crate::lifecycle::prefix_key`]), if the prompt has a block.
+    pub prefix_key: Option<u64>,
     /// No engine held the first block at the entry's decision (a new prefix): the serving node
     /// counts its uncached prefill until the first byte comes back.
     pub new_prefix: bool,
@@ -317,7 +318,7 @@ pub(crate) fn sample_request_head() -> RequestHead {
         headers: vec![("content-type".into(), "application/json".into())],
         reason: RouteReason::PrefixHit,
         entry_node: "a".into(),
-        first_block: Some(42),
+        prefix_key: Some(42),
         new_prefix: true,
         prefill_tokens: 2_048,
         decline_above_tokens: Some(300),

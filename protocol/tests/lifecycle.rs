@@ -218,7 +218,7 @@ proptest! {
             match action {
                 0 | 1 => {
                     let admission = Admission {
-                        first_block: new_prefix,
+                        prefix_key: new_prefix,
                         new_prefix: new_prefix.is_some(),
                         prefill_tokens,
                         decline_above_tokens,

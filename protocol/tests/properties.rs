@@ -195,7 +195,7 @@ proptest! {
                 headers: vec![("x-request-id".into(), "abc".into())],
                 reason: RouteReason::ColdHash,
                 entry_node: "n1".into(),
-                first_block: Some(42),
+                prefix_key: Some(42),
                 new_prefix: true,
                 prefill_tokens: 2_000,
                 decline_above_tokens: Some(250),

@@ -47,7 +47,7 @@ fn head(path: &str, hop_count: u8) -> RequestHead {
         headers: vec![("content-type".into(), "application/json".into())],
         reason: RouteReason::ColdHash,
         entry_node: "mallory".into(),
-        first_block: None,
+        prefix_key: None,
         new_prefix: false,
         prefill_tokens: 0,
         decline_above_tokens: None,

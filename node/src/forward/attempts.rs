@@ -69,7 +69,7 @@ pub async fn run(
         span.record("reason", attempt.reason.as_str());
         span.record("peer", name);
         head.reason = attempt.reason;
-        head.first_block = attempt.first_block;
+        head.prefix_key = attempt.prefix_key;
         head.new_prefix = attempt.new_prefix;
         head.prefill_tokens = attempt.prefill_tokens;
         head.decline_above_tokens = attempt.decline_above_tokens;

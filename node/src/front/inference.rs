@@ -137,7 +137,7 @@ async fn answer(
         headers: request_headers_for_engine(&parts.headers, &request_id),
         reason: RouteReason::LeastLoaded,
         entry_node: state.node_name.clone(),
-        first_block: None,
+        prefix_key: None,
         new_prefix: false,
         prefill_tokens: 0,
         decline_above_tokens: None,

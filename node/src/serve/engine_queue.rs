@@ -191,7 +191,7 @@ mod tests {
         // A token a second: the engine does nothing of a queued request while this test runs.
         let queue = EngineQueue::new(NodeMetrics::default(), 1.0);
         let streamed = |decline_above_tokens| Admission {
-            first_block: Some(7),
+            prefix_key: Some(7),
             new_prefix: true,
             prefill_tokens: 1_000,
             decline_above_tokens,
@@ -203,7 +203,7 @@ mod tests {
         assert_eq!(queue.metrics.engine_queued.get(), 1);
         assert_eq!(queue.metrics.new_prefixes_in_flight.get(), 1);
         let other = Admission {
-            first_block: Some(8),
+            prefix_key: Some(8),
             ..streamed(Some(1_500))
         };
         let (reason, report) = queue.admit(&other).expect_err("over the bound");

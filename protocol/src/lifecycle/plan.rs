@@ -44,8 +44,9 @@ pub struct Attempt {
     /// this up to the request's first token: the entry's estimate of that work at the next in
     /// rank (see [`tokens_bound`]).
     pub decline_above_tokens: Option<u32>,
-    /// The prompt's first block, if it has one.
-    pub first_block: Option<u64>,
+    /// The key copies of the prompt's new prefix share ([`super::prefix_key`]), if the
+    /// prompt has a block.
+    pub prefix_key: Option<u64>,
     /// No engine held the prompt's first block: the serving node counts the new prefix.
     pub new_prefix: bool,
 }
@@ -55,7 +56,7 @@ impl Attempt {
     /// streamed answer).
     pub fn admission(&self, streamed: bool) -> Admission {
         Admission {
-            first_block: self.first_block,
+            prefix_key: self.prefix_key,
             new_prefix: self.new_prefix,
             prefill_tokens: self.prefill_tokens,
             decline_above_tokens: self.decline_above_tokens,
@@ -138,7 +139,7 @@ pub struct Plan {
     reason: RouteReason,
     matched_blocks: u32,
     popular_blocks: u32,
-    first_block: Option<u64>,
+    prefix_key: Option<u64>,
     new_prefix: bool,
     next: usize,
     retries_left: u32,
@@ -220,7 +221,7 @@ impl Plan {
             reason: decision.reason,
             matched_blocks: decision.matched_blocks,
             popular_blocks: decision.popular_blocks,
-            first_block: request.chain.first().copied(),
+            prefix_key: super::prefix_key(request.chain),
             new_prefix: decision.new_prefix,
             next: 0,
             retries_left: u32::MAX,
@@ -358,7 +359,7 @@ impl Plan {
             reason,
             prefill_tokens: target.prefill_tokens,
             decline_above_tokens: may_decline.then_some(target.decline_above_tokens),
-            first_block: self.first_block,
+            prefix_key: self.prefix_key,
             new_prefix: self.new_prefix,
         })
     }

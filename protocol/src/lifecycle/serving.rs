@@ -46,8 +46,9 @@ pub const STARTS_KEPT_MAX: usize = 4_096;
 /// What the serving side needs to know of a request to admit it.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct Admission {
-    /// The prompt's first block, if it has one.
-    pub first_block: Option<u64>,
+    /// The key copies of the prompt's new prefix share ([`super::prefix_key`]), if the
+    /// prompt has a block.
+    pub prefix_key: Option<u64>,
     /// No engine held the prompt's first block at the entry's decision.
     pub new_prefix: bool,
     /// Prompt tokens the entry expects this engine to compute: the prompt less what it
@@ -104,7 +105,7 @@ pub struct Ticket {
     prefill_tokens: u32,
     /// Its place in the order of hand-overs.
     seq: u64,
-    /// The first block of the new prefix an earlier copy was computing here when it was
+    /// The key of the new prefix an earlier copy was computing here when it was
     /// handed over.
     joins: Option<u64>,
 }
@@ -112,7 +113,7 @@ pub struct Ticket {
 /// A copy of a new prefix handed over with no first byte back.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 struct Computing {
-    first_block: u64,
+    prefix_key: u64,
     /// Its place in the order of hand-overs.
     seq: u64,
     /// Whether its answer streams (only then does its first byte end its prefill).
@@ -158,7 +159,7 @@ pub struct ServingState {
     /// First blocks of the new prefixes declined here, with when their copies stop following
     /// them (oldest first).
     declined_new_prefixes: VecDeque<(u64, u64)>,
-    /// New prefixes whose first byte came back here (first block, prompt tokens it covers,
+    /// New prefixes whose first byte came back here (its key, prompt tokens it covers,
     /// until when it is remembered; oldest first): a later copy meets them in the engine's
     /// cache, while its entry, whose view does not show them yet, counted it whole.
     computed_new_prefixes: VecDeque<(u64, u32, u64)>,
@@ -265,9 +266,9 @@ impl ServingState {
         self.new_prefixes.len()
     }
 
-    /// `first_block`, if a new prefix starting with it is being computed here.
-    fn computing(&self, first_block: Option<u64>) -> Option<u64> {
-        first_block.filter(|&block| self.new_prefixes.iter().any(|c| c.first_block == block))
+    /// `prefix_key`, if a new prefix of that key is being computed here.
+    fn computing(&self, prefix_key: Option<u64>) -> Option<u64> {
+        prefix_key.filter(|&block| self.new_prefixes.iter().any(|c| c.prefix_key == block))
     }
 
     /// The prompt tokens the earliest copy of the new prefix `block` still prefilling here
@@ -275,7 +276,7 @@ impl ServingState {
     fn covered_by_earliest(&self, block: u64) -> u32 {
         self.new_prefixes
             .iter()
-            .filter(|c| c.first_block == block)
+            .filter(|c| c.prefix_key == block)
             .min_by_key(|c| c.seq)
             .map_or(0, |c| c.covers_tokens)
     }
@@ -290,7 +291,7 @@ impl ServingState {
         ticket.joins.is_some_and(|block| {
             self.new_prefixes
                 .iter()
-                .any(|c| c.first_block == block && c.seq < ticket.seq && c.streamed)
+                .any(|c| c.prefix_key == block && c.seq < ticket.seq && c.streamed)
         })
     }
 
@@ -359,8 +360,8 @@ impl ServingState {
         forget_until(&mut self.computed_new_prefixes, now_ms, |&(_, _, until)| {
             until
         });
-        let new_prefix = request.first_block.filter(|_| request.new_prefix);
-        let joins = self.computing(request.first_block);
+        let new_prefix = request.prefix_key.filter(|_| request.new_prefix);
+        let joins = self.computing(request.prefix_key);
         let computed = new_prefix.and_then(|block| {
             let mut here = self.computed_new_prefixes.iter().rev();
             here.find(|&&(b, _, _)| b == block)
@@ -416,7 +417,7 @@ impl ServingState {
         let seq = self.handed_over;
         if let Some(block) = new_prefix {
             self.new_prefixes.push(Computing {
-                first_block: block,
+                prefix_key: block,
                 seq,
                 streamed: request.streamed,
                 covers_tokens,
@@ -467,7 +468,7 @@ impl ServingState {
             remember(
                 &mut self.computed_new_prefixes,
                 (
-                    computed.first_block,
+                    computed.prefix_key,
                     computed.covers_tokens,
                     now_ms.saturating_add(FOLLOW_TTL_MS),
                 ),
@@ -505,7 +506,7 @@ mod tests {
     /// A streamed request of 1,000 uncached tokens.
     fn streamed(new_prefix: Option<u64>, decline_above_tokens: Option<u32>) -> Admission {
         Admission {
-            first_block: new_prefix,
+            prefix_key: new_prefix,
             new_prefix: new_prefix.is_some(),
             prefill_tokens: 1_000,
             decline_above_tokens,
