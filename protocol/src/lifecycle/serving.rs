@@ -156,7 +156,7 @@ pub struct ServingState {
     new_prefixes: Vec<Computing>,
     /// Requests handed over so far (their order).
     handed_over: u64,
-    /// First blocks of the new prefixes declined here, with when their copies stop following
+    /// Keys of the new prefixes declined here, with when their copies stop following
     /// them (oldest first).
     declined_new_prefixes: VecDeque<(u64, u64)>,
     /// New prefixes whose first byte came back here (its key, prompt tokens it covers,
@@ -268,15 +268,15 @@ impl ServingState {
 
     /// `prefix_key`, if a new prefix of that key is being computed here.
     fn computing(&self, prefix_key: Option<u64>) -> Option<u64> {
-        prefix_key.filter(|&block| self.new_prefixes.iter().any(|c| c.prefix_key == block))
+        prefix_key.filter(|&key| self.new_prefixes.iter().any(|c| c.prefix_key == key))
     }
 
-    /// The prompt tokens the earliest copy of the new prefix `block` still prefilling here
+    /// The prompt tokens the earliest copy of the new prefix `key` still prefilling here
     /// will have cached.
-    fn covered_by_earliest(&self, block: u64) -> u32 {
+    fn covered_by_earliest(&self, key: u64) -> u32 {
         self.new_prefixes
             .iter()
-            .filter(|c| c.prefix_key == block)
+            .filter(|c| c.prefix_key == key)
             .min_by_key(|c| c.seq)
             .map_or(0, |c| c.covers_tokens)
     }
@@ -288,10 +288,10 @@ impl ServingState {
     /// token, the second finds the prefix cached. At most [`COPY_HOLD_MAX_MS`]: the node
     /// gives up holding after that.
     pub fn behind_earlier_copy(&self, ticket: &Ticket) -> bool {
-        ticket.joins.is_some_and(|block| {
+        ticket.joins.is_some_and(|key| {
             self.new_prefixes
                 .iter()
-                .any(|c| c.prefix_key == block && c.seq < ticket.seq && c.streamed)
+                .any(|c| c.prefix_key == key && c.seq < ticket.seq && c.streamed)
         })
     }
 
@@ -362,14 +362,14 @@ impl ServingState {
         });
         let new_prefix = request.prefix_key.filter(|_| request.new_prefix);
         let joins = self.computing(request.prefix_key);
-        let computed = new_prefix.and_then(|block| {
+        let computed = new_prefix.and_then(|key| {
             let mut here = self.computed_new_prefixes.iter().rev();
-            here.find(|&&(b, _, _)| b == block)
+            here.find(|&&(b, _, _)| b == key)
                 .map(|&(_, covers, _)| covers)
         });
         let covers_tokens = request.prefill_tokens;
         let prefill_tokens = match (joins, computed) {
-            (Some(block), _) => covers_tokens.saturating_sub(self.covered_by_earliest(block)),
+            (Some(key), _) => covers_tokens.saturating_sub(self.covered_by_earliest(key)),
             (None, Some(covered)) => covers_tokens.saturating_sub(covered),
             (None, None) => covers_tokens,
         };
@@ -380,7 +380,7 @@ impl ServingState {
         };
         if let Some(bound) = request.decline_above_tokens {
             let declined_before = new_prefix
-                .is_some_and(|block| self.declined_new_prefixes.iter().any(|&(b, _)| b == block));
+                .is_some_and(|key| self.declined_new_prefixes.iter().any(|&(b, _)| b == key));
             if declined_before && !met_here {
                 return Err(DeclineReason::Follows);
             }
@@ -388,7 +388,7 @@ impl ServingState {
             let over = self.tokens_ahead(request.prefill_tokens, now_ms) > f64::from(bound);
             if over && !idle {
                 // A copy is not recorded: its later copies still meet the prefix here.
-                let Some(block) = new_prefix.filter(|_| !met_here) else {
+                let Some(key) = new_prefix.filter(|_| !met_here) else {
                     return Err(match new_prefix {
                         Some(_) => DeclineReason::NewPrefix,
                         None => DeclineReason::Queue,
@@ -396,7 +396,7 @@ impl ServingState {
                 };
                 remember(
                     &mut self.declined_new_prefixes,
-                    (block, now_ms.saturating_add(FOLLOW_TTL_MS)),
+                    (key, now_ms.saturating_add(FOLLOW_TTL_MS)),
                     FOLLOW_MAX_ENTRIES,
                 );
                 return Err(DeclineReason::NewPrefix);
@@ -415,9 +415,9 @@ impl ServingState {
         }
         self.handed_over += 1;
         let seq = self.handed_over;
-        if let Some(block) = new_prefix {
+        if let Some(key) = new_prefix {
             self.new_prefixes.push(Computing {
-                prefix_key: block,
+                prefix_key: key,
                 seq,
                 streamed: request.streamed,
                 covers_tokens,
