@@ -16,7 +16,8 @@ use std::time::Duration;
 use kvmesh_tests::load::{engine_urls, number, run_load, sidecar_urls, url_list};
 use kvmesh_tests::openai::{completion_body, served_by};
 use kvmesh_tests::{
-    CONVERGENCE_TIMEOUT, Cluster, Engine, EngineConfig, NodeSpec, Request, Timing, wait_until,
+    CONVERGENCE_TIMEOUT, Cluster, Engine, EngineConfig, NodeSpec, Request, Timing, wait_for,
+    wait_until,
 };
 use serde_json::Value;
 
@@ -233,6 +234,97 @@ fn a_prefix_behind_every_request_spreads_to_every_engine() {
         .sum();
     assert_eq!(servers.len(), NODES, "served by {servers:?}");
     assert!(new_holders >= 3.0, "{new_holders} sent to new holders");
+}
+
+/// A new engine joins three whose caches are full, and prompts arrive that meet only a short
+/// shared instruction anywhere: the new engine, with room for them, takes them. Without that
+/// it would be one near-equal engine among four, behind each entry's own idle one, and get
+/// work only by chance or once the others queued.
+#[test]
+fn a_joining_engine_takes_new_documents_that_full_ones_would_evict_for() {
+    // 64 KV blocks of 16 tokens; a prompt is a 1-block instruction and a 25-block document:
+    // two fill an engine, a third would evict.
+    const KV_BLOCKS: u64 = 64;
+    const DOCUMENT_BLOCKS: u64 = 25;
+    let spec = |name: &str| {
+        NodeSpec::new(name, &["mock-model"])
+            .timing(Timing::Instant)
+            .engine_args(&["--kv-blocks", &KV_BLOCKS.to_string()])
+    };
+    let mut cluster = Cluster::start_converged(&[spec("a"), spec("b"), spec("c")]);
+    let instruction = "Answer from the document below and cite the lines you used.     ";
+    assert_eq!(instruction.len(), 64, "one block");
+    let prompt = |doc: usize| {
+        let body = format!("document {doc:03}: a paragraph of reference text. ").repeat(40);
+        format!("{instruction}{}", &body[..1_600])
+    };
+    let body = |doc: usize| completion_body("mock-model", &prompt(doc), 2, false);
+    let send = |cluster: &Cluster, entry: &str, doc: usize| {
+        let response = cluster
+            .sidecar(entry)
+            .send(Request::post_json("/v1/completions", &body(doc)));
+        assert_eq!(response.status, 200, "{}", response.describe());
+        served_by(&response)
+    };
+    let entries = ["a", "b", "c"];
+    // Warm: documents until every entry sees every engine too full for one more (its own
+    // by what it publishes, the others' by their summaries).
+    let full = |cluster: &Cluster| -> Result<(), String> {
+        for entry in entries {
+            let view = cluster.sidecar(entry).debug_cluster()?;
+            let peers = view["peers"].as_array().cloned().unwrap_or_default();
+            let mut held = std::iter::once(&view).chain(&peers).map(|node| {
+                let name = node["node"].as_str().unwrap_or_default().to_owned();
+                (name, node["cached_blocks"].as_u64().unwrap_or(0))
+            });
+            let room = |(_, blocks): &(String, u64)| blocks + DOCUMENT_BLOCKS <= KV_BLOCKS;
+            if let Some((name, blocks)) = held.find(room) {
+                return Err(format!("{entry} sees {blocks} blocks at {name}"));
+            }
+        }
+        Ok(())
+    };
+    let mut doc = 1;
+    while full(&cluster).is_err() {
+        assert!(doc <= 12, "12 documents did not fill three engines of 2");
+        let entry = entries[doc % 3];
+        let server = send(&cluster, entry, doc);
+        wait_for(CONVERGENCE_TIMEOUT, "every entry sees the document", || {
+            entries.iter().try_for_each(|entry| {
+                cluster
+                    .sidecar(entry)
+                    .sees_whole_prefix_at(&body(doc), &server)
+                    .map(drop)
+            })
+        });
+        doc += 1;
+    }
+
+    cluster.join(&spec("d"));
+    cluster.wait_membership(&["a", "b", "c", "d"], CONVERGENCE_TIMEOUT);
+    wait_for(CONVERGENCE_TIMEOUT, "every entry has d's gauges", || {
+        entries.iter().try_for_each(|entry| {
+            let estimate = cluster.sidecar(entry).estimate_of("d");
+            estimate
+                .map(drop)
+                .ok_or(format!("{entry} has no digest of d"))
+        })
+    });
+    // Two new documents, each through another old entry: both fit at d.
+    for (entry, doc) in [("a", 100), ("b", 101)] {
+        let server = send(&cluster, entry, doc);
+        assert_eq!(server, "d", "document {doc} entering at {entry}");
+        wait_for(
+            CONVERGENCE_TIMEOUT,
+            "every entry sees the document at d",
+            || {
+                entries.iter().try_for_each(|entry| {
+                    let seen = cluster.sidecar(entry).sees_whole_prefix_at(&body(doc), "d");
+                    seen.map(drop)
+                })
+            },
+        );
+    }
 }
 
 /// An entry whose recent prompts share no prefix says so (`kvmesh_prefixes_recur` 0: a new

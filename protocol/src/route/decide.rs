@@ -186,6 +186,12 @@ struct Considered {
     /// Gauges read at this very millisecond (this node's own engine, read live) show nothing
     /// in flight there, and nothing was sent since.
     idle_now: bool,
+    /// The engine has room for the blocks this request would add to its cache without
+    /// evicting any (its summary's blocks plus those, at most its capacity): an engine that
+    /// holds little takes near-equal requests first, so that it fills with prefixes of its own
+    /// instead of being passed over for every prompt that meets a few blocks elsewhere. Not
+    /// known of a candidate without a summary (this decision is shown none).
+    evicts_nothing: bool,
     /// Requests in flight there (running, waiting, pending) as the gossiped digest shows
     /// them: what every entry node sees alike.
     shared_load: u32,
@@ -201,9 +207,9 @@ struct Considered {
 #[derive(Copy, Clone, Debug)]
 struct Ranked {
     under_bound: bool,
-    /// If its score is within the spread margin of the best: whether it is idle now, then
-    /// the request's rendezvous weight on it.
-    band: Option<(bool, u64)>,
+    /// If its score is within the spread margin of the best: whether it takes the request
+    /// without evicting, whether it is idle now, then the request's rendezvous weight on it.
+    band: Option<(bool, bool, u64)>,
     score: f64,
     node_key: u64,
     entry: usize,
@@ -291,10 +297,18 @@ pub fn decide_with(
             summary_match(digest, candidate.offload, request.chain).saturating_sub(on_gpu);
         let offload_worth =
             (f64::from(offloaded) * config.offload_weight.clamp(0.0, 1.0)).round() as u32;
+        // In the chain's blocks, which the summary counts; the digest counts the engine's.
+        let capacity = f64::from(digest.kv_capacity_blocks) * f64::from(digest.block_size)
+            / f64::from(request.tokens_per_block).max(1.0);
+        let adds = f64::from(chain_len - on_gpu);
+        let evicts_nothing = candidate
+            .summary
+            .is_some_and(|summary| summary.estimated_blocks() as f64 + adds <= capacity);
         entries.push(Considered {
             index,
             node_key: candidate.node_key,
             matched: on_gpu + offload_worth,
+            evicts_nothing,
             shared_load: digest.load().saturating_add(candidate.digest_pending),
             bounded: match config.bound_on {
                 BoundOn::InFlight => gauges.load(),
@@ -517,7 +531,11 @@ fn rank(
             (Some(key), Some((best_bound, floor)))
                 if under_bound == best_bound && score >= floor =>
             {
-                Some((entry.idle_now, rendezvous_weight(key, entry.node_key)))
+                Some((
+                    entry.evicts_nothing,
+                    entry.idle_now,
+                    rendezvous_weight(key, entry.node_key),
+                ))
             }
             _ => None,
         };

@@ -656,6 +656,74 @@ fn among_near_equal_holders_the_one_read_idle_now_goes_first() {
 }
 
 #[test]
+fn among_near_equal_engines_one_with_room_for_the_prompt_goes_first() {
+    use std::collections::HashSet;
+    // Every engine holds the prompt's 2-block instruction but one, which holds nothing; the
+    // two that hold it are full (100 blocks), so the prompt's 62 new blocks would evict there.
+    let prompt = chain(64, 13);
+    let other = chain(98, 14);
+    let full = summary_of(&[&prompt[..2], &other[..]].concat());
+    let load = LoadDigest {
+        running: 0,
+        kv_capacity_blocks: 100,
+        ..digest(0)
+    };
+    // This node's own engine, read live at NOW: idle now.
+    let mut own = candidate("own", &load, Some(&full));
+    own.digest_received_ms = NOW;
+    let empty = PeerSummary::new();
+    let candidates = [
+        candidate("full", &load, Some(&full)),
+        own,
+        candidate("empty", &load, Some(&empty)),
+    ];
+    let config = RouteConfig::default();
+    let firsts = |candidates: &[Candidate]| -> HashSet<usize> {
+        (0..200u64)
+            .map(|id| {
+                let mut request = request(&prompt);
+                request.spread = Some(rendezvous_weight(id, 6));
+                decide(candidates, &request, &config, NOW).unwrap().ranked[0]
+            })
+            .collect()
+    };
+    // Ahead even of this node's own engine, read idle now.
+    assert_eq!(firsts(&candidates), HashSet::from([2]));
+    // One whose summary this decision is not shown is not known to have room.
+    let candidates = [
+        candidates[0],
+        candidates[1],
+        candidate("unseen", &load, None),
+    ];
+    assert_eq!(firsts(&candidates), HashSet::from([1]));
+    // Once it holds as much, it is one near-equal engine among the others.
+    let filled = summary_of(&chain(95, 15));
+    let candidates = [
+        candidates[0],
+        candidates[1],
+        candidate("empty", &load, Some(&filled)),
+    ];
+    assert_eq!(
+        firsts(&candidates),
+        HashSet::from([1]),
+        "the idle one leads again"
+    );
+    let candidates = [
+        candidates[0],
+        candidates[2],
+        candidate("c", &load, Some(&full)),
+    ];
+    assert!(firsts(&candidates).len() > 1);
+    // Room does not outweigh the prompt itself: an engine holding all of it wins.
+    let whole = summary_of(&[&prompt[..], &other[..36]].concat());
+    let candidates = [
+        candidate("empty", &load, Some(&empty)),
+        candidate("whole", &load, Some(&whole)),
+    ];
+    assert_eq!(firsts(&candidates), HashSet::from([1]));
+}
+
+#[test]
 fn running_requests_weigh_in_the_score_form() {
     let prompt = chain(4, 12);
     let held = summary_of(&prompt);

@@ -10,6 +10,9 @@ pub struct PeerSummary {
     num_shards: u16,
     generation: u64,
     shards: Vec<Option<DecodedShard>>,
+    /// The sum of the held shards' [`DecodedShard::estimated_len`], kept as they change: the
+    /// decision reads it for every candidate.
+    blocks: usize,
 }
 
 /// What applying a shard did.
@@ -40,6 +43,7 @@ impl PeerSummary {
             self.generation = wire.generation;
             self.num_shards = wire.num_shards;
             self.shards = vec![None; wire.num_shards as usize];
+            self.blocks = 0;
         }
         let slot = &mut self.shards[wire.index as usize];
         if let Some(held) = slot
@@ -47,14 +51,16 @@ impl PeerSummary {
         {
             return Applied::Stale;
         }
+        let replaced = slot.as_ref().map_or(0, DecodedShard::estimated_len);
+        self.blocks = self.blocks - replaced + shard.estimated_len();
         *slot = Some(shard);
         Applied::Updated
     }
 
     /// Forgets one shard (its gossip key was deleted).
     pub fn remove_shard(&mut self, index: u16) {
-        if let Some(slot) = self.shards.get_mut(index as usize) {
-            *slot = None;
+        if let Some(shard) = self.shards.get_mut(index as usize).and_then(Option::take) {
+            self.blocks -= shard.estimated_len();
         }
     }
 
@@ -119,11 +125,7 @@ impl PeerSummary {
 
     /// Blocks this peer advertises: exact shards counted, filters estimated from their fill.
     pub fn estimated_blocks(&self) -> usize {
-        self.shards
-            .iter()
-            .flatten()
-            .map(DecodedShard::estimated_len)
-            .sum()
+        self.blocks
     }
 
     /// Expected false-match rate of a lookup, averaged over shards.
@@ -253,5 +255,72 @@ mod tests {
             Applied::Stale
         );
         assert_eq!(peer.generation(), 2);
+    }
+
+    /// The running count follows every change: a shard replaced, removed, or dropped with its
+    /// generation. Exact shards count exactly; filters are estimated from their fill.
+    #[test]
+    fn the_block_count_follows_replacements_removals_and_generations() {
+        use crate::summary::bloom;
+        use crate::summary::shard::ShardBody;
+        // Counted afresh from every held shard's body.
+        let recount = |peer: &PeerSummary| -> usize {
+            let shards = peer.shards.iter().flatten();
+            shards
+                .map(|shard| match &shard.wire.body {
+                    ShardBody::Exact(hashes) => hashes.len(),
+                    ShardBody::Bloom { probes, words } => bloom::estimated_count(words, *probes),
+                })
+                .sum()
+        };
+        let mut builder = SummaryBuilder::new(SummaryConfig::default(), 1).unwrap();
+        let held = hashes(40, 7);
+        held.iter().for_each(|&h| {
+            builder.insert(h);
+        });
+        let mut peer = PeerSummary::new();
+        let first = builder.publish_dirty();
+        first.iter().for_each(|s| {
+            peer.apply_bytes(&s.bytes).unwrap();
+        });
+        assert_eq!(peer.estimated_blocks(), 40);
+
+        held[..10].iter().for_each(|&h| {
+            builder.remove(h);
+        });
+        builder.publish_dirty().iter().for_each(|s| {
+            peer.apply_bytes(&s.bytes).unwrap();
+        });
+        assert_eq!(peer.estimated_blocks(), 30);
+        let index = first[0].index;
+        let in_shard = held[10..]
+            .iter()
+            .filter(|&&h| shard_of(h, peer.num_shards) == index)
+            .count();
+        peer.remove_shard(index);
+        peer.remove_shard(index);
+        assert_eq!(peer.estimated_blocks(), 30 - in_shard);
+
+        let mut many = SummaryBuilder::new(SummaryConfig::default(), 2).unwrap();
+        hashes(20_000, 8).iter().for_each(|&h| {
+            many.insert(h);
+        });
+        many.publish_dirty().iter().for_each(|s| {
+            peer.apply_bytes(&s.bytes).unwrap();
+        });
+        assert!(
+            peer.estimated_false_match_rate() > 0.0,
+            "filters, not lists"
+        );
+        assert_eq!(peer.estimated_blocks(), recount(&peer));
+        let estimate = peer.estimated_blocks();
+        assert!((19_000..21_000).contains(&estimate), "{estimate}");
+
+        let mut next = SummaryBuilder::new(SummaryConfig::default(), 3).unwrap();
+        next.insert(held[0]);
+        next.publish_dirty().iter().for_each(|s| {
+            peer.apply_bytes(&s.bytes).unwrap();
+        });
+        assert_eq!(peer.estimated_blocks(), 1);
     }
 }

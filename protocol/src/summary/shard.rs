@@ -39,8 +39,13 @@ impl ShardWire {
     pub fn decode(bytes: &[u8]) -> Result<DecodedShard, DecodeError> {
         let wire: ShardWire = codec::decode(Kind::SummaryShard, bytes)?;
         wire.validate()?;
+        let estimated_len = match &wire.body {
+            ShardBody::Exact(hashes) => hashes.len(),
+            ShardBody::Bloom { probes, words } => bloom::estimated_count(words, *probes),
+        };
         Ok(DecodedShard {
             encoded_len: bytes.len(),
+            estimated_len,
             wire,
         })
     }
@@ -91,6 +96,8 @@ pub struct DecodedShard {
     pub wire: ShardWire,
     /// Size on the wire, for metrics.
     pub encoded_len: usize,
+    /// [`Self::estimated_len`], counted once: a filter's count reads every word.
+    estimated_len: usize,
 }
 
 impl DecodedShard {
@@ -104,10 +111,7 @@ impl DecodedShard {
 
     /// Hashes this shard holds: counted when exact, estimated from its fill when a filter.
     pub fn estimated_len(&self) -> usize {
-        match &self.wire.body {
-            ShardBody::Exact(hashes) => hashes.len(),
-            ShardBody::Bloom { probes, words } => bloom::estimated_count(words, *probes),
-        }
+        self.estimated_len
     }
 
     /// Expected probability that a hash not in the set is reported present.
