@@ -150,7 +150,7 @@ impl PeerSummary {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::summary::{SummaryBuilder, SummaryConfig};
+    use crate::summary::{EncodedShard, SummaryBuilder, SummaryConfig};
 
     fn hashes(n: u64, salt: u64) -> Vec<u64> {
         (0..n).map(|i| blake3_u64(i, salt)).collect()
@@ -159,6 +159,24 @@ mod tests {
     fn blake3_u64(i: u64, salt: u64) -> u64 {
         let digest = blake3::hash(&[i.to_le_bytes(), salt.to_le_bytes()].concat());
         u64::from_le_bytes(digest.as_bytes()[..8].try_into().unwrap())
+    }
+
+    /// A builder of generation `generation` holding `held`.
+    fn holding(held: &[u64], generation: u64) -> SummaryBuilder {
+        let mut builder = SummaryBuilder::new(SummaryConfig::default(), generation).unwrap();
+        held.iter().for_each(|&h| {
+            builder.insert(h);
+        });
+        builder
+    }
+
+    /// Publishes `builder`'s changed shards to `peer`; returns them.
+    fn apply_dirty(peer: &mut PeerSummary, builder: &mut SummaryBuilder) -> Vec<EncodedShard> {
+        let shards = builder.publish_dirty();
+        shards.iter().for_each(|s| {
+            peer.apply_bytes(&s.bytes).unwrap();
+        });
+        shards
     }
 
     #[test]
@@ -190,15 +208,8 @@ mod tests {
 
     #[test]
     fn small_sets_are_exact() {
-        let mut builder = SummaryBuilder::new(SummaryConfig::default(), 1).unwrap();
-        let held = hashes(40, 2);
-        held.iter().for_each(|&h| {
-            builder.insert(h);
-        });
         let mut peer = PeerSummary::new();
-        for shard in builder.publish_dirty() {
-            peer.apply_bytes(&shard.bytes).unwrap();
-        }
+        apply_dirty(&mut peer, &mut holding(&hashes(40, 2), 1));
         assert_eq!(peer.estimated_false_match_rate(), 0.0);
         assert!(hashes(10_000, 3).iter().all(|&h| !peer.contains(h)));
     }
@@ -206,15 +217,9 @@ mod tests {
     #[test]
     fn longest_match_walks_the_chain() {
         let chain = hashes(10, 4);
-        let mut builder = SummaryBuilder::new(SummaryConfig::default(), 1).unwrap();
-        chain[..6].iter().for_each(|&h| {
-            builder.insert(h);
-        });
         let mut peer = PeerSummary::new();
         assert_eq!(peer.longest_match(&chain), 0);
-        for shard in builder.publish_dirty() {
-            peer.apply_bytes(&shard.bytes).unwrap();
-        }
+        apply_dirty(&mut peer, &mut holding(&chain[..6], 1));
         assert_eq!(peer.longest_match(&chain), 6);
         assert_eq!(peer.longest_match(&chain[..3]), 3);
         assert_eq!(peer.longest_match(&[]), 0);
@@ -229,22 +234,9 @@ mod tests {
     #[test]
     fn newer_generation_replaces_older_and_stale_is_ignored() {
         let (a, b) = (hashes(3, 5), hashes(3, 6));
-        let mut old = SummaryBuilder::new(SummaryConfig::default(), 1).unwrap();
-        let mut new = SummaryBuilder::new(SummaryConfig::default(), 2).unwrap();
-        a.iter().for_each(|&h| {
-            old.insert(h);
-        });
-        b.iter().for_each(|&h| {
-            new.insert(h);
-        });
         let mut peer = PeerSummary::new();
-        let old_shards = old.publish_dirty();
-        old_shards.iter().for_each(|s| {
-            peer.apply_bytes(&s.bytes).unwrap();
-        });
-        new.publish_dirty().iter().for_each(|s| {
-            peer.apply_bytes(&s.bytes).unwrap();
-        });
+        let old_shards = apply_dirty(&mut peer, &mut holding(&a, 1));
+        apply_dirty(&mut peer, &mut holding(&b, 2));
         assert!(
             a.iter().all(|&h| !peer.contains(h)),
             "old generation dropped"
@@ -261,36 +253,21 @@ mod tests {
     /// generation. Exact shards count exactly; filters are estimated from their fill.
     #[test]
     fn the_block_count_follows_replacements_removals_and_generations() {
-        use crate::summary::bloom;
-        use crate::summary::shard::ShardBody;
         // Counted afresh from every held shard's body.
         let recount = |peer: &PeerSummary| -> usize {
             let shards = peer.shards.iter().flatten();
-            shards
-                .map(|shard| match &shard.wire.body {
-                    ShardBody::Exact(hashes) => hashes.len(),
-                    ShardBody::Bloom { probes, words } => bloom::estimated_count(words, *probes),
-                })
-                .sum()
+            shards.map(|shard| shard.wire.body.estimated_len()).sum()
         };
-        let mut builder = SummaryBuilder::new(SummaryConfig::default(), 1).unwrap();
         let held = hashes(40, 7);
-        held.iter().for_each(|&h| {
-            builder.insert(h);
-        });
+        let mut builder = holding(&held, 1);
         let mut peer = PeerSummary::new();
-        let first = builder.publish_dirty();
-        first.iter().for_each(|s| {
-            peer.apply_bytes(&s.bytes).unwrap();
-        });
+        let first = apply_dirty(&mut peer, &mut builder);
         assert_eq!(peer.estimated_blocks(), 40);
 
         held[..10].iter().for_each(|&h| {
             builder.remove(h);
         });
-        builder.publish_dirty().iter().for_each(|s| {
-            peer.apply_bytes(&s.bytes).unwrap();
-        });
+        apply_dirty(&mut peer, &mut builder);
         assert_eq!(peer.estimated_blocks(), 30);
         let index = first[0].index;
         let in_shard = held[10..]
@@ -301,13 +278,7 @@ mod tests {
         peer.remove_shard(index);
         assert_eq!(peer.estimated_blocks(), 30 - in_shard);
 
-        let mut many = SummaryBuilder::new(SummaryConfig::default(), 2).unwrap();
-        hashes(20_000, 8).iter().for_each(|&h| {
-            many.insert(h);
-        });
-        many.publish_dirty().iter().for_each(|s| {
-            peer.apply_bytes(&s.bytes).unwrap();
-        });
+        apply_dirty(&mut peer, &mut holding(&hashes(20_000, 8), 2));
         assert!(
             peer.estimated_false_match_rate() > 0.0,
             "filters, not lists"
@@ -316,11 +287,7 @@ mod tests {
         let estimate = peer.estimated_blocks();
         assert!((19_000..21_000).contains(&estimate), "{estimate}");
 
-        let mut next = SummaryBuilder::new(SummaryConfig::default(), 3).unwrap();
-        next.insert(held[0]);
-        next.publish_dirty().iter().for_each(|s| {
-            peer.apply_bytes(&s.bytes).unwrap();
-        });
+        apply_dirty(&mut peer, &mut holding(&held[..1], 3));
         assert_eq!(peer.estimated_blocks(), 1);
     }
 }

@@ -27,6 +27,16 @@ pub enum ShardBody {
     Bloom { probes: u8, words: Vec<u64> },
 }
 
+impl ShardBody {
+    /// Hashes the body holds: counted when exact, estimated from its fill when a filter.
+    pub fn estimated_len(&self) -> usize {
+        match self {
+            ShardBody::Exact(hashes) => hashes.len(),
+            ShardBody::Bloom { probes, words } => bloom::estimated_count(words, *probes),
+        }
+    }
+}
+
 /// Most hashes an exact shard may carry (bounds what a peer can make us allocate).
 const MAX_EXACT: usize = MAX_SHARD_BYTES as usize / 8;
 
@@ -39,13 +49,9 @@ impl ShardWire {
     pub fn decode(bytes: &[u8]) -> Result<DecodedShard, DecodeError> {
         let wire: ShardWire = codec::decode(Kind::SummaryShard, bytes)?;
         wire.validate()?;
-        let estimated_len = match &wire.body {
-            ShardBody::Exact(hashes) => hashes.len(),
-            ShardBody::Bloom { probes, words } => bloom::estimated_count(words, *probes),
-        };
         Ok(DecodedShard {
             encoded_len: bytes.len(),
-            estimated_len,
+            estimated_len: wire.body.estimated_len(),
             wire,
         })
     }
@@ -96,7 +102,7 @@ pub struct DecodedShard {
     pub wire: ShardWire,
     /// Size on the wire, for metrics.
     pub encoded_len: usize,
-    /// [`Self::estimated_len`], counted once: a filter's count reads every word.
+    /// [`ShardBody::estimated_len`], counted once: a filter's count reads every word.
     estimated_len: usize,
 }
 
