@@ -7,7 +7,7 @@ use kvmesh_protocol::{RouteConfig, SummaryConfig, cadence};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::cluster::ClusterConfig;
+use super::cluster::{ClusterConfig, Join};
 use super::gossip::CALIBRATED_HOP_S;
 use super::gossip::epidemic::GossipParams;
 use super::pd::{DecodeChoice, PdSetup, Slo, SplitRule};
@@ -163,6 +163,15 @@ pub struct SimulateArgs {
     /// batch job that calls one sidecar, say.
     #[arg(long)]
     pub entry_nodes: Option<usize>,
+    /// The last this many nodes join the cluster at `--join-at` seconds into the run (a
+    /// sidecar started with the seed list under load); until then they take no request and
+    /// are no entry. With `--entry-nodes` at most the nodes up from the start, requests
+    /// keep entering where they did (as a load generator given a fixed list of sidecars).
+    #[arg(long, default_value_t = 0)]
+    pub join_nodes: usize,
+    /// When the `--join-nodes` join, seconds after the run starts.
+    #[arg(long, default_value_t = 0.0)]
+    pub join_at: f64,
     /// Engines with the prefill role (nodes 0..N; the others decode). 0: every engine is
     /// mixed. The kvmesh policies disaggregate as the sidecar does; random, round-robin,
     /// least-loaded and power-of-two split every request as the central PD routers do (each
@@ -316,6 +325,10 @@ impl SimulateArgs {
             threads: self.threads.max(1),
             mesh_hop_ns: (self.mesh_rtt_ms.max(0.0) * 1e6 / 2.0) as u64,
             entry_nodes: self.entry_nodes.unwrap_or(nodes).clamp(1, nodes.max(1)),
+            join: (self.join_nodes > 0).then(|| Join {
+                nodes: self.join_nodes,
+                at_ns: (self.join_at.max(0.0) * 1e9) as u64,
+            }),
             spread_seed: self.spread_seed,
             self_summary: self.self_view == SelfView::Summary,
             seed: self.seed,

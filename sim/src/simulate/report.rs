@@ -46,6 +46,7 @@ pub fn markdown(report: &Report) -> String {
         }
         out.push('\n');
         objectives(&mut out, report, &run.results);
+        joins(&mut out, &run.results);
     }
     if report.runs.len() > 1 {
         out.push_str("## Scaling\n\n| nodes | policy | hit rate | TTFT mean s | digest B/node/s | summary B/node/s | membership B/node/s | total B/node/s |\n|---:|---|---:|---:|---:|---:|---:|---:|\n");
@@ -68,6 +69,36 @@ pub fn markdown(report: &Report) -> String {
         out.push('\n');
     }
     out
+}
+
+/// With nodes joining during the run: the requests before and after, and the new nodes' share.
+fn joins(out: &mut String, results: &[PolicyResult]) {
+    let Some(first) = results.iter().find_map(|r| r.join) else {
+        return;
+    };
+    let _ = writeln!(
+        out,
+        "{} node(s) joined at {:.1} s:\n\n| policy | requests after | served by the new | share | \
+         first served after s | TTFT mean before s | after | p99 after |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|",
+        first.nodes, first.at_s
+    );
+    for r in results {
+        let Some(j) = r.join else { continue };
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {:.1}% | {} | {:.3} | {:.3} | {:.3} |",
+            r.policy,
+            j.requests_after,
+            j.served_by_joined,
+            j.served_by_joined as f64 * 100.0 / j.requests_after.max(1) as f64,
+            opt(j.first_served_after_s),
+            j.ttft_before_s.mean,
+            j.ttft_after_s.mean,
+            j.ttft_after_s.p99,
+        );
+    }
+    out.push('\n');
 }
 
 /// Inter-token latency, goodput and, in a disaggregated cluster, what became of

@@ -67,6 +67,23 @@ pub struct GossipTraffic {
     pub total_bytes_per_node_s: f64,
 }
 
+/// Requests before and after nodes joined the cluster, and what the new nodes took.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct JoinFigures {
+    /// Nodes that joined, and when (seconds into the run).
+    pub nodes: usize,
+    pub at_s: f64,
+    /// Requests that arrived after the join.
+    pub requests_after: u64,
+    /// Of those, how many a joined node served.
+    pub served_by_joined: u64,
+    /// From the join to the arrival of the first request a joined node served, seconds.
+    pub first_served_after_s: Option<f64>,
+    /// TTFT of the requests that arrived before the join, and after.
+    pub ttft_before_s: Latency,
+    pub ttft_after_s: Latency,
+}
+
 /// One policy's figures.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct PolicyResult {
@@ -118,6 +135,9 @@ pub struct PolicyResult {
     pub reasons: BTreeMap<String, u64>,
     /// Attempts a serving node declined (late binding; the gossiping policies).
     pub declines: u64,
+    /// How the traffic met the nodes that joined during the run (`--join-nodes`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub join: Option<JoinFigures>,
     pub simulated_s: f64,
     pub wall_s: f64,
     /// TTFT CDF, 100 points (quantile, seconds), for plots.

@@ -80,6 +80,7 @@ pub fn simulate(args: &SimulateArgs) -> Result<Report, SimulateError> {
     }
     let route = args.route_config().map_err(SimulateError::Invalid)?;
     let pd = args.pd_setup().map_err(SimulateError::Invalid)?;
+    check_join(args, &sizes, pd.is_some())?;
     if let Some(pd) = pd {
         check_pd(pd, &sizes, &args.policy_list())?;
     }
@@ -100,6 +101,31 @@ pub fn simulate(args: &SimulateArgs) -> Result<Report, SimulateError> {
         percentile_method: crate::quantile::METHOD,
         runs,
     })
+}
+
+/// Joining nodes need a cluster to join, and a time to; a disaggregated cluster's roles are
+/// fixed from the start (refused).
+fn check_join(args: &SimulateArgs, sizes: &[usize], pd: bool) -> Result<(), SimulateError> {
+    if args.join_nodes == 0 {
+        return Ok(());
+    }
+    let invalid = |why: String| Err(SimulateError::Invalid(why));
+    if let Some(&nodes) = sizes.iter().find(|&&n| n <= args.join_nodes) {
+        return invalid(format!(
+            "--join-nodes {} leaves no node up from the start in a cluster of {nodes}",
+            args.join_nodes
+        ));
+    }
+    if !(args.join_at.is_finite() && args.join_at > 0.0) {
+        return invalid(format!(
+            "--join-at {}: the nodes join a number of seconds (above 0) into the run",
+            args.join_at
+        ));
+    }
+    if pd {
+        return invalid("--join-nodes cannot run with --prefill-nodes".into());
+    }
+    Ok(())
 }
 
 /// A disaggregated cluster needs decode engines besides its prefill ones. The centralized
@@ -271,12 +297,78 @@ mod tests {
 
     /// kvmesh over `simulate`'s `flags`, with every request's record.
     fn kvmesh_recorded(flags: &str) -> (PolicyResult, Vec<cluster::RequestRecord>) {
+        recorded(flags, PolicyKind::Kvmesh)
+    }
+
+    /// `policy` over `simulate`'s `flags`, with every request's record.
+    fn recorded(flags: &str, policy: PolicyKind) -> (PolicyResult, Vec<cluster::RequestRecord>) {
         let argv = std::iter::once("simulate").chain(flags.split_whitespace());
         let args = Cli::try_parse_from(argv).expect("valid flags").args;
         let inputs = Inputs::new(&args).expect("a workload");
         let nodes = args.nodes;
         let config = args.cluster_config(nodes, args.route_config().expect("defaults"), None);
-        cluster::run_recorded(&config, PolicyKind::Kvmesh, stream(&args, &inputs, nodes))
+        cluster::run_recorded(&config, policy, stream(&args, &inputs, nodes))
+    }
+
+    /// A node joining mid-run is no entry and serves nothing before it joins, under every
+    /// policy, and takes requests after; kvmesh's entries find it only once its first digest
+    /// reached them, the central policies at once.
+    #[test]
+    fn a_node_joining_mid_run_serves_only_after_it_joins() {
+        let flags = "--nodes 4 --join-nodes 1 --join-at 2 --workload gsp --gsp-groups 64 \
+             --gsp-prompts-per-group 2 --gsp-system-len 256 --gsp-question-len 32 \
+             --gsp-output-len 8 --requests 128 --rate 32 --seed 4";
+        let policies = [
+            PolicyKind::RoundRobin,
+            PolicyKind::LeastLoaded,
+            PolicyKind::Chwbl,
+            PolicyKind::Oracle,
+            PolicyKind::Kvmesh,
+        ];
+        for policy in policies {
+            let (result, records) = recorded(flags, policy);
+            let name = policy.name();
+            let joined = |node: &Option<String>| node.as_deref() == Some("node-4");
+            for r in &records {
+                if r.sent_at_s < 2.0 {
+                    assert!(!joined(&r.node) && r.entry != "node-4", "{name}: {r:?}");
+                }
+            }
+            let served = records.iter().filter(|r| joined(&r.node)).count() as u64;
+            let join = result.join.expect("join figures");
+            assert_eq!(join.served_by_joined, served, "{name}");
+            assert!(served > 0, "{name}: the new node served nothing");
+            let after = records.iter().filter(|r| r.sent_at_s >= 2.0).count() as u64;
+            assert_eq!(join.requests_after, after, "{name}");
+            assert!(after > 0 && result.completed == 128, "{name}: {result:?}");
+            let first = join.first_served_after_s.expect("served");
+            if policy == PolicyKind::Kvmesh {
+                // Its first digest is published at the first tick from 2 s and reaches the
+                // entries a gossip lag later.
+                assert!(
+                    first > 0.01,
+                    "kvmesh found the new node {first} s after it joined"
+                );
+            }
+        }
+    }
+
+    /// A join needs a node up from the start and a time; disaggregation is refused.
+    #[test]
+    fn a_join_without_a_cluster_to_join_is_refused() {
+        let error = |flags: &str| {
+            let argv = std::iter::once("simulate").chain(flags.split_whitespace());
+            let args = Cli::try_parse_from(argv).expect("valid flags").args;
+            simulate(&args).err().map(|e| e.to_string())
+        };
+        let all = error("--nodes 2 --join-nodes 2 --join-at 1 --requests 1");
+        assert!(all.is_some_and(|e| e.contains("no node up from the start")));
+        let never = error("--nodes 2 --join-nodes 1 --requests 1");
+        assert!(never.is_some_and(|e| e.contains("--join-at")));
+        let pd = error("--nodes 4 --join-nodes 1 --join-at 1 --prefill-nodes 1 --requests 1");
+        assert!(pd.is_some_and(|e| e.contains("--prefill-nodes")));
+        let sweep = error("--sweep-nodes 1,4 --join-nodes 1 --join-at 1 --requests 1");
+        assert!(sweep.is_some_and(|e| e.contains("cluster of 1")));
     }
 
     /// Every request's record: it entered where the load generator would have sent it, an

@@ -402,6 +402,8 @@ fn tick(sim: &mut Sim<'_>, now: u64) {
     let g = sim.gossip.as_mut().expect("the lifecycle loop gossips");
     let lags = &g.lags;
     let chunk = n.div_ceil(threads);
+    // A node that has not joined yet publishes nothing (see `Join`).
+    let up = sim.config.nodes_up(now);
     let results: Vec<TickTotals> = std::thread::scope(|scope| {
         let mut handles = Vec::new();
         let mut parts = sim
@@ -409,12 +411,15 @@ fn tick(sim: &mut Sim<'_>, now: u64) {
             .chunks_mut(chunk)
             .zip(g.published.chunks_mut(chunk))
             .zip(g.unpublished_prefixes.chunks_mut(chunk))
+            .enumerate()
             .peekable();
         let mut last = None;
-        while let Some(((nodes, published), unpublished)) = parts.next() {
+        while let Some((part, ((nodes, published), unpublished))) = parts.next() {
+            let up_here = up.saturating_sub(part * chunk);
             let work = move || {
                 let mut totals = TickTotals::default();
-                for ((node, view), waiting) in nodes.iter_mut().zip(published).zip(unpublished) {
+                let nodes = nodes.iter_mut().zip(published).zip(unpublished);
+                for ((node, view), waiting) in nodes.take(up_here) {
                     let gauges = node.engine_gauges();
                     node.serving.polled(gauges, now / 1_000_000);
                     publish(node, view, waiting, &mut totals, lags, summaries, now);

@@ -1,13 +1,13 @@
 //! From a finished run to its figures.
 
 use super::records::{RequestRecord, node_name};
-use super::{Sim, zone_size};
+use super::{Record, Sim, zone_size};
 use crate::simulate::gossip::MEMBERSHIP_ENTRY_BYTES;
 use crate::simulate::histogram::LogHistogram;
 use crate::simulate::pd::Slo;
 use crate::simulate::policy::PolicyKind;
 use crate::simulate::results::{
-    GOODPUT_ITL_MS, GossipTraffic, Latency, PolicyResult, TransferSummary, cdf,
+    GOODPUT_ITL_MS, GossipTraffic, JoinFigures, Latency, PolicyResult, TransferSummary, cdf,
 };
 
 pub(super) fn summarize(sim: &Sim<'_>, wall_s: f64) -> PolicyResult {
@@ -158,10 +158,47 @@ pub(super) fn summarize(sim: &Sim<'_>, wall_s: f64) -> PolicyResult {
         prefix_reach_99_s: reach.map(|r| r.1),
         reasons: sim.reasons.clone(),
         declines: sim.declines,
+        join: join_figures(sim),
         simulated_s,
         wall_s,
         ttft_cdf: cdf(&ttft, 100),
     }
+}
+
+/// Requests before and after the join, and the joined nodes' share (none without a join).
+fn join_figures(sim: &Sim<'_>) -> Option<JoinFigures> {
+    let join = sim.config.join?;
+    let founders = sim.config.nodes_up(0) as u32;
+    let ttft = |r: &&Record| r.first_ns.saturating_sub(r.arrival_ns) as f64 / 1e9;
+    let done = || sim.records.iter().filter(|r| r.done_ns > 0);
+    let (mut before, mut after): (Vec<f64>, Vec<f64>) = (Vec::new(), Vec::new());
+    for r in done() {
+        match r.arrival_ns < join.at_ns {
+            true => before.push(ttft(&r)),
+            false => after.push(ttft(&r)),
+        }
+    }
+    let joined: Vec<&Record> = sim
+        .records
+        .iter()
+        .filter(|r| r.node.is_some_and(|node| node >= founders))
+        .collect();
+    Some(JoinFigures {
+        nodes: join.nodes,
+        at_s: join.at_ns as f64 / 1e9,
+        requests_after: sim
+            .records
+            .iter()
+            .filter(|r| r.arrival_ns >= join.at_ns)
+            .count() as u64,
+        served_by_joined: joined.len() as u64,
+        first_served_after_s: joined
+            .iter()
+            .map(|r| r.arrival_ns.saturating_sub(join.at_ns) as f64 / 1e9)
+            .reduce(f64::min),
+        ttft_before_s: Latency::of(&mut before),
+        ttft_after_s: Latency::of(&mut after),
+    })
 }
 
 /// Every request's own record, in arrival order.

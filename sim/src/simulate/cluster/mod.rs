@@ -69,9 +69,32 @@ pub struct ClusterConfig {
     pub spread_seed: u64,
     /// Disaggregation, if any engine prefills for others.
     pub pd: Option<PdSetup>,
+    /// Nodes that join the cluster during the run, if any.
+    pub join: Option<Join>,
     /// The objectives goodput counts requests against.
     pub slo: Slo,
     pub seed: u64,
+}
+
+/// The last `nodes` nodes of the cluster start at `at_ns`, as a sidecar started with the seed
+/// list under load: until then they publish nothing, take no request and are no entry; from
+/// then on each peer sees the new node once its first digest has reached it (the gossip lag),
+/// and the central policies count it at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Join {
+    pub nodes: usize,
+    pub at_ns: u64,
+}
+
+impl ClusterConfig {
+    /// Nodes up at `now_ns`: `0..` the returned count (joining nodes are the last ones).
+    pub fn nodes_up(&self, now_ns: u64) -> usize {
+        let n = self.nodes.max(1);
+        match self.join {
+            Some(join) if now_ns < join.at_ns => n - join.nodes.min(n - 1),
+            _ => n,
+        }
+    }
 }
 
 fn zone_size(config: &ClusterConfig) -> usize {
@@ -237,7 +260,7 @@ impl<'c> Sim<'c> {
             .collect();
         let keys: Vec<u64> = nodes.iter().map(|n| n.key).collect();
         let router = match policy {
-            PolicyKind::Chwbl => Router::Chwbl(Ring::new(&keys)),
+            PolicyKind::Chwbl => Router::Chwbl(Ring::new(&keys[..config.nodes_up(0)])),
             PolicyKind::Oracle => Router::Oracle(Box::new(Oracle::new(&mut nodes))),
             PolicyKind::Kvmesh => Router::Kvmesh(Box::new(Kvmesh::new(&keys, Visibility::All))),
             PolicyKind::KvmeshLocal => {
@@ -256,9 +279,12 @@ impl<'c> Sim<'c> {
             Gossip {
                 published: nodes
                     .iter_mut()
-                    .map(|node| {
+                    .enumerate()
+                    .map(|(i, node)| {
                         let mut published = Published::new(&lags, config.self_summary);
-                        published.publish_initial_digest(node.digest(0));
+                        if i < config.nodes_up(0) {
+                            published.publish_initial_digest(node.digest(0));
+                        }
                         published
                     })
                     .collect(),
@@ -302,7 +328,7 @@ impl<'c> Sim<'c> {
         self.first_arrival.get_or_insert(now);
         let id = self.records.len() as u64;
         // Entry nodes as the load generator picks its targets at random, request for request.
-        let entries = self.config.entry_nodes.clamp(1, self.nodes.len());
+        let entries = self.config.entry_nodes.clamp(1, self.config.nodes_up(now));
         let entry = random_target(self.config.seed, id, entries) as u32;
         self.records.push(Record {
             arrival_ns: now,
@@ -337,8 +363,8 @@ impl<'c> Sim<'c> {
         if let Some(pd) = self.config.pd {
             return Some(self.arrive_split(prepared, pd));
         }
-        let n = self.nodes.len();
         let (id, entry, now) = (prepared.id, prepared.entry, prepared.now);
+        let n = self.config.nodes_up(now);
         let chain = &prepared.chain;
         let route_request = RouteRequest {
             model: MODEL,
@@ -357,19 +383,24 @@ impl<'c> Sim<'c> {
                 PolicyKind::RoundRobin => {
                     round_robin::pick(&mut self.rr_counters[entry as usize], n)
                 }
-                PolicyKind::LeastLoaded => least_loaded::pick(&self.loads, &mut self.rng),
-                PolicyKind::PowerOfTwo => power_of_two::pick(&self.loads, &mut self.rng),
+                PolicyKind::LeastLoaded => least_loaded::pick(&self.loads[..n], &mut self.rng),
+                PolicyKind::PowerOfTwo => power_of_two::pick(&self.loads[..n], &mut self.rng),
                 _ => random::pick(&mut self.rng, n),
             },
             Router::Chwbl(ring) => {
+                if ring.nodes() != n {
+                    let keys: Vec<u64> = self.nodes[..n].iter().map(|node| node.key).collect();
+                    *ring = Ring::new(&keys);
+                }
                 let key = chain.first().copied().unwrap_or(id);
-                ring.pick(key, &self.loads, config.chwbl_epsilon)
+                ring.pick(key, &self.loads[..n], config.chwbl_epsilon)
             }
             Router::Oracle(oracle) => {
                 if let Some(&first) = chain.first() {
                     oracle.track(first);
                 }
-                let decision = oracle.decide(&self.nodes, &route_request, &config.route, now);
+                let up = &self.nodes[..n];
+                let decision = oracle.decide(up, &route_request, &config.route, now);
                 count_reason(decision.ok(), &mut self.reasons)
                     .unwrap_or_else(|| random::pick(&mut self.rng, n))
             }

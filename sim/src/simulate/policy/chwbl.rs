@@ -25,6 +25,11 @@ impl Ring {
         Self { points }
     }
 
+    /// How many engines the ring was made of.
+    pub fn nodes(&self) -> usize {
+        self.points.len() / POINTS_PER_NODE as usize
+    }
+
     /// The engine for `key` given the loads in flight.
     pub fn pick(&self, key: u64, loads: &[u32], epsilon: f64) -> usize {
         let total: u64 = loads.iter().map(|&l| u64::from(l)).sum();
