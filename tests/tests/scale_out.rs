@@ -6,6 +6,9 @@
 //! first sidecars for 60 s, the fourth joining 20 s in. It prints, for the requests sent before
 //! and after the join, how many each engine served and their mean TTFT, so that a new engine
 //! flooded by every entry at once (or left idle) shows. It asserts only that no request failed.
+//! The simulator runs the same scenario: `kvmesh-sim simulate --nodes 4 --kv-blocks 640
+//! --workload rag-pressure --seed 2 --rate 4 --duration 60 --entry-nodes 3 --join-nodes 1
+//! --join-at 20` (BENCHMARKS.md, "A node joining in the simulator").
 
 use std::time::{Duration, Instant};
 
