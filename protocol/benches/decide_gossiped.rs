@@ -370,6 +370,7 @@ fn bench_workload(c: &mut Criterion, workload: &str, target: Target) {
                 node_key: keys[n],
                 digest: &digests[n],
                 summary: Some(&summaries[n]),
+                held_blocks: None,
                 digest_received_ms: 1_000,
                 pending: 0,
                 digest_pending: 0,

@@ -183,6 +183,7 @@ fn deciding(c: &mut Criterion) {
                 node_key: names[n],
                 digest: &digest,
                 summary: Some(&summaries[n]),
+                held_blocks: None,
                 offload: None,
                 digest_received_ms: 1_000,
                 pending: 0,

@@ -82,6 +82,7 @@ fn allocations_do_not_grow_with_candidates() {
                 node_key: node_key(&n.to_string()),
                 digest: &digest,
                 summary: Some(&summary),
+                held_blocks: None,
                 offload: None,
                 digest_received_ms: 0,
                 pending: 0,

@@ -295,6 +295,7 @@ fn candidates<'a>(cluster: &'a Cluster, order: &[usize]) -> Vec<Candidate<'a>> {
             node_key: node_key(&cluster.names[i]),
             digest: &cluster.digests[i],
             summary: Some(&cluster.summaries[i]),
+            held_blocks: None,
             offload: None,
             digest_received_ms: 1_000,
             pending: cluster.pending[i],

@@ -201,6 +201,7 @@ impl EntryState {
             node_key: peer.key,
             digest: peer.digest,
             summary: peer.summary,
+            held_blocks: None,
             offload: peer.offload,
             digest_received_ms: received,
             pending: sent + self.returnable.pending(peer.key, 0, now_ms),

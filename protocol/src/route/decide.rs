@@ -17,6 +17,9 @@ pub struct Candidate<'a> {
     pub digest: &'a LoadDigest,
     /// The node's gossiped prefix summary, if any has arrived.
     pub summary: Option<&'a PeerSummary>,
+    /// Blocks the engine's cache holds, when the caller knows them exactly (the simulator's
+    /// oracle reads its index); `None`: the summary's estimate, if any.
+    pub held_blocks: Option<u64>,
     /// What the node's engine holds in offload tiers (CPU, storage), from exact mode.
     pub offload: Option<&'a PeerSummary>,
     /// When this node received the gauges it judges the engine by (`digest`'s, or `fresh`'s
@@ -301,9 +304,10 @@ pub fn decide_with(
         let capacity = f64::from(digest.kv_capacity_blocks) * f64::from(digest.block_size)
             / f64::from(request.tokens_per_block).max(1.0);
         let adds = f64::from(chain_len - on_gpu);
-        let evicts_nothing = candidate
-            .summary
-            .is_some_and(|summary| summary.estimated_blocks() as f64 + adds <= capacity);
+        let held = candidate
+            .held_blocks
+            .or_else(|| candidate.summary.map(|s| s.estimated_blocks() as u64));
+        let evicts_nothing = held.is_some_and(|held| held as f64 + adds <= capacity);
         entries.push(Considered {
             index,
             node_key: candidate.node_key,

@@ -54,6 +54,7 @@ pub(crate) fn candidate<'a>(
         node_key: node_key(name),
         digest,
         summary,
+        held_blocks: None,
         offload: None,
         digest_received_ms: NOW - 50,
         pending: 0,
@@ -696,6 +697,32 @@ fn among_near_equal_engines_one_with_room_for_the_prompt_goes_first() {
         candidate("unseen", &load, None),
     ];
     assert_eq!(firsts(&candidates), HashSet::from([1]));
+    // Unless the caller knows what its cache holds (the simulator's oracle): an exact count
+    // stands for the summary's estimate, both ways.
+    let counted = |held: u64| Candidate {
+        held_blocks: Some(held),
+        ..candidate("unseen", &load, None)
+    };
+    let candidates = [candidates[0], candidates[1], counted(0)];
+    assert_eq!(firsts(&candidates), HashSet::from([2]));
+    // It matches nothing of the prompt (no summary): all 64 blocks would be new.
+    let candidates = [candidates[0], candidates[1], counted(36)];
+    assert_eq!(
+        firsts(&candidates),
+        HashSet::from([2]),
+        "64 more fit in 100"
+    );
+    let candidates = [candidates[0], candidates[1], counted(37)];
+    assert_eq!(
+        firsts(&candidates),
+        HashSet::from([1]),
+        "64 more do not fit"
+    );
+    let candidates = [
+        candidates[0],
+        candidates[1],
+        candidate("unseen", &load, None),
+    ];
     // Once it holds as much, it is one near-equal engine among the others.
     let filled = summary_of(&chain(95, 15));
     let candidates = [

@@ -1,5 +1,5 @@
 //! The oracle: the same `decide`, over an instant and exact view of the whole cluster (every
-//! engine's load now, and what every node's prefix index holds now). What kvmesh would do if
+//! engine's load now, and what every node's prefix index holds now, and how much). What kvmesh would do if
 //! gossip were free and instantaneous.
 
 use std::collections::HashMap;
@@ -87,6 +87,9 @@ impl Oracle {
                 node_key: node.key,
                 digest,
                 summary: None,
+                // Exact where a sidecar has its peer's summary estimate: an engine with room
+                // for the prompt goes first among near-equals, as in kvmesh.
+                held_blocks: Some(node.index.len() as u64),
                 offload: None,
                 digest_received_ms: now_ms,
                 pending: 0,
