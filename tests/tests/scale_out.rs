@@ -10,6 +10,7 @@
 //! --workload rag-pressure --seed 2 --rate 4 --duration 60 --entry-nodes 3 --join-nodes 1
 //! --join-at 20` (BENCHMARKS.md, "A node joining in the simulator").
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use kvmesh_tests::load::{engine_urls, run_load, sidecar_urls};
@@ -95,4 +96,19 @@ fn a_fourth_engine_joining_under_load_takes_its_share() {
             );
         }
     }
+    // How the new engine got its work: when (after the join) and why (`x-kvmesh-reason`).
+    let mut reasons: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut sent_after_join = Vec::new();
+    for r in records.iter().filter(|r| r["node"] == "d") {
+        *reasons
+            .entry(r["reason"].as_str().unwrap_or("-"))
+            .or_default() += 1;
+        let at = r["sent_at_s"].as_f64().unwrap_or(0.0) - joined_s;
+        sent_after_join.push(format!("{at:.1}"));
+    }
+    println!("d's requests by reason: {reasons:?}");
+    println!(
+        "d's requests, seconds after the join: {}",
+        sent_after_join.join(" ")
+    );
 }
