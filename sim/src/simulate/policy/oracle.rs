@@ -1,6 +1,6 @@
 //! The oracle: the same `decide`, over an instant and exact view of the whole cluster (every
-//! engine's load now, and what every node's prefix index holds now, and how much). What kvmesh would do if
-//! gossip were free and instantaneous.
+//! engine's load now, and what every node's prefix index holds now, and how much). What
+//! kvmesh would do if gossip were free and instantaneous.
 
 use std::collections::HashMap;
 
