@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::simulate::{by_policy, run};
+use common::simulate::{by_policy, refusal, run};
 use kvmesh_sim::quantile::quantile;
 use kvmesh_sim::simulate::{PolicyResult, Report};
 
@@ -222,4 +222,17 @@ fn a_burst_of_distinct_prompts_through_one_entry_spreads() {
             );
         }
     }
+}
+
+/// Nodes joining mid-run need a node up from the start and a time; disaggregation is refused.
+#[test]
+fn a_join_without_a_cluster_to_join_is_refused() {
+    let all = refusal("--nodes 2 --join-nodes 2 --join-at 1 --requests 1");
+    assert!(all.is_some_and(|e| e.contains("no node up from the start")));
+    let never = refusal("--nodes 2 --join-nodes 1 --requests 1");
+    assert!(never.is_some_and(|e| e.contains("--join-at")));
+    let pd = refusal("--nodes 4 --join-nodes 1 --join-at 1 --prefill-nodes 1 --requests 1");
+    assert!(pd.is_some_and(|e| e.contains("--prefill-nodes")));
+    let sweep = refusal("--sweep-nodes 1,4 --join-nodes 1 --join-at 1 --requests 1");
+    assert!(sweep.is_some_and(|e| e.contains("cluster of 1")));
 }

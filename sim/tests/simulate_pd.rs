@@ -4,8 +4,8 @@
 
 mod common;
 
-use common::simulate::{by_policy, run, ttft_min_max};
-use kvmesh_sim::simulate::{PolicyResult, SimulateArgs, simulate};
+use common::simulate::{by_policy, refusal, run, ttft_min_max};
+use kvmesh_sim::simulate::PolicyResult;
 use kvmesh_sim::workload::random_target;
 
 /// One prefill and one decode engine; two prompts sharing a 1,024-token system prompt (64
@@ -163,21 +163,10 @@ fn a_central_policy_splits_everything_and_pays_no_hop() {
 
 #[test]
 fn a_pd_cluster_needs_decode_engines_and_a_policy_that_can_split() {
-    use clap::Parser;
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        args: SimulateArgs,
-    }
-    let error = |flags: &str| {
-        let argv = std::iter::once("simulate").chain(flags.split_whitespace());
-        let cli = Cli::try_parse_from(argv).expect("valid flags");
-        simulate(&cli.args).err().map(|e| e.to_string())
-    };
-    let no_decode = error("--nodes 2 --prefill-nodes 2 --requests 1 --policy kvmesh");
+    let no_decode = refusal("--nodes 2 --prefill-nodes 2 --requests 1 --policy kvmesh");
     assert!(no_decode.is_some_and(|e| e.contains("no decode engine")));
-    let by_prefix = error("--nodes 4 --prefill-nodes 1 --requests 1 --policy kvmesh,chwbl");
+    let by_prefix = refusal("--nodes 4 --prefill-nodes 1 --requests 1 --policy kvmesh,chwbl");
     assert!(by_prefix.is_some_and(|e| e.contains("chwbl")));
-    let unknown = error("--nodes 4 --prefill-nodes 1 --requests 1 --policy kvmesh --pd x=1");
+    let unknown = refusal("--nodes 4 --prefill-nodes 1 --requests 1 --policy kvmesh --pd x=1");
     assert!(unknown.is_some_and(|e| e.contains("--pd x")));
 }

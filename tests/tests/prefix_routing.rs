@@ -267,6 +267,16 @@ fn a_joining_engine_takes_new_documents_that_full_ones_would_evict_for() {
         served_by(&response)
     };
     let entries = ["a", "b", "c"];
+    let seen_everywhere = |cluster: &Cluster, doc: usize, server: &str| {
+        wait_for(CONVERGENCE_TIMEOUT, "every entry sees the document", || {
+            entries.iter().try_for_each(|entry| {
+                let seen = cluster
+                    .sidecar(entry)
+                    .sees_whole_prefix_at(&body(doc), server);
+                seen.map(drop)
+            })
+        });
+    };
     // Warm: documents until every entry sees every engine too full for one more (its own
     // by what it publishes, the others' by their summaries).
     let full = |cluster: &Cluster| -> Result<(), String> {
@@ -289,14 +299,7 @@ fn a_joining_engine_takes_new_documents_that_full_ones_would_evict_for() {
         assert!(doc <= 12, "12 documents did not fill three engines of 2");
         let entry = entries[doc % 3];
         let server = send(&cluster, entry, doc);
-        wait_for(CONVERGENCE_TIMEOUT, "every entry sees the document", || {
-            entries.iter().try_for_each(|entry| {
-                cluster
-                    .sidecar(entry)
-                    .sees_whole_prefix_at(&body(doc), &server)
-                    .map(drop)
-            })
-        });
+        seen_everywhere(&cluster, doc, &server);
         doc += 1;
     }
 
@@ -314,16 +317,7 @@ fn a_joining_engine_takes_new_documents_that_full_ones_would_evict_for() {
     for (entry, doc) in [("a", 100), ("b", 101)] {
         let server = send(&cluster, entry, doc);
         assert_eq!(server, "d", "document {doc} entering at {entry}");
-        wait_for(
-            CONVERGENCE_TIMEOUT,
-            "every entry sees the document at d",
-            || {
-                entries.iter().try_for_each(|entry| {
-                    let seen = cluster.sidecar(entry).sees_whole_prefix_at(&body(doc), "d");
-                    seen.map(drop)
-                })
-            },
-        );
+        seen_everywhere(&cluster, doc, "d");
     }
 }
 

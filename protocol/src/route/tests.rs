@@ -690,46 +690,27 @@ fn among_near_equal_engines_one_with_room_for_the_prompt_goes_first() {
     };
     // Ahead even of this node's own engine, read idle now.
     assert_eq!(firsts(&candidates), HashSet::from([2]));
+    // The full peer and this node's own engine, with a third engine.
+    let [full_peer, own, _] = candidates;
+    let beside = |third| [full_peer, own, third];
     // One whose summary this decision is not shown is not known to have room.
-    let candidates = [
-        candidates[0],
-        candidates[1],
-        candidate("unseen", &load, None),
-    ];
-    assert_eq!(firsts(&candidates), HashSet::from([1]));
+    let unseen = candidate("unseen", &load, None);
+    assert_eq!(firsts(&beside(unseen)), HashSet::from([1]));
     // Unless the caller knows what its cache holds (the simulator's oracle): an exact count
     // stands for the summary's estimate, both ways.
     let counted = |held: u64| Candidate {
         held_blocks: Some(held),
-        ..candidate("unseen", &load, None)
+        ..unseen
     };
-    let candidates = [candidates[0], candidates[1], counted(0)];
-    assert_eq!(firsts(&candidates), HashSet::from([2]));
+    assert_eq!(firsts(&beside(counted(0))), HashSet::from([2]));
     // It matches nothing of the prompt (no summary): all 64 blocks would be new.
-    let candidates = [candidates[0], candidates[1], counted(36)];
-    assert_eq!(
-        firsts(&candidates),
-        HashSet::from([2]),
-        "64 more fit in 100"
-    );
-    let candidates = [candidates[0], candidates[1], counted(37)];
-    assert_eq!(
-        firsts(&candidates),
-        HashSet::from([1]),
-        "64 more do not fit"
-    );
-    let candidates = [
-        candidates[0],
-        candidates[1],
-        candidate("unseen", &load, None),
-    ];
+    let fits = firsts(&beside(counted(36)));
+    assert_eq!(fits, HashSet::from([2]), "64 more fit in 100");
+    let does_not_fit = firsts(&beside(counted(37)));
+    assert_eq!(does_not_fit, HashSet::from([1]), "64 more do not fit");
     // Once it holds as much, it is one near-equal engine among the others.
     let filled = summary_of(&chain(95, 15));
-    let candidates = [
-        candidates[0],
-        candidates[1],
-        candidate("empty", &load, Some(&filled)),
-    ];
+    let candidates = beside(candidate("empty", &load, Some(&filled)));
     assert_eq!(
         firsts(&candidates),
         HashSet::from([1]),

@@ -353,24 +353,6 @@ mod tests {
         }
     }
 
-    /// A join needs a node up from the start and a time; disaggregation is refused.
-    #[test]
-    fn a_join_without_a_cluster_to_join_is_refused() {
-        let error = |flags: &str| {
-            let argv = std::iter::once("simulate").chain(flags.split_whitespace());
-            let args = Cli::try_parse_from(argv).expect("valid flags").args;
-            simulate(&args).err().map(|e| e.to_string())
-        };
-        let all = error("--nodes 2 --join-nodes 2 --join-at 1 --requests 1");
-        assert!(all.is_some_and(|e| e.contains("no node up from the start")));
-        let never = error("--nodes 2 --join-nodes 1 --requests 1");
-        assert!(never.is_some_and(|e| e.contains("--join-at")));
-        let pd = error("--nodes 4 --join-nodes 1 --join-at 1 --prefill-nodes 1 --requests 1");
-        assert!(pd.is_some_and(|e| e.contains("--prefill-nodes")));
-        let sweep = error("--sweep-nodes 1,4 --join-nodes 1 --join-at 1 --requests 1");
-        assert!(sweep.is_some_and(|e| e.contains("cluster of 1")));
-    }
-
     /// Every request's record: it entered where the load generator would have sent it, an
     /// engine served it, and the records' TTFTs are the summary's.
     #[test]

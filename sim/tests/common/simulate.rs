@@ -16,6 +16,13 @@ pub fn run(flags: &str) -> Report {
     simulate(&cli.args).expect("simulation runs")
 }
 
+/// Why `simulate` refuses `flags` (valid as flags), if it does.
+pub fn refusal(flags: &str) -> Option<String> {
+    let argv = std::iter::once("simulate").chain(flags.split_whitespace());
+    let cli = Cli::try_parse_from(argv).expect("valid flags");
+    simulate(&cli.args).err().map(|e| e.to_string())
+}
+
 /// `name`'s result in the report's first run.
 pub fn by_policy<'a>(report: &'a Report, name: &str) -> &'a PolicyResult {
     report.runs[0]

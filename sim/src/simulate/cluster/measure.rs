@@ -169,13 +169,12 @@ pub(super) fn summarize(sim: &Sim<'_>, wall_s: f64) -> PolicyResult {
 fn join_figures(sim: &Sim<'_>) -> Option<JoinFigures> {
     let join = sim.config.join?;
     let founders = sim.config.nodes_up(0) as u32;
-    let ttft = |r: &&Record| r.first_ns.saturating_sub(r.arrival_ns) as f64 / 1e9;
-    let done = || sim.records.iter().filter(|r| r.done_ns > 0);
-    let (mut before, mut after): (Vec<f64>, Vec<f64>) = (Vec::new(), Vec::new());
-    for r in done() {
+    let (mut before, mut after) = (Vec::new(), Vec::new());
+    for r in sim.records.iter().filter(|r| r.done_ns > 0) {
+        let ttft = r.first_ns.saturating_sub(r.arrival_ns) as f64 / 1e9;
         match r.arrival_ns < join.at_ns {
-            true => before.push(ttft(&r)),
-            false => after.push(ttft(&r)),
+            true => before.push(ttft),
+            false => after.push(ttft),
         }
     }
     let joined: Vec<&Record> = sim
