@@ -3,7 +3,7 @@
 
 use kvmesh_protocol::hashing::HASH_VERSION;
 use kvmesh_protocol::kv_events::{BlockExtraKeys, KvEvent, Medium};
-use kvmesh_protocol::lifecycle::LoadReport;
+use kvmesh_protocol::lifecycle::{LoadReport, PrefixSample};
 use kvmesh_protocol::route::RouteReason;
 use kvmesh_protocol::summary::{SummaryBuilder, SummaryConfig};
 use kvmesh_protocol::wire::{RequestHead, ResponseHead, WireError, WireErrorCode};
@@ -82,6 +82,7 @@ pub fn request_heads() -> Vec<RequestHead> {
         prefill_tokens: 2_048,
         decline_above_tokens: Some(300),
         streamed: true,
+        prefix_samples: Vec::new(),
     };
     let retry = RequestHead {
         request_id: "cmpl-77".into(),
@@ -95,6 +96,16 @@ pub fn request_heads() -> Vec<RequestHead> {
         prefill_tokens: 0,
         decline_above_tokens: None,
         streamed: false,
+        prefix_samples: vec![
+            PrefixSample {
+                tokens: 16,
+                hash: 0x51ed_2701_f3a5_c1b4,
+            },
+            PrefixSample {
+                tokens: 2_304,
+                hash: 0x2545_f491_4f6c_dd1d,
+            },
+        ],
         ..chat.clone()
     };
     vec![chat, retry]

@@ -21,7 +21,8 @@ use rkyv::{Archive, Deserialize, Serialize};
 /// `decline_above_tokens` (for `decline_above`).
 /// 5: the adapters an engine uses now, `LoadDigest::lora_use`.
 /// 6: the queue in prompt tokens, `LoadDigest::queued_tokens` and `LoadReport::queued_tokens`.
-pub const FORMAT_VERSION: u8 = 6;
+/// 7: what copies of a new prefix share, `RequestHead::prefix_samples`.
+pub const FORMAT_VERSION: u8 = 7;
 
 /// What an envelope carries; part of the envelope so a value can only decode as its own type.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]

@@ -11,7 +11,7 @@
 //! feed it bytes as they arrive and pull whole frames.
 
 use crate::codec::{self, DecodeError, Kind};
-use crate::lifecycle::LoadReport;
+use crate::lifecycle::{LoadReport, PrefixSample, validate_samples};
 use crate::route::RouteReason;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use rkyv::{Archive, Deserialize, Serialize};
@@ -58,6 +58,9 @@ pub struct RequestHead {
     /// The answer's first byte ends the request's prefill: the client asked for a streamed
     /// answer, or this is a disaggregated request's one-token prefill leg.
     pub streamed: bool,
+    /// A new prefix's sampled block hashes ([`crate::lifecycle::prefix_samples`]), by which
+    /// the serving node tells how much of it an earlier copy there covers; empty otherwise.
+    pub prefix_samples: Vec<PrefixSample>,
 }
 
 /// The head of a forwarded response.
@@ -303,6 +306,9 @@ fn validate_request_head(head: &RequestHead) -> Result<(), DecodeError> {
     if head.method.is_empty() || head.method.len() > 16 {
         return bad("invalid method");
     }
+    if let Err(why) = validate_samples(&head.prefix_samples) {
+        return bad(&why);
+    }
     Ok(())
 }
 
@@ -323,12 +329,23 @@ pub(crate) fn sample_request_head() -> RequestHead {
         prefill_tokens: 2_048,
         decline_above_tokens: Some(300),
         streamed: true,
+        prefix_samples: vec![
+            PrefixSample {
+                tokens: 16,
+                hash: 7,
+            },
+            PrefixSample {
+                tokens: 32,
+                hash: 8,
+            },
+        ],
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lifecycle::MAX_PREFIX_SAMPLES;
 
     #[test]
     fn a_stream_of_frames_decodes_byte_by_byte() {
@@ -399,6 +416,18 @@ mod tests {
         decoder.push(&[0, 0, 0, 9, TAG_DATA, 1]);
         assert_eq!(decoder.next_frame(), Ok(None));
         assert_eq!(decoder.finish(), Err(FrameError::Truncated(6)));
+    }
+
+    #[test]
+    fn a_head_with_too_many_prefix_samples_is_rejected() {
+        let mut head = sample_request_head();
+        head.prefix_samples = vec![PrefixSample { tokens: 1, hash: 1 }; MAX_PREFIX_SAMPLES + 1];
+        let mut decoder = FrameDecoder::new();
+        decoder.push(&Frame::RequestHead(head).encode());
+        assert!(matches!(
+            decoder.next_frame(),
+            Err(FrameError::Decode(DecodeError::Semantic(_)))
+        ));
     }
 
     #[test]

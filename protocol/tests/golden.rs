@@ -104,6 +104,6 @@ const GOLDEN_CHAT: [u64; 18] = [
     0x52d0c68af3068259,
     0x00697991a6255f34,
 ];
-/// Envelope format version 6 (`codec::FORMAT_VERSION`), hash version 2.
+/// Envelope format version 7 (`codec::FORMAT_VERSION`), hash version 2.
 const GOLDEN_DIGEST_BLAKE3: &str =
-    "5a9e1c236c7be4499c91617b2bd24272bb7e33134701073aa021bed588099fbf";
+    "ca88dc1593de5cbb24cacbd45dc1febd956d4202c1da755c077e72d589a4c371";

@@ -3,7 +3,8 @@
 
 use kvmesh_protocol::hashing::HASH_VERSION;
 use kvmesh_protocol::lifecycle::{
-    Admission, EntryState, Failure, LoadReport, Outcome, PeerInput, Plan, Progress, ServingState,
+    Admission, EntryState, Failure, LoadReport, Outcome, PeerInput, Plan, PrefixSample, Progress,
+    ServingState,
 };
 use kvmesh_protocol::route::{MIN_SIGHTINGS, node_key};
 use kvmesh_protocol::{
@@ -217,12 +218,25 @@ proptest! {
         {
             match action {
                 0 | 1 => {
+                    // Copies share their key's first 128 tokens, and the rest when of one size.
+                    let samples: Vec<PrefixSample> = new_prefix
+                        .map(|key| {
+                            vec![
+                                PrefixSample { tokens: 128, hash: key },
+                                PrefixSample {
+                                    tokens: prefill_tokens.max(128),
+                                    hash: key ^ u64::from(prefill_tokens) << 32,
+                                },
+                            ]
+                        })
+                        .unwrap_or_default();
                     let admission = Admission {
                         prefix_key: new_prefix,
                         new_prefix: new_prefix.is_some(),
                         prefill_tokens,
                         decline_above_tokens,
                         streamed,
+                        prefix_samples: &samples,
                     };
                     match serving.admit(&admission, time as u64 * 100) {
                         Ok(ticket) => tickets.push(ticket),
@@ -324,15 +338,16 @@ fn a_burst_of_new_prefixes_from_one_entry_spreads_over_both_engines() {
             assert!(plan.new_prefix());
             while let Some(attempt) = plan.next_attempt(&mut entry, &chain, now) {
                 let engine = &mut engines[attempt.candidate];
-                let outcome = match engine.admit(&attempt.admission(true), now) {
-                    Ok(ticket) => {
-                        tickets.push(ticket);
-                        served[attempt.candidate] += 1;
-                        // The entry's own engine needs no report: it is read live.
-                        Outcome::Started((attempt.candidate == 1).then(|| engine.report(now)))
-                    }
-                    Err(_) => Outcome::Declined(Some(engine.report(now))),
-                };
+                let outcome =
+                    match engine.admit(&attempt.admission(true, plan.prefix_samples()), now) {
+                        Ok(ticket) => {
+                            tickets.push(ticket);
+                            served[attempt.candidate] += 1;
+                            // The entry's own engine needs no report: it is read live.
+                            Outcome::Started((attempt.candidate == 1).then(|| engine.report(now)))
+                        }
+                        Err(_) => Outcome::Declined(Some(engine.report(now))),
+                    };
                 if plan.on_outcome(&mut entry, &chain, outcome, now) != Progress::TryNext {
                     break;
                 }

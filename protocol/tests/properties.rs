@@ -2,7 +2,7 @@
 //! the prefix property, and the decision keeps its invariants on arbitrary clusters.
 
 use kvmesh_protocol::hashing::{ChainSeed, chain_from_text, chain_from_tokens};
-use kvmesh_protocol::lifecycle::LoadReport;
+use kvmesh_protocol::lifecycle::{LoadReport, prefix_samples};
 use kvmesh_protocol::route::{BoundOn, PendingLedger, RouteError, node_key};
 use kvmesh_protocol::summary::{PeerSummary, ShardWire, SummaryBuilder, SummaryConfig};
 use kvmesh_protocol::wire::{
@@ -183,7 +183,9 @@ proptest! {
         body in prop::collection::vec(any::<u8>(), 0..4096),
         status in 100u16..600,
         split in 1usize..64,
+        chain in prop::collection::vec(any::<u64>(), 0..300),
     ) {
+        let samples = prefix_samples(&chain, 16.0);
         let frames = vec![
             Frame::RequestHead(RequestHead {
                 request_id,
@@ -200,6 +202,7 @@ proptest! {
                 prefill_tokens: 2_000,
                 decline_above_tokens: Some(250),
                 streamed: true,
+                prefix_samples: samples,
             }),
             Frame::Data(body.into()),
             Frame::ResponseHead(ResponseHead {

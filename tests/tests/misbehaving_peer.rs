@@ -52,6 +52,7 @@ fn head(path: &str, hop_count: u8) -> RequestHead {
         prefill_tokens: 0,
         decline_above_tokens: None,
         streamed: false,
+        prefix_samples: Vec::new(),
     }
 }
 

@@ -58,6 +58,7 @@ pub async fn run(
     leg: Leg,
 ) -> Result<Answered, Unanswered> {
     let Routed { mut plan, targets } = routed;
+    head.prefix_samples = plan.prefix_samples().to_vec();
     let mut unanswered = Unanswered::default();
     loop {
         let attempt = plan.next_attempt(&mut lock(&state.entry), chain, state.now_ms());

@@ -230,13 +230,14 @@ pub async fn first_byte(
 }
 
 /// What the serving side's admission needs of a request head.
-pub fn admission(head: &RequestHead) -> Admission {
+pub fn admission(head: &RequestHead) -> Admission<'_> {
     Admission {
         prefix_key: head.prefix_key,
         new_prefix: head.new_prefix,
         prefill_tokens: head.prefill_tokens,
         decline_above_tokens: head.decline_above_tokens,
         streamed: head.streamed,
+        prefix_samples: &head.prefix_samples,
     }
 }
 

@@ -142,6 +142,7 @@ async fn answer(
         prefill_tokens: 0,
         decline_above_tokens: None,
         streamed,
+        prefix_samples: Vec::new(),
     };
     match placement {
         Placement::Whole { routed, pd } => {

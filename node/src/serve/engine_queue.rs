@@ -196,6 +196,7 @@ mod tests {
             prefill_tokens: 1_000,
             decline_above_tokens,
             streamed: true,
+            prefix_samples: &[],
         };
         let mut first = queue
             .admit(&streamed(None))

@@ -17,6 +17,7 @@ mod pd;
 mod plan;
 mod report;
 mod serving;
+mod shared;
 
 pub use entry::{
     EntryState, Estimated, PENDING_TTL_MS, PeerInput, RECENT_MAX_ENTRIES, RECENT_TTL_MS,
@@ -26,6 +27,9 @@ pub use pd::{PAIR_TTL_MS, PdReason, PdRoute};
 pub use plan::{Attempt, Failure, Outcome, Plan, PopularPlacement, Progress, tokens_bound};
 pub use report::LoadReport;
 pub use serving::{Admission, COPY_HOLD_MAX_MS, DeclineReason, ServingState, Ticket};
+pub use shared::{
+    MAX_PREFIX_SAMPLES, PrefixSample, prefix_samples, shared_tokens, validate_samples,
+};
 
 /// Blocks of a prompt that name its new prefix to the serving side's copy rules.
 pub const PREFIX_KEY_BLOCKS: usize = 8;

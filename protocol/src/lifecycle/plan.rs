@@ -12,6 +12,7 @@
 use super::entry::EntryState;
 use super::report::LoadReport;
 use super::serving::Admission;
+use super::shared::{PrefixSample, prefix_samples};
 use crate::route::{Candidate, Decision, Estimate, RouteConfig, RouteReason, RouteRequest};
 
 /// One engine of the ranking, with what an attempt there carries.
@@ -53,14 +54,19 @@ pub struct Attempt {
 
 impl Attempt {
     /// What the serving side admits it by (`streamed`: whether the client asked for a
-    /// streamed answer).
-    pub fn admission(&self, streamed: bool) -> Admission {
+    /// streamed answer; `prefix_samples`: its plan's [`Plan::prefix_samples`]).
+    pub fn admission<'a>(
+        &self,
+        streamed: bool,
+        prefix_samples: &'a [PrefixSample],
+    ) -> Admission<'a> {
         Admission {
             prefix_key: self.prefix_key,
             new_prefix: self.new_prefix,
             prefill_tokens: self.prefill_tokens,
             decline_above_tokens: self.decline_above_tokens,
             streamed,
+            prefix_samples,
         }
     }
 }
@@ -141,6 +147,8 @@ pub struct Plan {
     popular_blocks: u32,
     prefix_key: Option<u64>,
     new_prefix: bool,
+    /// A new prefix's samples, for the serving node to tell what its copies share.
+    prefix_samples: Vec<PrefixSample>,
     next: usize,
     retries_left: u32,
     declines_left: u32,
@@ -223,6 +231,10 @@ impl Plan {
             popular_blocks: decision.popular_blocks,
             prefix_key: super::prefix_key(request.chain),
             new_prefix: decision.new_prefix,
+            prefix_samples: match decision.new_prefix {
+                true => prefix_samples(request.chain, request.tokens_per_block),
+                false => Vec::new(),
+            },
             next: 0,
             retries_left: u32::MAX,
             declines_left: match decision.new_prefix {
@@ -482,6 +494,12 @@ impl Plan {
             }
             entry.served_ended(sent.key, sent.at_ms);
         }
+    }
+
+    /// The samples every attempt of a new prefix carries (see [`super::prefix_samples`]);
+    /// empty for any other request.
+    pub fn prefix_samples(&self) -> &[PrefixSample] {
+        &self.prefix_samples
     }
 
     /// Whether an attempt after the current one could still be made (an engine is left in

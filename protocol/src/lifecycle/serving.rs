@@ -18,6 +18,7 @@
 
 use super::entry::RECENT_TTL_MS;
 use super::report::LoadReport;
+use super::shared::{PrefixSample, shared_tokens};
 use crate::route::Gauges;
 use std::collections::VecDeque;
 
@@ -45,7 +46,7 @@ pub const STARTS_KEPT_MAX: usize = 4_096;
 
 /// What the serving side needs to know of a request to admit it.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub struct Admission {
+pub struct Admission<'a> {
     /// The key copies of the prompt's new prefix share ([`super::prefix_key`]), if the
     /// prompt has a block.
     pub prefix_key: Option<u64>,
@@ -60,6 +61,10 @@ pub struct Admission {
     /// Whether the answer's first byte marks the end of the prefill (a streamed answer, or a
     /// disaggregated request's one-token prefill leg).
     pub streamed: bool,
+    /// A new prefix's samples ([`super::prefix_samples`]), by which a copy's part shared with
+    /// the earliest copy here is told; empty for other requests (and from an entry that sent
+    /// none: a copy then counts as sharing the earliest copy's whole prompt).
+    pub prefix_samples: &'a [PrefixSample],
 }
 
 /// Why a request was declined.
@@ -111,7 +116,7 @@ pub struct Ticket {
 }
 
 /// A copy of a new prefix handed over with no first byte back.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 struct Computing {
     prefix_key: u64,
     /// Its place in the order of hand-overs.
@@ -121,6 +126,42 @@ struct Computing {
     /// The prompt tokens its entry counted it to compute, all of them cached here once its
     /// prefill is done (for a copy: the earlier copy's part, met, and its own, computed).
     covers_tokens: u32,
+    /// Its prompt's samples, to tell how much of it a later copy shares.
+    samples: Vec<PrefixSample>,
+}
+
+/// A new prefix whose first byte came back here.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Computed {
+    prefix_key: u64,
+    /// The prompt tokens it covers, and its samples (see [`Computing`]).
+    covers_tokens: u32,
+    samples: Vec<PrefixSample>,
+    /// Until when it is remembered.
+    until_ms: u64,
+}
+
+impl Computing {
+    /// The prompt tokens of a copy with `samples` that this one will have cached here.
+    fn covers_of(&self, samples: &[PrefixSample]) -> u32 {
+        covered(self.covers_tokens, &self.samples, samples)
+    }
+}
+
+impl Computed {
+    /// The prompt tokens of a copy with `samples` that this one has cached here.
+    fn covers_of(&self, samples: &[PrefixSample]) -> u32 {
+        covered(self.covers_tokens, &self.samples, samples)
+    }
+}
+
+/// What an earlier copy covering `covers_tokens` leaves cached of a later one: the part the
+/// two share, when both came with samples; else (an entry that sent none) all it covers.
+fn covered(covers_tokens: u32, earlier: &[PrefixSample], later: &[PrefixSample]) -> u32 {
+    match (earlier.is_empty(), later.is_empty()) {
+        (false, false) => covers_tokens.min(shared_tokens(earlier, later)),
+        _ => covers_tokens,
+    }
 }
 
 /// The exact state of this node's engine, as far as this node's sidecar sees it.
@@ -159,10 +200,10 @@ pub struct ServingState {
     /// Keys of the new prefixes declined here, with when their copies stop following
     /// them (oldest first).
     declined_new_prefixes: VecDeque<(u64, u64)>,
-    /// New prefixes whose first byte came back here (its key, prompt tokens it covers,
-    /// until when it is remembered; oldest first): a later copy meets them in the engine's
-    /// cache, while its entry, whose view does not show them yet, counted it whole.
-    computed_new_prefixes: VecDeque<(u64, u32, u64)>,
+    /// New prefixes whose first byte came back here (oldest first): a later copy meets them
+    /// in the engine's cache, while its entry, whose view does not show them yet, counted it
+    /// whole.
+    computed_new_prefixes: VecDeque<Computed>,
     /// When recent answers began, and whether each streams (oldest first).
     recent_starts: VecDeque<(u64, bool)>,
     digest_version: u64,
@@ -271,14 +312,14 @@ impl ServingState {
         prefix_key.filter(|&key| self.new_prefixes.iter().any(|c| c.prefix_key == key))
     }
 
-    /// The prompt tokens the earliest copy of the new prefix `key` still prefilling here
-    /// will have cached.
-    fn covered_by_earliest(&self, key: u64) -> u32 {
+    /// The prompt tokens of a copy with `samples` that the earliest copy of the new prefix
+    /// `key` still prefilling here will have cached.
+    fn covered_by_earliest(&self, key: u64, samples: &[PrefixSample]) -> u32 {
         self.new_prefixes
             .iter()
             .filter(|c| c.prefix_key == key)
             .min_by_key(|c| c.seq)
-            .map_or(0, |c| c.covers_tokens)
+            .map_or(0, |c| c.covers_of(samples))
     }
 
     /// Whether `ticket`'s request should wait before the engine gets it: a copy of its new
@@ -357,19 +398,18 @@ impl ServingState {
     /// engine keeps its request").
     pub fn admit(&mut self, request: &Admission, now_ms: u64) -> Result<Ticket, DeclineReason> {
         forget_until(&mut self.declined_new_prefixes, now_ms, |&(_, until)| until);
-        forget_until(&mut self.computed_new_prefixes, now_ms, |&(_, _, until)| {
-            until
-        });
+        forget_until(&mut self.computed_new_prefixes, now_ms, |c| c.until_ms);
         let new_prefix = request.prefix_key.filter(|_| request.new_prefix);
         let joins = self.computing(request.prefix_key);
+        let samples = request.prefix_samples;
         let computed = new_prefix.and_then(|key| {
             let mut here = self.computed_new_prefixes.iter().rev();
-            here.find(|&&(b, _, _)| b == key)
-                .map(|&(_, covers, _)| covers)
+            here.find(|c| c.prefix_key == key)
+                .map(|c| c.covers_of(samples))
         });
         let covers_tokens = request.prefill_tokens;
         let prefill_tokens = match (joins, computed) {
-            (Some(key), _) => covers_tokens.saturating_sub(self.covered_by_earliest(key)),
+            (Some(key), _) => covers_tokens.saturating_sub(self.covered_by_earliest(key, samples)),
             (None, Some(covered)) => covers_tokens.saturating_sub(covered),
             (None, None) => covers_tokens,
         };
@@ -421,6 +461,7 @@ impl ServingState {
                 seq,
                 streamed: request.streamed,
                 covers_tokens,
+                samples: samples.to_vec(),
             });
         }
         Ok(Ticket {
@@ -467,11 +508,12 @@ impl ServingState {
             let computed = self.new_prefixes.swap_remove(i);
             remember(
                 &mut self.computed_new_prefixes,
-                (
-                    computed.prefix_key,
-                    computed.covers_tokens,
-                    now_ms.saturating_add(FOLLOW_TTL_MS),
-                ),
+                Computed {
+                    prefix_key: computed.prefix_key,
+                    covers_tokens: computed.covers_tokens,
+                    samples: computed.samples,
+                    until_ms: now_ms.saturating_add(FOLLOW_TTL_MS),
+                },
                 FOLLOW_MAX_ENTRIES,
             );
         }
@@ -502,20 +544,23 @@ fn remember<T>(memory: &mut VecDeque<T>, entry: T, max: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hashing::{ChainSeed, chain_from_tokens};
+    use crate::lifecycle::prefix_samples;
 
     /// A streamed request of 1,000 uncached tokens.
-    fn streamed(new_prefix: Option<u64>, decline_above_tokens: Option<u32>) -> Admission {
+    fn streamed(new_prefix: Option<u64>, decline_above_tokens: Option<u32>) -> Admission<'static> {
         Admission {
             prefix_key: new_prefix,
             new_prefix: new_prefix.is_some(),
             prefill_tokens: 1_000,
             decline_above_tokens,
             streamed: true,
+            prefix_samples: &[],
         }
     }
 
     /// The same request, answered whole (not streamed).
-    fn whole(new_prefix: Option<u64>) -> Admission {
+    fn whole(new_prefix: Option<u64>) -> Admission<'static> {
         Admission {
             streamed: false,
             ..streamed(new_prefix, None)
@@ -775,6 +820,65 @@ mod tests {
         );
         for ticket in [first, copy] {
             serving.finished(ticket, 0);
+        }
+    }
+
+    #[test]
+    fn copies_count_what_they_do_not_share_with_the_earliest() {
+        // A 768-token system prompt, then a 256-token question of each copy's own: 1,024
+        // tokens each, 1,000 of them counted uncached by each entry's decision.
+        let system: Vec<u32> = (0..768).collect();
+        let samples_of = |question: u32| {
+            let tokens: Vec<u32> = system
+                .iter()
+                .copied()
+                .chain(question..question + 256)
+                .collect();
+            let chain = chain_from_tokens(ChainSeed::new("m", None), &tokens, 16);
+            prefix_samples(&chain, 16.0)
+        };
+        let copy = |samples, decline_above_tokens| Admission {
+            prefix_samples: samples,
+            ..streamed(Some(1), decline_above_tokens)
+        };
+        let mut serving = serving();
+        let first_samples = samples_of(10_000);
+        let mut first = serving.admit(&copy(&first_samples, None), 0).unwrap();
+        let second_samples = samples_of(20_000);
+        let second = serving
+            .admit(&copy(&second_samples, Some(2_000)), 0)
+            .expect("1,000 tokens ahead, then its own 232");
+        assert_eq!(
+            serving.tokens_ahead(0, 0),
+            1_232.0,
+            "the shared 768 are the first's"
+        );
+        // The same prompt again shares it whole.
+        let again = serving
+            .admit(&copy(&first_samples, Some(2_000)), 0)
+            .unwrap();
+        assert_eq!(serving.tokens_ahead(0, 0), 1_232.0);
+        // Copies queue by their own parts until the bound: each one's 232 counts.
+        let third_samples = samples_of(30_000);
+        assert_eq!(
+            serving.admit(&copy(&third_samples, Some(1_400)), 0),
+            Err(DeclineReason::NewPrefix),
+            "1,232 ahead and 232 of its own"
+        );
+        // Once the first has its first token, a later copy meets the system prompt cached.
+        serving.started(&mut first, 10);
+        serving.finished(first, 20);
+        serving.finished(second, 20);
+        serving.finished(again, 20);
+        let late = serving
+            .admit(&copy(&third_samples, Some(2_000)), 30)
+            .unwrap();
+        assert_eq!(serving.tokens_ahead(0, 30), 232.0);
+        // Without samples (an entry that sent none) a copy counts the earlier one's whole.
+        let unsampled = serving.admit(&copy(&[], Some(2_000)), 30).unwrap();
+        assert_eq!(serving.tokens_ahead(0, 30), 232.0);
+        for ticket in [late, unsampled] {
+            serving.finished(ticket, 40);
         }
     }
 

@@ -27,6 +27,7 @@ pub use decide::{
 };
 pub use decode::decide_decode;
 pub use pending::PendingLedger;
+pub(crate) use popularity::sampled_depths;
 pub use popularity::{MIN_SIGHTINGS, PrefixShare, PrefixTraffic, TRAFFIC_WINDOW};
 pub use reason::RouteReason;
 pub use recent::RecentSends;

@@ -191,7 +191,7 @@ impl PrefixTraffic {
 /// The depths counted, up to `chain_len`: 1, 2, 3, then four per doubling (4, 5, 6, 7, 8, 10,
 /// 12, 14, 16, 20, …: no gap over a quarter of the depth), and `chain_len` itself, so that a
 /// request repeated whole counts.
-fn sampled_depths(chain_len: usize) -> impl Iterator<Item = u32> {
+pub(crate) fn sampled_depths(chain_len: usize) -> impl Iterator<Item = u32> {
     let len = chain_len.min(u32::MAX as usize) as u32;
     let steps = std::iter::successors(Some(1u32), |&d| {
         // From 4 on, a quarter of the power of two at or below `d`.

@@ -265,7 +265,7 @@ fn admit(sim: &mut Sim<'_>, state: &mut Loop, id: u64, node: u32, now: u64) {
     let attempt = routing.attempt.expect("an attempt in flight");
     let remote = node != routing.entry;
     // The simulated clients stream (TTFT is the first token).
-    let admission = attempt.admission(true);
+    let admission = attempt.admission(true, routing.plan.prefix_samples());
     let serving = &mut sim.nodes[node as usize].serving;
     let outcome = match serving.admit(&admission, now / 1_000_000) {
         Ok(ticket) => {
