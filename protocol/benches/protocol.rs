@@ -4,6 +4,7 @@
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use kvmesh_protocol::hashing::{ChainSeed, Endpoint, chain_from_text, hash_request};
 use kvmesh_protocol::index::PrefixIndex;
+use kvmesh_protocol::lifecycle::{prefix_samples, shared_tokens};
 use kvmesh_protocol::route::{PrefixTraffic, RecentSends, decide, node_key};
 use kvmesh_protocol::summary::{PeerSummary, ShardWire, SummaryBuilder, SummaryConfig};
 use kvmesh_protocol::{Candidate, HashConfig, LoadDigest, Role, RouteConfig, RouteRequest};
@@ -277,6 +278,26 @@ fn bookkeeping(c: &mut Criterion) {
             i += 1;
             index.insert_chain(black_box(&chains[i % chains.len()]))
         })
+    });
+    // A new prefix's samples at the entry, and what a copy shares with the earliest at the
+    // serving node, for 100,000-token prompts (6,250 blocks) that share only the first 8
+    // blocks, as little as a copy can: the longest search.
+    let long: Vec<Vec<u64>> = (0..2u64)
+        .map(|own| {
+            (0..6_250u64)
+                .map(|b| if b < 8 { b } else { own << 32 | b })
+                .collect()
+        })
+        .collect();
+    group.bench_function("prefix_samples_100k_tokens", |b| {
+        b.iter(|| prefix_samples(black_box(&long[0]), 16.0))
+    });
+    let (one, other) = (
+        prefix_samples(&long[0], 16.0),
+        prefix_samples(&long[1], 16.0),
+    );
+    group.bench_function("shared_tokens_100k_tokens", |b| {
+        b.iter(|| shared_tokens(black_box(&one), black_box(&other)))
     });
     group.finish();
 }

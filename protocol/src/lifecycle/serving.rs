@@ -123,44 +123,37 @@ struct Computing {
     seq: u64,
     /// Whether its answer streams (only then does its first byte end its prefill).
     streamed: bool,
-    /// The prompt tokens its entry counted it to compute, all of them cached here once its
-    /// prefill is done (for a copy: the earlier copy's part, met, and its own, computed).
-    covers_tokens: u32,
-    /// Its prompt's samples, to tell how much of it a later copy shares.
-    samples: Vec<PrefixSample>,
+    covers: Covering,
 }
 
 /// A new prefix whose first byte came back here.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Computed {
     prefix_key: u64,
-    /// The prompt tokens it covers, and its samples (see [`Computing`]).
-    covers_tokens: u32,
-    samples: Vec<PrefixSample>,
+    covers: Covering,
     /// Until when it is remembered.
     until_ms: u64,
 }
 
-impl Computing {
-    /// The prompt tokens of a copy with `samples` that this one will have cached here.
-    fn covers_of(&self, samples: &[PrefixSample]) -> u32 {
-        covered(self.covers_tokens, &self.samples, samples)
-    }
+/// What a copy of a new prefix leaves in the engine's cache once its prefill is done.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Covering {
+    /// The prompt tokens its entry counted it to compute, all of them cached here then (for
+    /// a copy: the earlier copy's part, met, and its own, computed).
+    tokens: u32,
+    /// Its prompt's samples, to tell how much of it a later copy shares.
+    samples: Vec<PrefixSample>,
 }
 
-impl Computed {
-    /// The prompt tokens of a copy with `samples` that this one has cached here.
-    fn covers_of(&self, samples: &[PrefixSample]) -> u32 {
-        covered(self.covers_tokens, &self.samples, samples)
-    }
-}
-
-/// What an earlier copy covering `covers_tokens` leaves cached of a later one: the part the
-/// two share, when both came with samples; else (an entry that sent none) all it covers.
-fn covered(covers_tokens: u32, earlier: &[PrefixSample], later: &[PrefixSample]) -> u32 {
-    match (earlier.is_empty(), later.is_empty()) {
-        (false, false) => covers_tokens.min(shared_tokens(earlier, later)),
-        _ => covers_tokens,
+impl Covering {
+    /// The prompt tokens of a later copy with `samples` that this one leaves cached: the
+    /// part the two share, when both came with samples; else (an entry that sent none) all
+    /// it covers.
+    fn of(&self, samples: &[PrefixSample]) -> u32 {
+        match (self.samples.is_empty(), samples.is_empty()) {
+            (false, false) => self.tokens.min(shared_tokens(&self.samples, samples)),
+            _ => self.tokens,
+        }
     }
 }
 
@@ -319,7 +312,7 @@ impl ServingState {
             .iter()
             .filter(|c| c.prefix_key == key)
             .min_by_key(|c| c.seq)
-            .map_or(0, |c| c.covers_of(samples))
+            .map_or(0, |c| c.covers.of(samples))
     }
 
     /// Whether `ticket`'s request should wait before the engine gets it: a copy of its new
@@ -405,7 +398,7 @@ impl ServingState {
         let computed = new_prefix.and_then(|key| {
             let mut here = self.computed_new_prefixes.iter().rev();
             here.find(|c| c.prefix_key == key)
-                .map(|c| c.covers_of(samples))
+                .map(|c| c.covers.of(samples))
         });
         let covers_tokens = request.prefill_tokens;
         let prefill_tokens = match (joins, computed) {
@@ -460,8 +453,10 @@ impl ServingState {
                 prefix_key: key,
                 seq,
                 streamed: request.streamed,
-                covers_tokens,
-                samples: samples.to_vec(),
+                covers: Covering {
+                    tokens: covers_tokens,
+                    samples: samples.to_vec(),
+                },
             });
         }
         Ok(Ticket {
@@ -510,8 +505,7 @@ impl ServingState {
                 &mut self.computed_new_prefixes,
                 Computed {
                     prefix_key: computed.prefix_key,
-                    covers_tokens: computed.covers_tokens,
-                    samples: computed.samples,
+                    covers: computed.covers,
                     until_ms: now_ms.saturating_add(FOLLOW_TTL_MS),
                 },
                 FOLLOW_MAX_ENTRIES,
