@@ -123,6 +123,9 @@ struct Computing {
     seq: u64,
     /// Whether its answer streams (only then does its first byte end its prefill).
     streamed: bool,
+    /// It was handed over while an earlier copy was computing the prefix here: later copies
+    /// do not wait for it.
+    joined: bool,
     covers: Covering,
 }
 
@@ -316,16 +319,18 @@ impl ServingState {
     }
 
     /// Whether `ticket`'s request should wait before the engine gets it: a copy of its new
-    /// prefix handed over before it is still prefilling (streamed, no first token yet).
-    /// Handed over at once, the two would be computed side by side, neither meeting the
-    /// other's blocks, each taking as long as both; held until the first has its first
-    /// token, the second finds the prefix cached. At most [`COPY_HOLD_MAX_MS`]: the node
-    /// gives up holding after that.
+    /// prefix that computes the prefix here (handed over before it, while no other copy was
+    /// computing it) is still prefilling (streamed, no first token yet). Handed over at once,
+    /// the two would be computed side by side, neither meeting the other's blocks, each taking
+    /// as long as both; held until the first has its first token, the second finds the prefix
+    /// cached. Copies held behind one go together when it has its first token, not one after
+    /// another's: each has only its own part left, and the engine batches them. At most
+    /// [`COPY_HOLD_MAX_MS`]: the node gives up holding after that.
     pub fn behind_earlier_copy(&self, ticket: &Ticket) -> bool {
         ticket.joins.is_some_and(|key| {
             self.new_prefixes
                 .iter()
-                .any(|c| c.prefix_key == key && c.seq < ticket.seq && c.streamed)
+                .any(|c| c.prefix_key == key && c.seq < ticket.seq && c.streamed && !c.joined)
         })
     }
 
@@ -453,6 +458,7 @@ impl ServingState {
                 prefix_key: key,
                 seq,
                 streamed: request.streamed,
+                joined: joins.is_some(),
                 covers: Covering {
                     tokens: covers_tokens,
                     samples: samples.to_vec(),
@@ -575,14 +581,16 @@ mod tests {
         assert!(serving.behind_earlier_copy(&second));
         assert!(serving.behind_earlier_copy(&third));
         assert!(!serving.behind_earlier_copy(&other), "another prefix");
-        // The first has its first token: the prefix is cached, the copies go (the third
-        // behind the second, which meets the cache and starts at once).
+        // The first has its first token: the prefix is cached, and both copies go at once
+        // (neither waits for the other: each has only its own part left).
         serving.started(&mut first, 50);
         assert!(!serving.behind_earlier_copy(&second));
-        assert!(serving.behind_earlier_copy(&third));
-        serving.finished(second, 60);
         assert!(!serving.behind_earlier_copy(&third));
-        for ticket in [first, third, other] {
+        // A copy handed over now waits for nothing: the copies still prefilling joined.
+        let fourth = serving.admit(&streamed(Some(7), None), 55).unwrap();
+        assert!(!serving.behind_earlier_copy(&fourth));
+        serving.finished(second, 60);
+        for ticket in [first, third, fourth, other] {
             serving.finished(ticket, 70);
         }
         assert_eq!(serving.new_prefixes_in_flight(), 0);
