@@ -12,18 +12,18 @@
 //! third. The engine is slow (its prefill of the first copy takes seconds) and the node credits
 //! its queue at 1 token/s, so nothing of the queue drains while the test reads the answers.
 
-use std::sync::Arc;
+mod peer;
+
 use std::time::Duration;
 
 use kvmesh_node::mesh::wire::StreamKind;
-use kvmesh_node::tls::{self, NodeIdentity};
+use kvmesh_node::tls::NodeIdentity;
 use kvmesh_protocol::hashing::{ChainSeed, chain_from_tokens};
 use kvmesh_protocol::lifecycle::{prefix_key, prefix_samples};
 use kvmesh_protocol::route::RouteReason;
 use kvmesh_protocol::wire::{Frame, FrameDecoder, RequestHead, WireErrorCode};
 use kvmesh_tests::openai::completion_body;
 use kvmesh_tests::{CONVERGENCE_TIMEOUT, Cluster, NodeSpec, Sidecar, Timing, wait_for};
-use quinn::crypto::rustls::QuicClientConfig;
 
 const MODEL: &str = "mock-model";
 const SHARED_TOKENS: u32 = 1_024;
@@ -128,16 +128,9 @@ fn a_copy_counts_its_own_question_and_the_one_past_the_bound_is_declined() {
     let entry = NodeIdentity::load(&cluster.ca().issue("entry"), "entry").expect("identity");
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     runtime.block_on(async {
-        let crypto = QuicClientConfig::try_from(tls::client_config(&entry).expect("client TLS"))
-            .expect("QUIC client TLS");
-        let mut endpoint =
-            quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).expect("endpoint");
-        endpoint.set_default_client_config(quinn::ClientConfig::new(Arc::new(crypto)));
-        let connecting = endpoint.connect(b.mesh_addr(), tls::SNI).expect("connect");
-        let conn = tokio::time::timeout(ANSWER, connecting)
+        let conn = tokio::time::timeout(ANSWER, peer::connect(&entry, b.mesh_addr()))
             .await
-            .expect("connected in time")
-            .expect("handshake with a valid certificate");
+            .expect("connected in time");
 
         // The first copy computes the prefix: its last attempt, never declined.
         let (_first_send, mut first) = send(&conn, copy_head("first", 10_000, None), "a").await;

@@ -4,17 +4,16 @@
 //! frame and counted (`kvmesh_peer_requests_refused_total`), the stream limit holds, the node
 //! does not panic, and everyone else's requests are served meanwhile.
 
-use std::net::SocketAddr;
-use std::sync::Arc;
+mod peer;
+
 use std::time::Duration;
 
 use bytes::{BufMut, BytesMut};
 use kvmesh_node::mesh::wire::StreamKind;
-use kvmesh_node::tls::{self, NodeIdentity};
+use kvmesh_node::tls::NodeIdentity;
 use kvmesh_protocol::route::RouteReason;
 use kvmesh_protocol::wire::{Frame, FrameDecoder, RequestHead, WireErrorCode};
 use kvmesh_tests::{CONVERGENCE_TIMEOUT, Call, Cluster, NodeSpec, call, wait_for};
-use quinn::crypto::rustls::QuicClientConfig;
 
 /// The node's limit on a body (set low, so that a body over it is cheap to send).
 const MAX_BODY: u64 = 4096;
@@ -22,19 +21,6 @@ const MAX_BODY: u64 = 4096;
 const STREAM_LIMIT: usize = 1024;
 /// Bound on every answer the node owes the peer.
 const ANSWER: Duration = Duration::from_secs(20);
-
-/// Connects to `mesh` as `identity`, as a peer would.
-async fn connect(identity: &NodeIdentity, mesh: SocketAddr) -> quinn::Connection {
-    let crypto = QuicClientConfig::try_from(tls::client_config(identity).expect("client TLS"))
-        .expect("QUIC client TLS");
-    let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).expect("endpoint");
-    endpoint.set_default_client_config(quinn::ClientConfig::new(Arc::new(crypto)));
-    endpoint
-        .connect(mesh, tls::SNI)
-        .expect("connect")
-        .await
-        .expect("handshake with a valid certificate")
-}
 
 fn head(path: &str, hop_count: u8) -> RequestHead {
     RequestHead {
@@ -91,7 +77,7 @@ fn a_misbehaving_peer_is_refused_counted_and_hurts_nobody() {
     let mallory = NodeIdentity::load(&cluster.ca().issue("mallory"), "mallory").unwrap();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let conn = runtime.block_on(async {
-        let connecting = connect(&mallory, b.mesh_addr());
+        let connecting = peer::connect(&mallory, b.mesh_addr());
         tokio::time::timeout(ANSWER, connecting)
             .await
             .expect("connected in time")
