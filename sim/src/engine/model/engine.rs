@@ -378,6 +378,7 @@ impl Engine {
             }
             loop {
                 if self.try_allocate(id, num_new) {
+                    self.cache_scheduled(id, num_new);
                     plan.push((id, num_new));
                     budget -= num_new;
                     i += 1;
@@ -407,6 +408,7 @@ impl Engine {
             }
             match self.admit(id, budget) {
                 Admission::Scheduled { tokens, encoder } => {
+                    self.cache_scheduled(id, tokens);
                     self.waiting.remove(i);
                     self.running.push(id);
                     plan.push((id, tokens));
@@ -527,6 +529,20 @@ impl Engine {
         }
     }
 
+    /// Caches the blocks that `id`'s `num_new` scheduled tokens fill, as the step is planned:
+    /// vLLM V1 caches a block once a step is scheduled to fill it (`KVCacheManager::
+    /// allocate_slots`), not when the step ends, "so that the block can be reused by other
+    /// requests in the same batch" (vLLM, docs/design/prefix_caching.md). Copies of a new
+    /// prompt admitted in one step therefore compute it once. (The forward pass writes a
+    /// layer's keys and values before that layer's attention reads them, so a request may
+    /// attend to blocks another request computes in the same step.)
+    fn cache_scheduled(&mut self, id: RequestId, num_new: usize) {
+        let bs = self.cfg.block_size as usize;
+        let seq = self.seqs.get_mut(&id).expect("planned ids are live");
+        let full = (seq.num_computed + num_new) / bs;
+        register_blocks(&mut self.pool, &self.hasher, seq, full);
+    }
+
     /// Makes sure `id` has blocks for `num_new` more tokens; all or nothing.
     fn try_allocate(&mut self, id: RequestId, num_new: usize) -> bool {
         let bs = self.cfg.block_size as usize;
@@ -563,9 +579,8 @@ impl Engine {
             if seq.blocks.is_empty() {
                 continue; // preempted after planning; cannot happen today, kept for safety
             }
+            // Its full blocks were cached when the step was planned (`cache_scheduled`).
             seq.num_computed += n;
-            let full = seq.num_computed / self.cfg.block_size as usize;
-            register_blocks(&mut self.pool, &self.hasher, seq, full);
             if seq.num_computed < seq.tokens.len() {
                 continue; // prefill continues next step
             }

@@ -84,6 +84,43 @@ fn a_repeated_prompt_hits_the_cache_and_has_a_smaller_ttft() {
     assert_eq!(fin.prompt_tokens, 4000);
 }
 
+/// vLLM V1 caches a block when a step is planned to fill it, so copies of one prompt that
+/// wait together are computed once: the later copies hit the first's blocks in the same
+/// step and their first tokens come with its. Caching only at the step's end would compute
+/// the prompt once per copy, in one step three times as long.
+#[test]
+fn copies_scheduled_in_one_step_share_the_blocks_it_computes() {
+    let copy = |id| EngineRequest::new(id, prompt(1, 2000), 2);
+    let mut alone = Engine::new(cfg(1024));
+    alone.submit(copy(1), Duration::ZERO).unwrap();
+    let alone_ttft = run(&mut alone)[0].0;
+
+    let mut e = Engine::new(cfg(1024));
+    for id in 1..=3 {
+        e.submit(copy(id), Duration::ZERO).unwrap();
+    }
+    let outputs = run(&mut e);
+    let firsts: Vec<Duration> = (1..=3)
+        .map(|id| outputs.iter().find(|(_, o)| o.request == id).unwrap().0)
+        .collect();
+    assert!(
+        firsts.iter().all(|&t| t == firsts[0]),
+        "first tokens at {firsts:?}"
+    );
+    // The copies add 2 recomputed tokens to a 2,000-token step: a few percent, not 3 x.
+    assert!(
+        firsts[0].as_secs_f64() < alone_ttft.as_secs_f64() * 1.05,
+        "copies {:?} against one alone {alone_ttft:?}",
+        firsts[0]
+    );
+    let cached: Vec<u32> = outputs
+        .iter()
+        .filter_map(|(_, o)| o.finished.as_ref().map(|f| f.cached_tokens))
+        .collect();
+    // The last token is always recomputed: 124 of 125 blocks hit for each later copy.
+    assert_eq!(cached, vec![0, 124 * 16, 124 * 16]);
+}
+
 #[test]
 fn output_is_deterministic_from_the_seed() {
     let texts = |seed: u64| {
