@@ -146,9 +146,6 @@ pub struct NodeMetrics {
     pub new_prefixes_in_flight: Gauge,
     /// Requests queued at this node's engine as this node counts them exactly.
     pub engine_queued: Gauge,
-    /// Copies of a new prefix held back until an earlier copy had its first token, by how
-    /// the hold ended.
-    pub copies_held: Family<OutcomeLabels, Counter>,
     /// Requests entering here whose prefix, popular in this node's recent traffic, had fewer
     /// holders than its share owes, by where they went (`holder`, `new_holder`).
     pub popular_prefix_routes: Family<OutcomeLabels, Counter>,
@@ -217,7 +214,6 @@ impl Default for NodeMetrics {
             tokenize_failures: Counter::default(),
             new_prefixes_in_flight: Gauge::default(),
             engine_queued: Gauge::default(),
-            copies_held: Family::default(),
             popular_prefix_routes: Family::default(),
             prefixes_recur: Gauge::default(),
             lora_loads: Family::default(),
@@ -485,11 +481,6 @@ impl NodeMetrics {
             "new_prefixes_in_flight",
             "Requests with a prefix no engine held, sent to this node's engine and not yet answered with a first byte",
             self.new_prefixes_in_flight.clone(),
-        );
-        registry.register(
-            "copies_held",
-            "Requests held back from this node's engine while an earlier copy of their new prefix computed it, by how the hold ended: released (the earlier one had its first token, or ended) or timed_out",
-            self.copies_held.clone(),
         );
         registry.register(
             "popular_prefix_routes",

@@ -219,10 +219,11 @@ fn a_busy_engine_declines_a_second_new_prefix_and_the_next_choice_serves_it() {
 }
 
 /// Two copies of a new prefix reach its engine while that engine computes something else, so
-/// the engine would schedule both at once and compute the prefix twice: the second is held
-/// until the first has its first token, and then meets the prefix in the cache.
+/// that it schedules both in one step: both go to the engine at once, and the second meets
+/// the first's blocks there (vLLM caches a block when a step is planned to fill it, so
+/// copies scheduled together compute their prefix once).
 #[test]
-fn a_second_copy_of_a_new_prefix_waits_for_the_first_ones_blocks() {
+fn two_copies_of_a_new_prefix_at_a_busy_engine_compute_it_once() {
     // No declines: everything goes to its rendezvous first choice.
     let cluster =
         Mesh::with_route("cold_choices = 1\nmax_declines = 0\nmax_new_prefix_declines = 0\n");
@@ -235,8 +236,6 @@ fn a_second_copy_of_a_new_prefix_waits_for_the_first_ones_blocks() {
         .map(|i| body(&format!("copies busy {i}"), "q"))
         .find(|b| first_choice(b, &names) == x)
         .expect("half of all prefixes go to X first");
-    let held = [("outcome", "released")];
-    let held_before = cluster.labelled_metric(x, "kvmesh_copies_held_total", &held);
     let hits_before = cluster.engine_cache_hits(x);
     // Response heads come with the first token: the requests are sent, then read at the end.
     let start = |body: &Value, in_flight: f64, what: &str| {
@@ -269,9 +268,5 @@ fn a_second_copy_of_a_new_prefix_waits_for_the_first_ones_blocks() {
     assert!(
         cached >= 512.0,
         "the second copy found {cached} tokens of the prefix cached"
-    );
-    assert_eq!(
-        cluster.labelled_metric(x, "kvmesh_copies_held_total", &held),
-        held_before + 1.0
     );
 }

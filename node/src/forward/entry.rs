@@ -142,7 +142,6 @@ async fn attempt_local(
             report: None,
             message: format!("local engine declined it ({})", reason.as_str()),
         })?;
-    handed.after_earlier_copy().await;
     // An adapter placed here that the engine lacks is loaded first (see `serving`).
     state
         .ensure_adapter(&head.model)

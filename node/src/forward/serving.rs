@@ -97,12 +97,6 @@ async fn handle(
             return reply_error(&mut send, busy).await;
         }
     };
-    // A copy of a new prefix an earlier request is computing here waits for its blocks, and
-    // for nothing else: the entry giving up ends the wait too.
-    tokio::select! {
-        _ = handed.after_earlier_copy() => {}
-        _ = send.stopped() => return Err("entry gave up while its request was held".into()),
-    }
     // An adapter the entry placed here that the engine lacks is loaded first, once for all
     // the requests that need it; the load goes on if this one's entry gives up.
     let loaded = tokio::select! {

@@ -4,15 +4,12 @@
 //! guard until it ends.
 
 use super::state::lock;
-use crate::metrics::{NodeMetrics, OutcomeLabels, ReasonLabels};
-use kvmesh_protocol::lifecycle::{
-    Admission, COPY_HOLD_MAX_MS, DeclineReason, LoadReport, ServingState, Ticket,
-};
+use crate::metrics::{NodeMetrics, ReasonLabels};
+use kvmesh_protocol::lifecycle::{Admission, DeclineReason, LoadReport, ServingState, Ticket};
 use kvmesh_protocol::route::Gauges;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::sync::Notify;
 
 #[derive(Clone, Debug)]
 pub struct EngineQueue {
@@ -20,8 +17,6 @@ pub struct EngineQueue {
     metrics: NodeMetrics,
     /// The queue's clock: every event it is told of is timed on it.
     epoch: Instant,
-    /// Woken whenever a request starts or ends (held copies look again).
-    changed: Arc<Notify>,
     /// When the engine last began an answer (its first byte), on `epoch`; `u64::MAX`: never.
     last_answer_ms: Arc<AtomicU64>,
 }
@@ -36,7 +31,6 @@ impl EngineQueue {
             state: Arc::new(Mutex::new(state)),
             metrics,
             epoch: Instant::now(),
-            changed: Arc::new(Notify::new()),
             last_answer_ms: Arc::new(AtomicU64::new(u64::MAX)),
         }
     }
@@ -134,38 +128,6 @@ impl HandedOver {
             state.started(ticket, now_ms);
             self.queue.observe(&state);
         }
-        self.queue.changed.notify_waiters();
-    }
-
-    /// Returns once no earlier copy of this request's new prefix is prefilling on the engine
-    /// (see [`ServingState::behind_earlier_copy`]), or after [`COPY_HOLD_MAX_MS`]. Call it
-    /// before giving the engine the request.
-    pub async fn after_earlier_copy(&self) {
-        let Some(ticket) = &self.ticket else { return };
-        let waited = tokio::time::timeout(Duration::from_millis(COPY_HOLD_MAX_MS), async {
-            let mut held = false;
-            loop {
-                // Registered before the check, so a start between the two is not missed.
-                let changed = self.queue.changed.notified();
-                tokio::pin!(changed);
-                changed.as_mut().enable();
-                if !lock(&self.queue.state).behind_earlier_copy(ticket) {
-                    return held;
-                }
-                held = true;
-                changed.await;
-            }
-        })
-        .await;
-        let outcome = match waited {
-            Ok(false) => return,
-            Ok(true) => "released",
-            Err(_) => "timed_out",
-        };
-        let labels = OutcomeLabels {
-            outcome: outcome.to_owned(),
-        };
-        self.queue.metrics.copies_held.get_or_create(&labels).inc();
     }
 }
 
@@ -176,8 +138,6 @@ impl Drop for HandedOver {
             let mut state = lock(&self.queue.state);
             state.finished(ticket, now_ms);
             self.queue.observe(&state);
-            drop(state);
-            self.queue.changed.notify_waiters();
         }
     }
 }

@@ -26,7 +26,7 @@ pub use entry::{
 pub use pd::{PAIR_TTL_MS, PdReason, PdRoute};
 pub use plan::{Attempt, Failure, Outcome, Plan, PopularPlacement, Progress, tokens_bound};
 pub use report::LoadReport;
-pub use serving::{Admission, COPY_HOLD_MAX_MS, DeclineReason, ServingState, Ticket};
+pub use serving::{Admission, DeclineReason, ServingState, Ticket};
 pub use shared::{
     MAX_PREFIX_SAMPLES, PrefixSample, prefix_samples, shared_tokens, validate_samples,
 };

@@ -30,12 +30,6 @@ pub const FOLLOW_TTL_MS: u64 = RECENT_TTL_MS;
 /// At most this many declined new prefixes are remembered (the oldest go first).
 pub const FOLLOW_MAX_ENTRIES: usize = 4_096;
 
-/// A copy of a new prefix is held back from the engine at most this long while an earlier
-/// copy computes it (see [`ServingState::behind_earlier_copy`]): a guard against an earlier
-/// copy that hangs. A copy held behind a long queue loses nothing by it, since it would wait
-/// in that queue anyway; past the bound, the two are computed side by side, as without it.
-pub const COPY_HOLD_MAX_MS: u64 = 10_000;
-
 /// Answers begun are remembered this long, to tell which of them a poll's gauges may still
 /// show ([`ServingState::polled`]): longer than a poll may take (the node's poller gives up on
 /// one after at most a few seconds).
@@ -110,9 +104,6 @@ pub struct Ticket {
     prefill_tokens: u32,
     /// Its place in the order of hand-overs.
     seq: u64,
-    /// The key of the new prefix an earlier copy was computing here when it was
-    /// handed over.
-    joins: Option<u64>,
 }
 
 /// A copy of a new prefix handed over with no first byte back.
@@ -121,11 +112,6 @@ struct Computing {
     prefix_key: u64,
     /// Its place in the order of hand-overs.
     seq: u64,
-    /// Whether its answer streams (only then does its first byte end its prefill).
-    streamed: bool,
-    /// It was handed over while an earlier copy was computing the prefix here: later copies
-    /// do not wait for it.
-    joined: bool,
     covers: Covering,
 }
 
@@ -318,22 +304,6 @@ impl ServingState {
             .map_or(0, |c| c.covers.of(samples))
     }
 
-    /// Whether `ticket`'s request should wait before the engine gets it: a copy of its new
-    /// prefix that computes the prefix here (handed over before it, while no other copy was
-    /// computing it) is still prefilling (streamed, no first token yet). Handed over at once,
-    /// the two would be computed side by side, neither meeting the other's blocks, each taking
-    /// as long as both; held until the first has its first token, the second finds the prefix
-    /// cached. Copies held behind one go together when it has its first token, not one after
-    /// another's: each has only its own part left, and the engine batches them. At most
-    /// [`COPY_HOLD_MAX_MS`]: the node gives up holding after that.
-    pub fn behind_earlier_copy(&self, ticket: &Ticket) -> bool {
-        ticket.joins.is_some_and(|key| {
-            self.new_prefixes
-                .iter()
-                .any(|c| c.prefix_key == key && c.seq < ticket.seq && c.streamed && !c.joined)
-        })
-    }
-
     /// The prompt tokens the engine would prefill before a new request's own at `now_ms`, as
     /// [`Self::tokens_ahead`] counts them, so that entries judge this queue by the sizes in
     /// it rather than each request as their own; `None` while the only requests queued are
@@ -457,8 +427,6 @@ impl ServingState {
             self.new_prefixes.push(Computing {
                 prefix_key: key,
                 seq,
-                streamed: request.streamed,
-                joined: joins.is_some(),
                 covers: Covering {
                     tokens: covers_tokens,
                     samples: samples.to_vec(),
@@ -472,7 +440,6 @@ impl ServingState {
             new_prefix,
             prefill_tokens: request.prefill_tokens,
             seq,
-            joins,
         })
     }
 
@@ -565,46 +532,6 @@ mod tests {
             streamed: false,
             ..streamed(new_prefix, None)
         }
-    }
-
-    #[test]
-    fn a_copy_of_a_new_prefix_waits_for_the_earlier_one_to_start() {
-        let mut serving = serving();
-        let mut first = serving.admit(&streamed(Some(7), None), 0).unwrap();
-        let second = serving.admit(&streamed(Some(7), None), 1).unwrap();
-        let third = serving.admit(&streamed(Some(7), None), 2).unwrap();
-        let other = serving.admit(&streamed(Some(8), None), 3).unwrap();
-        assert!(
-            !serving.behind_earlier_copy(&first),
-            "the first computes it"
-        );
-        assert!(serving.behind_earlier_copy(&second));
-        assert!(serving.behind_earlier_copy(&third));
-        assert!(!serving.behind_earlier_copy(&other), "another prefix");
-        // The first has its first token: the prefix is cached, and both copies go at once
-        // (neither waits for the other: each has only its own part left).
-        serving.started(&mut first, 50);
-        assert!(!serving.behind_earlier_copy(&second));
-        assert!(!serving.behind_earlier_copy(&third));
-        // A copy handed over now waits for nothing: the copies still prefilling joined.
-        let fourth = serving.admit(&streamed(Some(7), None), 55).unwrap();
-        assert!(!serving.behind_earlier_copy(&fourth));
-        serving.finished(second, 60);
-        for ticket in [first, third, fourth, other] {
-            serving.finished(ticket, 70);
-        }
-        assert_eq!(serving.new_prefixes_in_flight(), 0);
-    }
-
-    #[test]
-    fn a_whole_answer_is_not_waited_for() {
-        // A non-streamed answer's first byte comes at its end, not its prefill's.
-        let mut serving = serving();
-        let first = serving.admit(&whole(Some(7)), 0).unwrap();
-        let copy = serving.admit(&streamed(Some(7), None), 1).unwrap();
-        assert!(!serving.behind_earlier_copy(&copy));
-        serving.finished(first, 2);
-        serving.finished(copy, 3);
     }
 
     /// A serving side whose engine prefills 1,000 tokens a second (1 ms a token).
