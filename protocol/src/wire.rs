@@ -11,7 +11,7 @@
 //! feed it bytes as they arrive and pull whole frames.
 
 use crate::codec::{self, DecodeError, Kind};
-use crate::lifecycle::{LoadReport, PrefixSample, validate_samples};
+use crate::lifecycle::{Admission, Attempt, LoadReport, PrefixSample, validate_samples};
 use crate::route::RouteReason;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use rkyv::{Archive, Deserialize, Serialize};
@@ -61,6 +61,30 @@ pub struct RequestHead {
     /// A new prefix's sampled block hashes ([`crate::lifecycle::prefix_samples`]), by which
     /// the serving node tells how much of it an earlier copy there covers; empty otherwise.
     pub prefix_samples: Vec<PrefixSample>,
+}
+
+impl RequestHead {
+    /// Takes what `attempt` tells its serving node: why it goes there and what the node
+    /// admits it by (the reason, the new prefix's key, the prefill it counts, the bound).
+    pub fn carry(&mut self, attempt: &Attempt) {
+        self.reason = attempt.reason;
+        self.prefix_key = attempt.prefix_key;
+        self.new_prefix = attempt.new_prefix;
+        self.prefill_tokens = attempt.prefill_tokens;
+        self.decline_above_tokens = attempt.decline_above_tokens;
+    }
+
+    /// What the serving side admits the request by: [`Attempt::admission`] as it arrives.
+    pub fn admission(&self) -> Admission<'_> {
+        Admission {
+            prefix_key: self.prefix_key,
+            new_prefix: self.new_prefix,
+            prefill_tokens: self.prefill_tokens,
+            decline_above_tokens: self.decline_above_tokens,
+            streamed: self.streamed,
+            prefix_samples: &self.prefix_samples,
+        }
+    }
 }
 
 /// The head of a forwarded response.
@@ -428,6 +452,33 @@ mod tests {
             decoder.next_frame(),
             Err(FrameError::Decode(DecodeError::Semantic(_)))
         ));
+    }
+
+    #[test]
+    fn a_serving_node_admits_a_request_by_what_its_attempt_said() {
+        // The simulator admits by `Attempt::admission`; the node by the head that crossed
+        // the wire. Every carried field differs from the sample head's.
+        let attempt = Attempt {
+            candidate: 3,
+            node_key: 9,
+            reason: RouteReason::LoadSpill,
+            prefill_tokens: 512,
+            decline_above_tokens: None,
+            prefix_key: Some(77),
+            new_prefix: false,
+        };
+        let mut head = sample_request_head();
+        head.carry(&attempt);
+        let mut decoder = FrameDecoder::new();
+        decoder.push(&Frame::RequestHead(head.clone()).encode());
+        let Ok(Some(Frame::RequestHead(arrived))) = decoder.next_frame() else {
+            panic!("the head did not decode");
+        };
+        assert_eq!(arrived.reason, RouteReason::LoadSpill);
+        assert_eq!(
+            arrived.admission(),
+            attempt.admission(head.streamed, &head.prefix_samples)
+        );
     }
 
     #[test]

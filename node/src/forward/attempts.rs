@@ -69,11 +69,7 @@ pub async fn run(
         let span = tracing::Span::current();
         span.record("reason", attempt.reason.as_str());
         span.record("peer", name);
-        head.reason = attempt.reason;
-        head.prefix_key = attempt.prefix_key;
-        head.new_prefix = attempt.new_prefix;
-        head.prefill_tokens = attempt.prefill_tokens;
-        head.decline_above_tokens = attempt.decline_above_tokens;
+        head.carry(&attempt);
         let sent = tokio::time::timeout(
             state.config.request_timeout,
             entry::attempt(state, target, head.clone(), body.clone(), chain),

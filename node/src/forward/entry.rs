@@ -11,7 +11,7 @@ use crate::serve::state::AppState;
 use bytes::Bytes;
 use http::Method;
 use hyper::body::{Body, Incoming};
-use kvmesh_protocol::lifecycle::{Admission, Failure, LoadReport, Outcome};
+use kvmesh_protocol::lifecycle::{Failure, LoadReport, Outcome};
 use kvmesh_protocol::wire::{Frame, FrameDecoder, RequestHead, WireErrorCode};
 use quinn::{RecvStream, SendStream};
 use std::net::SocketAddr;
@@ -136,7 +136,7 @@ async fn attempt_local(
     }
     let handed = state
         .engine_queue
-        .admit(&admission(&head))
+        .admit(&head.admission())
         .map_err(|(reason, _)| AttemptError::Declined {
             // The entry reads this node's own engine live: no report needed.
             report: None,
@@ -225,18 +225,6 @@ pub async fn first_byte(
             Failure::TimedOut,
             "no first byte before the deadline",
         )),
-    }
-}
-
-/// What the serving side's admission needs of a request head.
-pub fn admission(head: &RequestHead) -> Admission<'_> {
-    Admission {
-        prefix_key: head.prefix_key,
-        new_prefix: head.new_prefix,
-        prefill_tokens: head.prefill_tokens,
-        decline_above_tokens: head.decline_above_tokens,
-        streamed: head.streamed,
-        prefix_samples: &head.prefix_samples,
     }
 }
 

@@ -4,7 +4,6 @@
 //! paths, and only within the hop limit: a peer can never make this node call another URL or
 //! forward again.
 
-use super::entry::admission;
 use super::forwardable;
 use super::headers::response_headers_from_engine;
 use crate::engine::client::error_chain;
@@ -88,7 +87,7 @@ async fn handle(
     }
     let _inflight = InflightGuard::new(&state.inflight_forwarded);
     // Counted as queued at this engine until its first byte, in flight until it ends.
-    let mut handed = match state.engine_queue.admit(&admission(&head)) {
+    let mut handed = match state.engine_queue.admit(&head.admission()) {
         Ok(handed) => handed,
         Err((reason, report)) => {
             let why = format!("engine queue over the entry's bound ({})", reason.as_str());
