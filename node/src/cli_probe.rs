@@ -103,7 +103,7 @@ fn membership_line(view: &Membership, elapsed: Duration) -> serde_json::Value {
                 "name": peer.name,
                 "generation": peer.generation,
                 "addr": peer.mesh_addr.to_string(),
-                "keys": peer.key_values,
+                "keys": &*peer.key_values,
             })
         })
         .collect();

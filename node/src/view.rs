@@ -37,11 +37,10 @@ pub struct PeerView {
     /// The adapters its engine may load at run time (empty: none, or invalid ones sent).
     pub loadable: Arc<LoadableAdapters>,
     generation: u64,
-    digest_raw: String,
-    models_raw: String,
-    loadable_raw: String,
-    shards_raw: BTreeMap<String, String>,
-    offload_raw: BTreeMap<String, String>,
+    /// The gossiped key-values this was decoded from: a peer whose key-values are still
+    /// these (the same allocation) is not looked at again, and one whose are not is decoded
+    /// only where a value differs from these.
+    source: Arc<BTreeMap<String, String>>,
 }
 
 /// Every live peer, this node excluded.
@@ -63,7 +62,7 @@ impl SharedView {
         *self.0.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(view);
     }
 
-    /// Rebuilds the view from a membership snapshot, decoding only digests that changed.
+    /// Rebuilds the view from a membership snapshot, decoding only values that changed.
     pub fn update(&self, membership: &Membership, now_ms: u64, metrics: &NodeMetrics) {
         let previous = self.load();
         let known: HashMap<&str, &PeerView> = previous
@@ -78,74 +77,69 @@ impl SharedView {
                 let old = known
                     .get(peer.name.as_str())
                     .filter(|old| old.generation == peer.generation);
-                let raw = peer
-                    .key_values
-                    .get(gossip_keys::DIGEST)
-                    .cloned()
-                    .unwrap_or_default();
-                let (digest, received) = match old {
-                    Some(old) if old.digest_raw == raw => {
-                        (old.digest.clone(), old.digest_received_ms)
-                    }
-                    _ => (decode_digest(&peer.name, &raw, metrics), now_ms),
-                };
-                let models_raw = peer
-                    .key_values
-                    .get(gossip_keys::MODELS)
-                    .cloned()
-                    .unwrap_or_default();
-                let models = match old {
-                    Some(old) if old.models_raw == models_raw => old.models.clone(),
-                    _ => Arc::new(decode_models(&peer.name, &models_raw)),
-                };
-                let loadable_raw = peer
-                    .key_values
-                    .get(gossip_keys::LORA)
-                    .cloned()
-                    .unwrap_or_default();
-                let loadable = match old {
-                    Some(old) if old.loadable_raw == loadable_raw => old.loadable.clone(),
-                    _ => Arc::new(decode_loadable(&peer.name, &loadable_raw)),
-                };
-                let shards_raw = keys_with_prefix(peer, Tier::Gpu.key_prefix());
-                let offload_raw = keys_with_prefix(peer, Tier::Offload.key_prefix());
-                let summary = updated_summary(
-                    peer,
-                    old.map(|old| (&old.summary, &old.shards_raw)),
-                    &shards_raw,
-                    Tier::Gpu,
-                    metrics,
-                );
-                let offload = updated_summary(
-                    peer,
-                    old.map(|old| (&old.offload, &old.offload_raw)),
-                    &offload_raw,
-                    Tier::Offload,
-                    metrics,
-                );
-                PeerView {
-                    name: peer.name.clone(),
-                    key: node_key(&peer.name),
-                    mesh_addr: peer.mesh_addr,
-                    http_addr: peer.key_values.get(gossip_keys::HTTP).cloned(),
-                    version: peer.key_values.get(gossip_keys::VERSION).cloned(),
-                    intents: peer.key_values.get(gossip_keys::INTENTS).cloned(),
-                    digest,
-                    digest_received_ms: received,
-                    summary,
-                    offload,
-                    models,
-                    loadable,
-                    generation: peer.generation,
-                    digest_raw: raw,
-                    models_raw,
-                    loadable_raw,
-                    shards_raw,
-                    offload_raw,
+                match old {
+                    Some(old) if Arc::ptr_eq(&old.source, &peer.key_values) => (*old).clone(),
+                    _ => decode_peer(peer, old.copied(), now_ms, metrics),
                 }
             })
             .collect();
         self.store(ClusterView { peers });
+    }
+}
+
+/// `peer` as this node sees it, reusing what `old` (its view of the same incarnation, if any)
+/// decoded from values that have not changed.
+fn decode_peer(
+    peer: &Peer,
+    old: Option<&PeerView>,
+    now_ms: u64,
+    metrics: &NodeMetrics,
+) -> PeerView {
+    let value = |key: &str| peer.key_values.get(key).map_or("", String::as_str);
+    let unchanged =
+        |key: &str| old.is_some_and(|old| old.source.get(key) == peer.key_values.get(key));
+    let (digest, digest_received_ms) = match old {
+        Some(old) if unchanged(gossip_keys::DIGEST) => (old.digest.clone(), old.digest_received_ms),
+        _ => (
+            decode_digest(&peer.name, value(gossip_keys::DIGEST), metrics),
+            now_ms,
+        ),
+    };
+    let models = match old {
+        Some(old) if unchanged(gossip_keys::MODELS) => old.models.clone(),
+        _ => Arc::new(decode_models(&peer.name, value(gossip_keys::MODELS))),
+    };
+    let loadable = match old {
+        Some(old) if unchanged(gossip_keys::LORA) => old.loadable.clone(),
+        _ => Arc::new(decode_loadable(&peer.name, value(gossip_keys::LORA))),
+    };
+    let summary = updated_summary(
+        peer,
+        old.map(|old| (&old.summary, &*old.source)),
+        Tier::Gpu,
+        metrics,
+    );
+    let offload = updated_summary(
+        peer,
+        old.map(|old| (&old.offload, &*old.source)),
+        Tier::Offload,
+        metrics,
+    );
+    PeerView {
+        name: peer.name.clone(),
+        key: node_key(&peer.name),
+        mesh_addr: peer.mesh_addr,
+        http_addr: peer.key_values.get(gossip_keys::HTTP).cloned(),
+        version: peer.key_values.get(gossip_keys::VERSION).cloned(),
+        intents: peer.key_values.get(gossip_keys::INTENTS).cloned(),
+        digest,
+        digest_received_ms,
+        summary,
+        offload,
+        models,
+        loadable,
+        generation: peer.generation,
+        source: peer.key_values.clone(),
     }
 }
 
@@ -180,33 +174,37 @@ pub fn encode_loadable(loadable: &LoadableAdapters) -> String {
     serde_json::to_string(loadable).expect("plain strings serialize")
 }
 
-/// A peer's gossip values under one key prefix.
-fn keys_with_prefix(peer: &Peer, prefix: &str) -> BTreeMap<String, String> {
-    peer.key_values
+/// Key-values of `values` under `prefix`.
+fn with_prefix<'a>(
+    values: &'a BTreeMap<String, String>,
+    prefix: &'a str,
+) -> impl Iterator<Item = (&'a String, &'a String)> {
+    values
         .range(prefix.to_owned()..)
-        .take_while(|(key, _)| key.starts_with(prefix))
-        .map(|(key, value)| (key.clone(), value.clone()))
-        .collect()
+        .take_while(move |(key, _)| key.starts_with(prefix))
 }
 
-/// A peer's summary (of one tier) after applying the shards whose gossip
-/// value changed. The summary is shared with older views, so it is copied only when one of its
-/// shards changed.
+/// `peer`'s summary of `tier`, from `old` (the summary and the key-values it was decoded
+/// from) with only the shards that changed applied.
 fn updated_summary(
     peer: &Peer,
     old: Option<(&Arc<PeerSummary>, &BTreeMap<String, String>)>,
-    shards_raw: &BTreeMap<String, String>,
     tier: Tier,
     metrics: &NodeMetrics,
 ) -> Arc<PeerSummary> {
-    let (mut summary, old_raw) = match old {
-        Some((summary, raw)) if raw == shards_raw => return summary.clone(),
-        Some((summary, raw)) => (summary.clone(), Some(raw)),
+    let prefix = tier.key_prefix();
+    let (mut summary, old_values) = match old {
+        Some((summary, values))
+            if with_prefix(values, prefix).eq(with_prefix(&peer.key_values, prefix)) =>
+        {
+            return summary.clone();
+        }
+        Some((summary, values)) => (summary.clone(), Some(values)),
         None => (Arc::new(PeerSummary::new()), None),
     };
     let target = Arc::make_mut(&mut summary);
-    for (key, value) in shards_raw {
-        if old_raw.and_then(|raw| raw.get(key)) == Some(value) {
+    for (key, value) in with_prefix(&peer.key_values, prefix) {
+        if old_values.and_then(|values| values.get(key)) == Some(value) {
             continue;
         }
         let applied = gossip_keys::decode_bytes(value)
@@ -217,8 +215,10 @@ fn updated_summary(
             tracing::warn!(peer = peer.name, key, %error, "rejected a summary shard");
         }
     }
-    if let Some(old_raw) = old_raw {
-        for key in old_raw.keys().filter(|key| !shards_raw.contains_key(*key)) {
+    if let Some(old_values) = old_values {
+        let gone =
+            with_prefix(old_values, prefix).filter(|(key, _)| !peer.key_values.contains_key(*key));
+        for (key, _) in gone {
             if let Some(index) = tier.shard_index(key) {
                 target.remove_shard(index);
             }

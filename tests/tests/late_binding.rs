@@ -114,7 +114,18 @@ fn an_answer_carries_the_serving_engines_load_back_to_the_entry() {
         tokens.is_some_and(|t| t > 0 && t < 4_000),
         "b reported its queue in prompt tokens: {estimate}"
     );
-    assert_eq!(estimate["queued_tokens"].as_u64(), tokens, "{estimate}");
+    match estimate["source"].as_str() {
+        Some("report") => assert_eq!(estimate["queued_tokens"].as_u64(), tokens, "{estimate}"),
+        // b's digest can overtake its report (gossip's values reach the view as they arrive):
+        // the newer wins, and the engine can only have worked some of the request off since.
+        Some("digest") => assert!(
+            estimate["queued_tokens"]
+                .as_u64()
+                .is_some_and(|t| t > 0 && Some(t) <= tokens),
+            "{estimate}"
+        ),
+        _ => panic!("a's estimate of b names its source: {estimate}"),
+    }
     assert_eq!(
         estimate["waiting"].as_u64(),
         Some(1),

@@ -2,9 +2,10 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Instant;
 
-use chitchat::{ChitchatId, NodeState};
+use chitchat::{Chitchat, ChitchatId, NodeState};
 
 /// A live peer as gossip knows it.
 #[derive(Debug, Clone, PartialEq)]
@@ -16,8 +17,9 @@ pub struct Peer {
     pub generation: u64,
     /// Where to reach it over QUIC (its advertised mesh address).
     pub mesh_addr: SocketAddr,
-    /// Its published key-values (deleted keys excluded).
-    pub key_values: BTreeMap<String, String>,
+    /// Its published key-values (deleted keys excluded); the same allocation from one view
+    /// to the next while none of them changed.
+    pub key_values: Arc<BTreeMap<String, String>>,
     /// When this node last saw any of the peer's key-values change (or first saw the peer).
     pub last_change: Instant,
 }
@@ -54,7 +56,7 @@ impl Membership {
 pub(crate) struct NodeSnapshot {
     pub id: ChitchatId,
     pub max_version: u64,
-    pub key_values: BTreeMap<String, String>,
+    pub key_values: Arc<BTreeMap<String, String>>,
 }
 
 impl NodeSnapshot {
@@ -62,11 +64,42 @@ impl NodeSnapshot {
         Self {
             id: id.clone(),
             max_version: state.max_version(),
-            key_values: state
-                .key_values()
-                .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                .collect(),
+            key_values: Arc::new(
+                state
+                    .key_values()
+                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                    .collect(),
+            ),
         }
+    }
+}
+
+/// Snapshots of chitchat's live nodes, copying a node's key-values only when its version
+/// moved since the last read (a node's every change raises its max version).
+#[derive(Debug, Default)]
+pub(crate) struct LiveSnapshots {
+    last: HashMap<ChitchatId, NodeSnapshot>,
+}
+
+impl LiveSnapshots {
+    /// The live nodes (this one included) with their current key-values.
+    pub fn read(&mut self, chitchat: &Chitchat) -> Vec<NodeSnapshot> {
+        let mut last = std::mem::take(&mut self.last);
+        let live: Vec<NodeSnapshot> = chitchat
+            .live_nodes()
+            .filter_map(|id| {
+                let state = chitchat.node_state(id)?;
+                Some(match last.remove(id) {
+                    Some(kept) if kept.max_version == state.max_version() => kept,
+                    _ => NodeSnapshot::from_state(id, state),
+                })
+            })
+            .collect();
+        self.last = live
+            .iter()
+            .map(|node| (node.id.clone(), node.clone()))
+            .collect();
+        live
     }
 }
 
@@ -139,7 +172,7 @@ mod tests {
                 format!("127.0.0.1:{}", 7000 + generation).parse().unwrap(),
             ),
             max_version: version,
-            key_values: BTreeMap::from([("k".to_owned(), format!("v{version}"))]),
+            key_values: Arc::new(BTreeMap::from([("k".to_owned(), format!("v{version}"))])),
         }
     }
 

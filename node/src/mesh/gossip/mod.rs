@@ -4,6 +4,8 @@
 //! The rest of the node sees [`Gossip`]: publish its own key-values, read the live peers
 //! with theirs ([`Membership`]), and wait for changes.
 
+#[cfg(test)]
+mod freshness_tests;
 mod loopback;
 mod membership;
 #[cfg(test)]
@@ -19,11 +21,11 @@ use chitchat::{
     ChitchatConfig, ChitchatHandle, ChitchatId, FailureDetectorConfig, ProtocolVersion,
     spawn_chitchat,
 };
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::JoinHandle;
 
+use self::membership::{LiveSnapshots, MembershipTracker};
 pub use self::membership::{Membership, Peer};
-use self::membership::{MembershipTracker, NodeSnapshot};
 use super::acceptor::InboundGossip;
 use super::config::GossipConfig;
 use super::metrics::MeshMetrics;
@@ -66,6 +68,8 @@ pub struct Gossip {
     self_node: SelfNode,
     membership: watch::Receiver<Arc<Membership>>,
     tasks: Vec<JoinHandle<()>>,
+    /// Keeps the key-change listener of [`Changes::peer_changed`] subscribed.
+    _listener: chitchat::ListenerHandle,
 }
 
 impl Drop for Gossip {
@@ -144,8 +148,9 @@ pub(crate) async fn start_over(
         generation: generation_now(),
         mesh_addr: advertise,
     };
+    let chitchat_id = ChitchatId::new(self_node.name.clone(), self_node.generation, advertise);
     let chitchat_config = ChitchatConfig {
-        chitchat_id: ChitchatId::new(self_node.name.clone(), self_node.generation, advertise),
+        chitchat_id: chitchat_id.clone(),
         cluster_id,
         gossip_interval: config.interval,
         listen_addr: advertise,
@@ -175,9 +180,22 @@ pub(crate) async fn start_over(
         config.seed_refresh_interval,
     ))];
     let live = handle.with_chitchat(|c| c.live_nodes_watcher()).await;
+    let peer_changed = Arc::new(Notify::new());
+    let self_id = chitchat_id;
+    let listener = handle
+        .with_chitchat(|c| {
+            let (notify, self_id) = (peer_changed.clone(), self_id.clone());
+            c.subscribe_event("", move |event| {
+                if *event.node != self_id {
+                    notify.notify_one();
+                }
+            })
+        })
+        .await;
     let (membership_tx, membership) = watch::channel(Arc::new(Membership::default()));
     tasks.push(tokio::spawn(publish_membership(
-        live,
+        handle.clone(),
+        Changes { live, peer_changed },
         membership_tx,
         MembershipTracker::new(self_node.name.clone()),
         metrics,
@@ -188,27 +206,45 @@ pub(crate) async fn start_over(
         self_node,
         membership,
         tasks,
+        _listener: listener,
     })
 }
 
-/// Converts chitchat's live-node set into [`Membership`] whenever it changes (chitchat
-/// checks liveness once per gossip round).
+/// What wakes [`publish_membership`].
+struct Changes {
+    /// chitchat's live-node set, updated once per gossip round: liveness, joins, departures,
+    /// deleted keys.
+    live: watch::Receiver<std::collections::BTreeMap<ChitchatId, chitchat::NodeState>>,
+    /// Notified as soon as a gossip message sets one of a peer's values. chitchat tells its
+    /// live-node watcher of new values only at this node's next round, after it sent that
+    /// round's messages, so a value arriving in a reply or in another node's round would wait
+    /// up to a whole gossip interval (half of one on average) before the node routed on it.
+    peer_changed: Arc<Notify>,
+}
+
+/// Converts chitchat's live nodes and their current values into [`Membership`] whenever
+/// either changes.
 async fn publish_membership(
-    mut live: watch::Receiver<std::collections::BTreeMap<ChitchatId, chitchat::NodeState>>,
+    chitchat: Arc<ChitchatHandle>,
+    mut changes: Changes,
     publish: watch::Sender<Arc<Membership>>,
     mut tracker: MembershipTracker,
     metrics: MeshMetrics,
 ) {
+    let mut snapshots = LiveSnapshots::default();
     loop {
-        let snapshot: Vec<NodeSnapshot> = live
-            .borrow_and_update()
-            .iter()
-            .map(|(id, state)| NodeSnapshot::from_state(id, state))
-            .collect();
+        changes.live.borrow_and_update();
+        // The listener fires inside chitchat's lock, while it applies a message: taking the
+        // lock here reads the state after that message.
+        let snapshot = chitchat.with_chitchat(|c| snapshots.read(c)).await;
         let view = tracker.update(snapshot, Instant::now());
         metrics.peers_alive.set(view.len() as i64);
-        if publish.send(Arc::new(view)).is_err() || live.changed().await.is_err() {
+        if publish.send(Arc::new(view)).is_err() {
             return;
+        }
+        tokio::select! {
+            changed = changes.live.changed() => if changed.is_err() { return },
+            () = changes.peer_changed.notified() => {}
         }
     }
 }
