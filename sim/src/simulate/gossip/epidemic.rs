@@ -52,57 +52,10 @@ impl DelayDistribution {
                 unreached: 0.0,
             };
         }
-        let mut informed_at = vec![f64::INFINITY; nodes];
-        let mut phase: Vec<f64> = vec![0.0; nodes];
-        let mut order: Vec<usize> = (0..nodes).collect();
+        let mut epidemic = Epidemic::new(nodes);
         for _ in 0..runs.max(1) {
-            informed_at.fill(f64::INFINITY);
-            for p in phase.iter_mut() {
-                *p = rng.next_f64() * params.interval_s;
-            }
-            order.sort_by(|&a, &b| phase[a].total_cmp(&phase[b]));
-            let source = rng.below(nodes as u64) as usize;
-            // The update happens at a random moment of the first round.
-            let start = rng.next_f64() * params.interval_s;
-            informed_at[source] = start;
-            let mut reached = 1;
-            'rounds: for round in 0..MAX_ROUNDS {
-                for &node in &order {
-                    let now = phase[node] + round as f64 * params.interval_s;
-                    for _ in 0..params.fanout.min(others as u32) {
-                        let mut peer = rng.below(others as u64) as usize;
-                        if peer >= node {
-                            peer += 1;
-                        }
-                        // Syn (digest) → SynAck (the peer's digest and what the initiator
-                        // lacks) → Ack (what the peer lacks): pull after 2 hops, push after 3.
-                        let syn_ok = rng.next_f64() >= params.loss;
-                        let syn_ack_ok = syn_ok && rng.next_f64() >= params.loss;
-                        let ack_ok = syn_ack_ok && rng.next_f64() >= params.loss;
-                        if syn_ack_ok && informed_at[peer] <= now + params.hop_s {
-                            let at = now + 2.0 * params.hop_s;
-                            if at < informed_at[node] {
-                                reached += usize::from(informed_at[node].is_infinite());
-                                informed_at[node] = at;
-                            }
-                        }
-                        if ack_ok && informed_at[node] <= now + 2.0 * params.hop_s {
-                            let at = now + 3.0 * params.hop_s;
-                            if at < informed_at[peer] {
-                                reached += usize::from(informed_at[peer].is_infinite());
-                                informed_at[peer] = at;
-                            }
-                        }
-                    }
-                }
-                if reached == nodes {
-                    // One more round settles arrival times that a later exchange improved.
-                    if round > 0 {
-                        break 'rounds;
-                    }
-                }
-            }
-            for (node, &at) in informed_at.iter().enumerate() {
+            let (source, start) = epidemic.run(params, &mut rng);
+            for (node, &at) in epidemic.informed_at.iter().enumerate() {
                 if node == source {
                     continue;
                 }
@@ -130,6 +83,112 @@ impl DelayDistribution {
     pub fn mean(&self) -> f64 {
         self.sorted.iter().sum::<f64>() / self.sorted.len().max(1) as f64
     }
+}
+
+/// One update's spread, run again and again over the same nodes.
+struct Epidemic {
+    /// When each node got the update of the last run (infinite: never).
+    informed_at: Vec<f64>,
+    phase: Vec<f64>,
+    order: Vec<usize>,
+}
+
+impl Epidemic {
+    fn new(nodes: usize) -> Self {
+        Self {
+            informed_at: vec![f64::INFINITY; nodes],
+            phase: vec![0.0; nodes],
+            order: (0..nodes).collect(),
+        }
+    }
+
+    /// Spreads an update from a random node, made at a random moment of the first round, at
+    /// random round phases: the source and the moment.
+    fn run(&mut self, params: &GossipParams, rng: &mut SplitMix64) -> (usize, f64) {
+        let nodes = self.informed_at.len();
+        let others = nodes.saturating_sub(1);
+        let (informed_at, phase, order) = (&mut self.informed_at, &mut self.phase, &mut self.order);
+        let mut chosen = Vec::with_capacity(params.fanout as usize);
+        informed_at.fill(f64::INFINITY);
+        for p in phase.iter_mut() {
+            *p = rng.next_f64() * params.interval_s;
+        }
+        order.sort_by(|&a, &b| phase[a].total_cmp(&phase[b]));
+        let source = rng.below(nodes as u64) as usize;
+        let start = rng.next_f64() * params.interval_s;
+        informed_at[source] = start;
+        let mut reached = 1;
+        for round in 0..MAX_ROUNDS {
+            for &node in order.iter() {
+                let now = phase[node] + round as f64 * params.interval_s;
+                // `fanout` distinct peers, as chitchat samples them.
+                let fanout = (params.fanout as usize).min(others);
+                chosen.clear();
+                while chosen.len() < fanout {
+                    let mut peer = rng.below(others as u64) as usize;
+                    if peer >= node {
+                        peer += 1;
+                    }
+                    if !chosen.contains(&peer) {
+                        chosen.push(peer);
+                    }
+                }
+                for &peer in chosen.iter() {
+                    // Syn (digest) → SynAck (the peer's digest and what the initiator
+                    // lacks) → Ack (what the peer lacks): pull after 2 hops, push after 3.
+                    let syn_ok = rng.next_f64() >= params.loss;
+                    let syn_ack_ok = syn_ok && rng.next_f64() >= params.loss;
+                    let ack_ok = syn_ack_ok && rng.next_f64() >= params.loss;
+                    if syn_ack_ok && informed_at[peer] <= now + params.hop_s {
+                        let at = now + 2.0 * params.hop_s;
+                        if at < informed_at[node] {
+                            reached += usize::from(informed_at[node].is_infinite());
+                            informed_at[node] = at;
+                        }
+                    }
+                    if ack_ok && informed_at[node] <= now + 2.0 * params.hop_s {
+                        let at = now + 3.0 * params.hop_s;
+                        if at < informed_at[peer] {
+                            reached += usize::from(informed_at[peer].is_infinite());
+                            informed_at[peer] = at;
+                        }
+                    }
+                }
+            }
+            // One more round settles arrival times that a later exchange improved.
+            if reached == nodes && round > 0 {
+                break;
+            }
+        }
+        (source, start)
+    }
+}
+
+/// Median time from a node's change of a value until another node holds it, when the node
+/// publishes its values every `publish_interval_s`: the real mesh's measurement of a new
+/// prefix at the nodes that neither served nor took in the request
+/// (`scripts/bench-prefix.sh --part converge`), over `runs` updates.
+pub fn peer_view_delay_s(
+    params: &GossipParams,
+    nodes: usize,
+    publish_interval_s: f64,
+    runs: usize,
+) -> f64 {
+    let mut rng = SplitMix64::new(0x7570_6461_7465 ^ nodes as u64);
+    let mut epidemic = Epidemic::new(nodes);
+    let mut delays = Vec::with_capacity(runs * nodes);
+    for _ in 0..runs.max(1) {
+        let publish_wait = rng.next_f64() * publish_interval_s;
+        let (source, start) = epidemic.run(params, &mut rng);
+        let arrivals = epidemic.informed_at.iter().enumerate();
+        delays.extend(
+            arrivals
+                .filter(|&(node, at)| node != source && at.is_finite())
+                .map(|(_, at)| publish_wait + at - start),
+        );
+    }
+    delays.sort_by(f64::total_cmp);
+    crate::quantile::quantile(&delays, 0.5)
 }
 
 /// Rounds to reach N nodes by the asymptotic curve, log_{K+1} N.
@@ -261,10 +320,22 @@ mod tests {
     #[test]
     fn calibrated_hop_reproduces_the_real_mesh_convergence() {
         // node/MESH-NOTES.md: 0.41-0.44 s at 3 nodes, 0.82-0.83 s at 8 nodes (200 ms, fanout 3).
-        let p = params(super::super::CALIBRATED_HOP_S);
+        let p = params(super::super::MEMBERSHIP_HOP_S);
         let three = cold_convergence_s(&p, 3, 2, super::super::CALIBRATION_STAGGER_S, 200);
         let eight = cold_convergence_s(&p, 8, 2, super::super::CALIBRATION_STAGGER_S, 200);
         assert!((0.38..0.48).contains(&three), "3 nodes: {three} s");
         assert!((0.74..0.90).contains(&eight), "8 nodes: {eight} s");
+    }
+
+    #[test]
+    fn calibrated_hop_spreads_a_new_prefix_no_faster_than_the_real_mesh() {
+        // scripts/bench-prefix.sh --part converge, 2026-12-06: a peer's view of a new prefix
+        // a median 84-87 ms (3 nodes) and 116-119 ms (8 nodes) after the request; the owner
+        // publishes every 100 ms.
+        let p = params(super::super::CALIBRATED_HOP_S);
+        let three = peer_view_delay_s(&p, 3, 0.1, 4000);
+        let eight = peer_view_delay_s(&p, 8, 0.1, 4000);
+        assert!((0.084..0.115).contains(&three), "3 nodes: {three} s");
+        assert!((0.116..0.140).contains(&eight), "8 nodes: {eight} s");
     }
 }
