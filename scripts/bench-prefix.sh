@@ -4,8 +4,9 @@
 #   steady   per workload (gsp, the Mooncake trace): 4 modelled engines + 4 sidecars, the
 #            demo's load (kvmesh-sim load, random entry nodes); each sidecar's /metrics read
 #            when the load starts, half-way and at the end. Prints per node: summary bytes,
-#            index fill, estimated false-match rate, shard churn and gossip bytes in/out per
-#            second over the second half of the run (the steady state).
+#            index fill, estimated false-match rate, shard churn, gossip bytes in/out per
+#            second and the sidecar's CPU (share of one core) over the second half of the run
+#            (the steady state).
 #   converge for 3 and 8 nodes: a request with a new long prefix enters at one node; every
 #            node's POST /debug/match is polled until each lists the engine that served it as
 #            holding the whole chain. Prints median and max over the trials, and the median
@@ -140,8 +141,11 @@ scrape() {
     for ((i = 0; i < ${#SIDECAR_ADDRS[@]}; i++)); do
         now=$(date +%s.%N)
         curl -fsS --max-time 5 "http://${SIDECAR_ADDRS[i]}/metrics" |
-            grep -E '^kvmesh_(summary_bytes|summary_shards_published|summary_false_match_rate|index_blocks|index_capacity_blocks|mesh_gossip_sent_bytes|mesh_gossip_received_bytes|served)' |
+            grep -E '^kvmesh_(prefix_shard_bytes|prefix_shards_published|prefix_false_match_rate|index_blocks|index_capacity_blocks|mesh_gossip_sent_bytes|mesh_gossip_received_bytes|served)' |
             awk -v l="$label" -v t="$now" -v n="node-$((i + 1))" '{ print l, t, n, $1, $2 }' >>"$SCRAPES"
+        # The sidecar's CPU time so far (user + system clock ticks of /proc/PID/stat).
+        awk -v l="$label" -v t="$now" -v n="node-$((i + 1))" \
+            '{ print l, t, n, "cpu_ticks", $14 + $15 }' "/proc/${SIDECAR_PIDS[i]}/stat" >>"$SCRAPES"
     done
 }
 
@@ -184,9 +188,9 @@ steady() {
     [[ $rc -eq 0 ]] || { tail -n 20 "$WORK/logs/$w-load.log" >&2; die "the load generator failed on $w"; }
     log "$w: $(grep -E '^requests:' "$WORK/logs/$w-load.log" || true)"
     stop_cluster
-    python3 - "$w" "$SCRAPES" <<'PY'
+    python3 - "$w" "$SCRAPES" "$(getconf CLK_TCK)" <<'PY'
 import sys, collections
-workload, path = sys.argv[1], sys.argv[2]
+workload, path, ticks_per_s = sys.argv[1], sys.argv[2], float(sys.argv[3])
 at = collections.defaultdict(dict)   # (label, node) -> metric -> value
 when = {}
 for line in open(path):
@@ -199,21 +203,22 @@ def rate(node, metric):
     dt = when[("end", node)] - when[("mid", node)]
     return (at[("end", node)].get(metric, 0) - at[("mid", node)].get(metric, 0)) / dt
 print(f"\n{workload}: steady state = from half-way to the end of the load")
-print("| node | served | index blocks / capacity | summary bytes | est. false match | shards/s | gossip out B/s | gossip in B/s |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|")
+print("| node | served | index blocks / capacity | summary bytes | est. false match | shards/s | gossip out B/s | gossip in B/s | sidecar CPU |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
 rows = []
 for node in nodes:
     end = at[("end", node)]
     served = end.get("kvmesh_served_total", 0) - at[("start", node)].get("kvmesh_served_total", 0)
     row = (served, end.get("kvmesh_index_blocks", 0), end.get("kvmesh_index_capacity_blocks", 0),
-           end.get("kvmesh_summary_bytes", 0), end.get("kvmesh_summary_false_match_rate", 0),
-           rate(node, "kvmesh_summary_shards_published_total"),
+           end.get("kvmesh_prefix_shard_bytes", 0), end.get("kvmesh_prefix_false_match_rate", 0),
+           rate(node, "kvmesh_prefix_shards_published_total"),
            rate(node, "kvmesh_mesh_gossip_sent_bytes_total"),
-           rate(node, "kvmesh_mesh_gossip_received_bytes_total"))
+           rate(node, "kvmesh_mesh_gossip_received_bytes_total"),
+           rate(node, "cpu_ticks") / ticks_per_s)
     rows.append(row)
-    print(f"| {node} | {row[0]:.0f} | {row[1]:.0f} / {row[2]:.0f} | {row[3]:.0f} | {row[4]*100:.3f}% | {row[5]:.1f} | {row[6]:.0f} | {row[7]:.0f} |")
-mean = [sum(r[i] for r in rows) / len(rows) for i in range(8)]
-print(f"| mean | {mean[0]:.0f} | {mean[1]:.0f} / {mean[2]:.0f} | {mean[3]:.0f} | {mean[4]*100:.3f}% | {mean[5]:.1f} | {mean[6]:.0f} | {mean[7]:.0f} |")
+    print(f"| {node} | {row[0]:.0f} | {row[1]:.0f} / {row[2]:.0f} | {row[3]:.0f} | {row[4]*100:.3f}% | {row[5]:.1f} | {row[6]:.0f} | {row[7]:.0f} | {row[8]*100:.1f}% |")
+mean = [sum(r[i] for r in rows) / len(rows) for i in range(9)]
+print(f"| mean | {mean[0]:.0f} | {mean[1]:.0f} / {mean[2]:.0f} | {mean[3]:.0f} | {mean[4]*100:.3f}% | {mean[5]:.1f} | {mean[6]:.0f} | {mean[7]:.0f} | {mean[8]*100:.1f}% |")
 PY
 }
 
