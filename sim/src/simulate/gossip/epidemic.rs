@@ -1,7 +1,7 @@
 //! How long an update takes to reach the other nodes of a chitchat-style gossip mesh.
 //!
 //! Every node runs a gossip round every `interval`, at its own phase, and in each round
-//! exchanges state with `fanout` peers drawn at random (Scuttlebutt push-pull: after the
+//! exchanges state with `fanout` distinct peers drawn at random (Scuttlebutt push-pull: after the
 //! exchange each side holds what the other held). Each message is lost with probability
 //! `loss`; a delivered message takes `hop` to arrive (the pull half takes a round trip).
 //! With fanout K the informed set grows about (K+1)-fold per round, so reaching N nodes takes
@@ -13,9 +13,10 @@
 //! O(N · rounds · K) per run, a few milliseconds even at 10,000 nodes, so every N is simulated
 //! rather than extrapolated.
 //!
-//! [`cold_convergence_s`] reproduces the real mesh's convergence measurement (nodes start
-//! knowing only the seeds; done when every node has every node's key-values), which is what
-//! the default `hop` is calibrated against (see `docs/scaling.md`).
+//! Two functions reproduce measurements of the real mesh, which the hops are calibrated
+//! against (see `docs/scaling.md`): [`peer_view_delay_s`], a new prefix reaching a peer's view
+//! (the default `hop`), and [`cold_convergence_s`], membership convergence from a cold start
+//! (nodes start knowing only the seeds; done when every node has every node's key-values).
 
 use crate::rng::SplitMix64;
 
