@@ -234,8 +234,9 @@ async fn publish_membership(
     let mut snapshots = LiveSnapshots::default();
     loop {
         changes.live.borrow_and_update();
-        // The listener fires inside chitchat's lock, while it applies a message: taking the
-        // lock here reads the state after that message.
+        // The round's report is only marked seen: the states are read from chitchat itself,
+        // as they are now. The listener fires inside chitchat's lock, while it applies a
+        // message: taking the lock here reads the state after that message.
         let snapshot = chitchat.with_chitchat(|c| snapshots.read(c)).await;
         let view = tracker.update(snapshot, Instant::now());
         metrics.peers_alive.set(view.len() as i64);
