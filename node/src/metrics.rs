@@ -150,8 +150,8 @@ pub struct NodeMetrics {
     /// holders than its share owes, by where they went (`holder`, `new_holder`).
     pub popular_prefix_routes: Family<OutcomeLabels, Counter>,
     /// 1 while the prompts entering here share prefixes (a new prefix goes to its rendezvous
-    /// engine), 0 while they do not (to the least loaded of its first `unshared_choices`): see
-    /// `PrefixTraffic::prefixes_recur`.
+    /// engine), 0 while they do not (to an engine that looks idle, else the least loaded of its
+    /// first `unshared_choices`): see `PrefixTraffic::prefixes_recur`.
     pub prefixes_recur: Gauge,
     /// LoRA adapters this node loaded into its engine for a request, by outcome.
     pub lora_loads: Family<OutcomeLabels, Counter>,
@@ -489,7 +489,7 @@ impl NodeMetrics {
         );
         registry.register(
             "prefixes_recur",
-            "1 while the recent requests entering at this node share prefixes (of their distinct first blocks, at least a tenth begin several requests; or too few requests to tell), so that a new prefix goes to the engine every node picks for it; 0 while they do not, so that a new prefix goes to the least loaded of its first unshared_choices rendezvous engines (default 1: its rendezvous engine still)",
+            "1 while the recent requests entering at this node share prefixes (of their distinct first blocks, at least a tenth begin several requests; or too few requests to tell), so that a new prefix goes to the engine every node picks for it; 0 while they do not, so that a new prefix goes to an engine that looks idle (unshared_to_idle), else to the least loaded of its first unshared_choices rendezvous engines (default 1: its rendezvous engine)",
             self.prefixes_recur.clone(),
         );
         registry.register(

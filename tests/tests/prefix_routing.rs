@@ -322,8 +322,8 @@ fn a_joining_engine_takes_new_documents_that_full_ones_would_evict_for() {
 }
 
 /// An entry whose recent prompts share no prefix says so (`kvmesh_prefixes_recur` 0: a new
-/// prefix then goes to the least loaded of its first few rendezvous engines, not to the first); until it has
-/// seen enough requests to tell, it assumes they do.
+/// prefix then goes to an engine that looks idle, if any, rather than to its rendezvous
+/// engine); until it has seen enough requests to tell, it assumes they do.
 #[test]
 fn an_entry_tells_whether_its_prompts_share_prefixes() {
     let cluster = mesh(Timing::Instant, &[]);
@@ -349,6 +349,85 @@ fn an_entry_tells_whether_its_prompts_share_prefixes() {
         send(i);
     }
     assert_eq!(recur(), 0.0, "64 prompts, each its own");
+}
+
+/// Where an entry's prompts share no prefixes, a new one goes to an engine gossip shows idle,
+/// not to its rendezvous engine when that one is running another client's request: nothing
+/// is likely to come back for the prompt, and joining a running batch waits for its step.
+/// Three of the four engines are kept busy straight at the engine; the entry's own is idle
+/// between its requests. By rendezvous alone about a quarter would land there.
+#[test]
+fn where_prompts_share_nothing_a_new_one_goes_to_an_idle_engine() {
+    let cluster = mesh(Timing::Scaled(1.0), &[]);
+    let entry = &cluster.nodes()[0].sidecar;
+    let send = |i: usize| {
+        let prompt = format!("prompt {i} of its own: {}", "unrelated words. ".repeat(40));
+        let response = entry.post_json(
+            "/v1/completions",
+            &completion_body("mock-model", &prompt, 2, false),
+        );
+        assert_eq!(response.status, 200, "{}", response.describe());
+        served_by(&response)
+    };
+    for i in 0..64 {
+        send(i);
+    }
+    let recur = entry.metric("kvmesh_prefixes_recur", &[]).expect("metrics");
+    assert_eq!(recur, Some(0.0), "64 prompts, each its own");
+
+    // Another client's long requests, straight to the engines of n1..n3.
+    let busy: Vec<_> = cluster.nodes()[1..]
+        .iter()
+        .map(|node| {
+            let engine = node.engine.addr();
+            std::thread::spawn(move || {
+                let body = serde_json::json!({"model": "mock-model", "prompt": "a long answer",
+                    "max_tokens": 3000, "ignore_eos": true});
+                // Ends when the engine does: the cluster is dropped first.
+                let _ = Request::post_json("/v1/completions", &body)
+                    .timeout(Duration::from_secs(120))
+                    .send(engine);
+            })
+        })
+        .collect();
+    let digest_of = |view: &Value, node: &str| -> Option<(u64, u64)> {
+        let digest = match node {
+            "n0" => &view["digest"],
+            _ => {
+                let peers = view["peers"].as_array()?;
+                &peers.iter().find(|p| p["node"] == node)?["digest"]
+            }
+        };
+        Some((digest["running"].as_u64()?, digest["waiting"].as_u64()?))
+    };
+    // Every entry's view of an engine is its gossiped digest, its own engine's included.
+    let looks = |busy: &[&str], idle: &str| {
+        entry.debug_cluster().is_ok_and(|view| {
+            busy.iter()
+                .all(|n| digest_of(&view, n).is_some_and(|(running, _)| running >= 1))
+                && digest_of(&view, idle) == Some((0, 0))
+        })
+    };
+    let mut served = Vec::new();
+    for i in 0..12 {
+        wait_until(
+            CONVERGENCE_TIMEOUT,
+            "n0 to see n1..n3 busy and its own engine idle",
+            || looks(&["n1", "n2", "n3"], "n0"),
+        );
+        // The entry's last send counts against its engine until a digest built after it.
+        std::thread::sleep(Duration::from_millis(300));
+        served.push(send(1_000 + i));
+    }
+    let at_idle = served.iter().filter(|n| *n == "n0").count();
+    assert!(
+        at_idle >= 9,
+        "{at_idle} of 12 new prompts went to the idle engine: {served:?}"
+    );
+    drop(cluster);
+    for thread in busy {
+        thread.join().expect("busy client");
+    }
 }
 
 #[test]

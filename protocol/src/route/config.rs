@@ -131,8 +131,18 @@ pub struct RouteConfig {
     /// prompt repeats"). Default 1, plain rendezvous: with 4 the simulator's Azure trace is
     /// 1% faster, but over real processes a burst of 1,000 distinct prompts through one
     /// sidecar of two went up to 63% to the peer, whose gossiped load lags the requests still on
-    /// their way to its engine, where rendezvous and late binding split it 50:50.
+    /// their way to its engine, where rendezvous and late binding split it 50:50. Engines that
+    /// look idle are choices besides these ([`Self::unshared_to_idle`]).
     pub unshared_choices: u32,
+    /// Where an entry's recent prompts share no prefixes, a new prefix also counts every
+    /// engine gossip shows idle (nothing running or waiting in its digest, nothing this node
+    /// sent since) among its choices, so it goes to one of those, by its rendezvous weight,
+    /// rather than join a busy engine's batch. An idle engine is the one signal a view 100–600
+    /// ms old still gives reliably enough to act on, and the rendezvous among the idle ones
+    /// differs per prompt, so entries with the same view do not herd onto one: under load no
+    /// engine looks idle and the placement is `unshared_choices`' (BENCHMARKS.md, "Unshared
+    /// new prefixes go to an idle engine"). Default on.
+    pub unshared_to_idle: bool,
     /// Late binding: how many times one request may be declined by a serving node whose own,
     /// exact queue would hold it longer than the entry estimated the next candidate would (see
     /// [`crate::lifecycle`]). The entry judges on digests 100–600 ms old; the serving node
@@ -205,6 +215,7 @@ impl Default for RouteConfig {
             cold_choices: 1,
             cold_load_margin: 1,
             unshared_choices: 1,
+            unshared_to_idle: true,
             max_declines: 3,
             max_new_prefix_declines: 3,
             decline_slack: 0.0,

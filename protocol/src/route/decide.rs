@@ -104,8 +104,9 @@ pub struct RouteRequest<'a> {
     /// [`super::PrefixTraffic::prefixes_recur`]). Where they do, a new prefix goes where every
     /// entry node sends it, so that its copies and next requests meet there
     /// ([`RouteConfig::cold_choices`]); where they do not, to the least loaded of its first
-    /// [`RouteConfig::unshared_choices`] (by default one: there too), as a load balancer
-    /// would: nothing is likely to come back for it. `true` unless the traffic says otherwise.
+    /// [`RouteConfig::unshared_choices`] (by default one: there too) or to an engine that
+    /// looks idle ([`RouteConfig::unshared_to_idle`]), as a load balancer would: nothing is
+    /// likely to come back for it. `true` unless the traffic says otherwise.
     pub prefixes_recur: bool,
 }
 
@@ -353,16 +354,19 @@ pub fn decide_with(
     });
 
     // A new prefix's choices: the engines with the highest rendezvous weights on its first
-    // block, the same few on every entry node (more where prefixes do not recur);
-    // for an adapter, among the engines readiest to run it (gossiped: every entry node sees
-    // them alike).
+    // block, the same few on every entry node (more where prefixes do not recur, and then
+    // every engine gossip shows idle too); for an adapter, among the engines readiest to run
+    // it (gossiped: every entry node sees them alike).
     let best_ready = entries
         .iter()
         .map(|e| e.ready)
         .max()
         .unwrap_or(LoraReadiness::Running);
+    let idle_choices = !request.prefixes_recur && config.unshared_to_idle;
     let is_choice = |e: &Considered, floor: u64| {
-        e.ready == best_ready && rendezvous_weight(request.chain[0], e.node_key) >= floor
+        e.ready == best_ready
+            && (rendezvous_weight(request.chain[0], e.node_key) >= floor
+                || (idle_choices && e.shared_load == 0))
     };
     let cold_floor = if cold {
         let weights = &mut scratch.weights;

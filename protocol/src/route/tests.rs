@@ -584,6 +584,60 @@ fn where_prefixes_do_not_recur_a_new_one_goes_to_the_least_loaded_of_a_few() {
 }
 
 #[test]
+fn where_prefixes_do_not_recur_a_new_one_goes_to_an_engine_that_looks_idle() {
+    let prompt = chain(8, 5);
+    let names = ["a", "b", "c", "d", "e", "f"];
+    let mut by_weight: Vec<&str> = names.to_vec();
+    by_weight.sort_by_key(|n| std::cmp::Reverse(rendezvous_weight(prompt[0], node_key(n))));
+    let busy = digest(0);
+    let idle = LoadDigest {
+        running: 0,
+        ..digest(0)
+    };
+    let cluster = |idle_ones: &[&str]| -> Vec<Candidate<'_>> {
+        names
+            .iter()
+            .map(|n| candidate(n, if idle_ones.contains(n) { &idle } else { &busy }, None))
+            .collect()
+    };
+    let chosen = |candidates: &[Candidate<'_>], prefixes_recur: bool, config: &RouteConfig| {
+        let request = RouteRequest {
+            prefixes_recur,
+            ..request(&prompt)
+        };
+        let d = decide(candidates, &request, config, NOW).unwrap();
+        assert!(d.new_prefix);
+        candidates[d.ranked[0]].node_key
+    };
+    let config = RouteConfig::default();
+    let last_idle = cluster(&[by_weight[5]]);
+    assert_eq!(chosen(&last_idle, false, &config), node_key(by_weight[5]));
+    assert_eq!(
+        chosen(&last_idle, true, &config),
+        node_key(by_weight[0]),
+        "a prefix that may recur goes where every entry sends it"
+    );
+    let off = RouteConfig {
+        unshared_to_idle: false,
+        ..config
+    };
+    assert_eq!(chosen(&last_idle, false, &off), node_key(by_weight[0]));
+    // Of several idle engines, the request's rendezvous order picks: another prompt, maybe
+    // another engine, so entries with one view do not herd onto one.
+    let two_idle = cluster(&[by_weight[5], by_weight[2]]);
+    assert_eq!(chosen(&two_idle, false, &config), node_key(by_weight[2]));
+    // An engine this node sent a request since its digest is not idle.
+    let mut sent_to = cluster(&[by_weight[5]]);
+    sent_to[names.iter().position(|n| *n == by_weight[5]).unwrap()].digest_pending = 1;
+    assert_eq!(chosen(&sent_to, false, &config), node_key(by_weight[0]));
+    // Nothing looks idle: the rendezvous engine.
+    assert_eq!(
+        chosen(&cluster(&[]), false, &config),
+        node_key(by_weight[0])
+    );
+}
+
+#[test]
 fn an_estimate_credits_the_work_done_since_the_gauges_were_read() {
     let mut measured = digest(2);
     measured.prefill_tokens_per_s = 10_000.0;
