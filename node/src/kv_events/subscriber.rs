@@ -209,6 +209,7 @@ impl Subscription {
             );
         }
         drop(prefixes);
+        self.state.publish_soon.nudge();
         self.count(outcome, 1);
     }
 
@@ -220,6 +221,7 @@ impl Subscription {
             self.cache.len(Tier::Gpu),
             self.cache.len(Tier::Offload),
         );
+        self.state.publish_soon.nudge();
     }
 
     fn count(&self, outcome: &str, batches: u64) {

@@ -3,6 +3,7 @@
 //! [`EngineQueue::admit`], which may decline it (late binding), and holds a [`HandedOver`]
 //! guard until it ends.
 
+use super::publish::PublishSoon;
 use super::state::lock;
 use crate::metrics::{NodeMetrics, ReasonLabels};
 use kvmesh_protocol::lifecycle::{Admission, DeclineReason, LoadReport, ServingState, Ticket};
@@ -19,12 +20,14 @@ pub struct EngineQueue {
     epoch: Instant,
     /// When the engine last began an answer (its first byte), on `epoch`; `u64::MAX`: never.
     last_answer_ms: Arc<AtomicU64>,
+    /// Told of every request handed over, begun or ended: the digest gossips the queue.
+    changed: PublishSoon,
 }
 
 impl EngineQueue {
     /// A queue that credits its oldest request at `prefill_tokens_per_s` until the engine's
     /// own speed is measured (the speed entries assume of an engine whose digest reports none).
-    pub fn new(metrics: NodeMetrics, prefill_tokens_per_s: f64) -> Self {
+    pub fn new(metrics: NodeMetrics, prefill_tokens_per_s: f64, changed: PublishSoon) -> Self {
         let mut state = ServingState::new();
         state.set_prefill_speed(prefill_tokens_per_s);
         Self {
@@ -32,6 +35,7 @@ impl EngineQueue {
             metrics,
             epoch: Instant::now(),
             last_answer_ms: Arc::new(AtomicU64::new(u64::MAX)),
+            changed,
         }
     }
 
@@ -51,6 +55,7 @@ impl EngineQueue {
         match state.admit(admission, now_ms) {
             Ok(ticket) => {
                 self.observe(&state);
+                self.changed.nudge();
                 Ok(HandedOver {
                     queue: self.clone(),
                     ticket: Some(ticket),
@@ -127,6 +132,7 @@ impl HandedOver {
             let mut state = lock(&self.queue.state);
             state.started(ticket, now_ms);
             self.queue.observe(&state);
+            self.queue.changed.nudge();
         }
     }
 }
@@ -138,6 +144,7 @@ impl Drop for HandedOver {
             let mut state = lock(&self.queue.state);
             state.finished(ticket, now_ms);
             self.queue.observe(&state);
+            self.queue.changed.nudge();
         }
     }
 }
@@ -149,7 +156,7 @@ mod tests {
     #[test]
     fn a_guard_counts_until_its_first_byte_and_ends_when_dropped() {
         // A token a second: the engine does nothing of a queued request while this test runs.
-        let queue = EngineQueue::new(NodeMetrics::default(), 1.0);
+        let queue = EngineQueue::new(NodeMetrics::default(), 1.0, PublishSoon::default());
         let streamed = |decline_above_tokens| Admission {
             prefix_key: Some(7),
             new_prefix: true,

@@ -1,14 +1,35 @@
-//! Publishing this node's load digest: built from the engine poller's state every digest
-//! interval, used locally at once, and gossiped when `protocol`'s [`DigestPublisher`] says
-//! (its load changed, or once a second, so peers can tell a quiet node from a stuck one).
+//! Publishing this node's load digest and prefix summary. The digest is built from the engine
+//! poller's state and this node's exact queue every digest interval, used locally at once,
+//! and gossiped when `protocol`'s [`DigestPublisher`] says (its load changed, or once a
+//! second, so peers can tell a quiet node from a stuck one). Between those ticks, a change
+//! to the queue or to the prefix index ([`PublishSoon`]) publishes what changed within
+//! [`PUBLISH_COALESCE`]: the value then waits only for the next gossip exchange, not for
+//! the next tick as well.
 
 use crate::engine::models::{ModelCard, encode_cards};
 use crate::serve::state::{SharedState, lock};
-use kvmesh_protocol::cadence::DigestPublisher;
+use kvmesh_protocol::cadence::{DigestPublisher, PUBLISH_COALESCE};
 use kvmesh_protocol::gossip_keys;
 use kvmesh_protocol::{EngineFacts, LoadDigest};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use tokio::sync::Notify;
+
+/// Told of every change to what this node publishes (a request handed over, begun or ended;
+/// a chain indexed): wakes the publish loop. Changes while it publishes leave one wake-up
+/// pending, so none is lost and a burst costs one publication per [`PUBLISH_COALESCE`].
+#[derive(Clone, Debug, Default)]
+pub struct PublishSoon(Arc<Notify>);
+
+impl PublishSoon {
+    pub fn nudge(&self) {
+        self.0.notify_one();
+    }
+
+    async fn nudged(&self) {
+        self.0.notified().await;
+    }
+}
 
 pub async fn publish_loop(state: SharedState) {
     let mut ticker = tokio::time::interval(state.config.digest_interval);
@@ -16,13 +37,18 @@ pub async fn publish_loop(state: SharedState) {
     let mut publisher = DigestPublisher::new();
     let mut cards_published = None;
     loop {
-        ticker.tick().await;
-        publish_cards(&state, &mut cards_published).await;
-        let digest = refresh_own_digest(&state, publisher.next_version());
-        if publisher.should_gossip(&digest, state.now_ms()) {
-            gossip_digest(&state, &digest).await;
+        let tick = tokio::select! {
+            _ = ticker.tick() => true,
+            () = state.publish_soon.nudged() => false,
+        };
+        if !tick {
+            // What changes in the next few milliseconds (the rest of a burst) goes out with it.
+            tokio::time::sleep(PUBLISH_COALESCE).await;
+            publish_changes(&state, &mut publisher).await;
+            continue;
         }
-        publish_summary(&state).await;
+        publish_cards(&state, &mut cards_published).await;
+        publish_changes(&state, &mut publisher).await;
         let now = state.now_ms();
         let view = state.view.load();
         lock(&state.entry).prune(now, |key| {
@@ -32,6 +58,16 @@ pub async fn publish_loop(state: SharedState) {
                 .map_or(0, |p| p.digest_received_ms)
         });
     }
+}
+
+/// Refreshes this node's own digest, gossips it if its load changed (or a quiet second
+/// passed), and gossips the summary shards that changed.
+async fn publish_changes(state: &SharedState, publisher: &mut DigestPublisher) {
+    let digest = refresh_own_digest(state, publisher.next_version());
+    if publisher.should_gossip(&digest, state.now_ms()) {
+        gossip_digest(state, &digest).await;
+    }
+    publish_summary(state).await;
 }
 
 /// Builds and publishes a first digest (version 0) at once, before the periodic loop's.

@@ -6,6 +6,7 @@ use crate::metrics::NodeMetrics;
 use crate::prefix::LocalPrefixes;
 use crate::serve::config::ServeConfig;
 use crate::serve::engine_queue::EngineQueue;
+use crate::serve::publish::PublishSoon;
 use crate::view::{SharedView, monotonic_ms};
 use kvmesh_protocol::LoadDigest;
 use kvmesh_protocol::lifecycle::EntryState;
@@ -36,6 +37,8 @@ pub struct AppState {
     pub prefixes: Mutex<LocalPrefixes>,
     /// The serving side: this node's engine's exact queue; admits or declines requests.
     pub engine_queue: EngineQueue,
+    /// Wakes the publish loop when the queue or the prefix index changed.
+    pub publish_soon: PublishSoon,
     pub metrics: NodeMetrics,
     pub registry: Registry,
     pub start: Instant,
@@ -136,6 +139,7 @@ impl AppState {
     pub fn observe_served(&self, chain: &[u64]) {
         if !chain.is_empty() {
             lock(&self.prefixes).observe_chain(chain);
+            self.publish_soon.nudge();
         }
     }
 }

@@ -83,9 +83,14 @@ pub struct SimulateArgs {
     /// One-way delay of a gossip message, milliseconds (default calibrated on the real mesh).
     #[arg(long, default_value_t = CALIBRATED_HOP_S * 1e3)]
     pub gossip_hop_ms: f64,
-    /// Digest refresh and summary publish interval, milliseconds (the sidecar's default).
+    /// Engine poll, digest refresh and summary publish interval, milliseconds (the sidecar's
+    /// default).
     #[arg(long, default_value_t = cadence::DIGEST_INTERVAL.as_millis() as u64)]
     pub digest_interval: u64,
+    /// Milliseconds from a change to a node's queue or prefix index until it publishes
+    /// (the sidecar's default); 0: only at the digest interval.
+    #[arg(long, default_value_t = cadence::PUBLISH_COALESCE.as_millis() as u64)]
+    pub publish_coalesce: u64,
     /// Lag classes of the aggregate gossip model (more = finer staleness, more memory; at
     /// most 64).
     #[arg(long, default_value_t = 8)]
@@ -319,6 +324,7 @@ impl SimulateArgs {
                 hop_s: self.gossip_hop_ms.max(0.0) / 1e3,
             },
             digest_interval_s: self.digest_interval.max(1) as f64 / 1e3,
+            publish_coalesce_s: self.publish_coalesce as f64 / 1e3,
             lag_classes: self.lag_classes.clamp(1, 64),
             chwbl_epsilon: 0.25,
             zone_size: self.zone_size.max(1),
@@ -435,6 +441,10 @@ mod defaults_tests {
         assert_eq!(
             config.digest_interval_s,
             cadence::DIGEST_INTERVAL.as_secs_f64()
+        );
+        assert_eq!(
+            config.publish_coalesce_s,
+            cadence::PUBLISH_COALESCE.as_secs_f64()
         );
         assert_eq!(config.engine.block_size as usize, DEFAULT_BLOCK_TOKENS);
         // And its engines are the mock engine's, flag for flag (see the engine's own test).

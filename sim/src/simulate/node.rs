@@ -44,8 +44,8 @@ pub struct SimNode {
     /// Requests submitted in total.
     pub served: u64,
     pub ttft_ewma_ms: f64,
-    /// First tokens since the last digest: (sum of their TTFTs in ms, how many).
-    ttft_since_digest: (f64, u32),
+    /// First tokens since the last poll: (sum of their TTFTs in ms, how many).
+    ttft_since_poll: (f64, u32),
     /// The engine's prefill speed as the sidecar measures it, tokens/s (0: not yet).
     pub prefill_tokens_per_s: f64,
     /// The engine's prefill speed, measured from its counters at each digest.
@@ -87,7 +87,7 @@ impl SimNode {
             inflight: 0,
             served: 0,
             ttft_ewma_ms: 0.0,
-            ttft_since_digest: (0.0, 0),
+            ttft_since_poll: (0.0, 0),
             prefill_tokens_per_s: 0.0,
             prefill: PrefillMeter::default(),
             serving,
@@ -215,8 +215,8 @@ impl SimNode {
 
     /// A first token: counted towards the next digest's TTFT average.
     pub fn observe_ttft(&mut self, ttft_ms: f64) {
-        self.ttft_since_digest.0 += ttft_ms;
-        self.ttft_since_digest.1 += 1;
+        self.ttft_since_poll.0 += ttft_ms;
+        self.ttft_since_poll.1 += 1;
     }
 
     /// The engine's gauges as its `/metrics` shows them now.
@@ -230,12 +230,14 @@ impl SimNode {
         }
     }
 
-    /// The digest of the engine's state now, as the sidecar builds it: the serving state's
-    /// gauges (the last poll's, with the exact queue).
-    pub fn digest(&mut self, now_ns: u64) -> LoadDigest {
-        // As the node's poller: the average moves once per refresh, towards the mean TTFT of
+    /// The sidecar's poll of its engine, every digest interval: the serving state's gauges,
+    /// the TTFT average and the prefill speed.
+    pub fn poll(&mut self, now_ns: u64) {
+        let gauges = self.engine_gauges();
+        self.serving.polled(gauges, now_ns / 1_000_000);
+        // As the node's poller: the average moves once per poll, towards the mean TTFT of
         // the requests that had their first token since the last one.
-        let (sum, count) = std::mem::take(&mut self.ttft_since_digest);
+        let (sum, count) = std::mem::take(&mut self.ttft_since_poll);
         // And the prefill speed as the poller measures it, from the engine's prefill time
         // (`vllm:request_prefill_time_seconds`, which the mock engine exposes as vLLM V1
         // does); nothing when no prefill ended.
@@ -253,6 +255,11 @@ impl SimNode {
             self.prefill_tokens_per_s = ewma(self.prefill_tokens_per_s, speed);
             self.serving.set_prefill_speed(self.prefill_tokens_per_s);
         }
+    }
+
+    /// The digest of the engine's state now, as the sidecar builds it: the serving state's
+    /// gauges (the last poll's, with the exact queue) and the poller's figures.
+    pub fn digest(&mut self, now_ns: u64) -> LoadDigest {
         let version = self.publisher.next_version();
         self.serving.set_digest_version(version);
         let queue = self.serving.gauges(now_ns / 1_000_000);
@@ -303,6 +310,7 @@ mod tests {
             SummaryConfig::default(),
             assumed(),
         );
+        node.poll(0);
         assert_eq!(node.digest(0).prefill_tokens_per_s, 0.0, "not measured yet");
         // Long enough for a window of the meter (`MIN_PREFILL_WINDOW_S` of prefill time).
         let prompt: Vec<u32> = (0..4_000).collect();
@@ -313,6 +321,7 @@ mod tests {
         let Some(EngineEvent::FirstToken { at_ns, .. }) = events.first().copied() else {
             panic!("no first token: {events:?}");
         };
+        node.poll(10_000_000_000);
         let measured = f64::from(node.digest(10_000_000_000).prefill_tokens_per_s);
         // Scheduled at once on an idle engine: its prefill time is its TTFT.
         let want = 4_000.0 / (at_ns as f64 / 1e9);
@@ -342,6 +351,12 @@ mod tests {
         assert!(!node.should_gossip(&quiet, 100_000_000));
         // Only the TTFT average moved: the sidecar gossips it, so the simulator does.
         node.observe_ttft(250.0);
+        let unpolled = node.digest(150_000_000);
+        assert_eq!(
+            unpolled.ttft_ewma_ms, 0.0,
+            "the poller's figure, not yet polled"
+        );
+        node.poll(200_000_000);
         let moved = node.digest(200_000_000);
         assert!(moved.ttft_ewma_ms > 0.0);
         assert!(node.should_gossip(&moved, 200_000_000));

@@ -42,6 +42,9 @@ enum Event {
     Engine(u32),
     /// Every node polls its engine and publishes.
     Tick,
+    /// The node publishes what changed since its last publication (see
+    /// `ClusterConfig::publish_coalesce_s`).
+    Publish(u32),
     /// An attempt of request `id` reaches node `node`.
     Attempt { id: u64, node: u32 },
     /// The answer to an attempt of request `id` reaches its entry.
@@ -82,12 +85,26 @@ struct Loop {
     seq: u64,
     routing: HashMap<u64, Routing>,
     hop_ns: u64,
+    /// From a change at a node to its publication; 0: none between ticks.
+    coalesce_ns: u64,
+    /// Per node, whether a publication is due (one [`Event::Publish`] in the heap).
+    publish_due: Vec<bool>,
 }
 
 impl Loop {
     fn push(&mut self, at: u64, event: Event) {
         self.seq += 1;
         self.heap.push(Reverse((at, event, self.seq)));
+    }
+
+    /// Node `node`'s queue or prefix index changed at `now`: it publishes within the
+    /// coalescing delay, with whatever else changes meanwhile (the sidecar's `PublishSoon`).
+    fn changed(&mut self, node: u32, now: u64) {
+        let due = &mut self.publish_due[node as usize];
+        if self.coalesce_ns > 0 && !*due {
+            *due = true;
+            self.push(now + self.coalesce_ns, Event::Publish(node));
+        }
     }
 }
 
@@ -98,6 +115,8 @@ pub(super) fn run(sim: &mut Sim<'_>, requests: impl Iterator<Item = SimRequest>)
         seq: 0,
         routing: HashMap::new(),
         hop_ns: sim.config.mesh_hop_ns,
+        coalesce_ns: (sim.config.publish_coalesce_s * 1e9) as u64,
+        publish_due: vec![false; sim.nodes.len()],
     };
     state.push(0, Event::Tick);
     let mut requests = requests.peekable();
@@ -125,6 +144,13 @@ pub(super) fn run(sim: &mut Sim<'_>, requests: impl Iterator<Item = SimRequest>)
                 schedule(node, i, now, &mut state);
                 legs::start_pulls(sim, &mut state, i, now);
                 engine_events(sim, &mut state, i, &events);
+                if !events.is_empty() {
+                    state.changed(i, now);
+                }
+            }
+            Event::Publish(i) => {
+                state.publish_due[i as usize] = false;
+                publish_one(sim, i as usize, now);
             }
             Event::Tick => {
                 tick(sim, now);
@@ -145,7 +171,10 @@ pub(super) fn run(sim: &mut Sim<'_>, requests: impl Iterator<Item = SimRequest>)
                 reply(sim, &mut state, id, outcome, now);
             }
             Event::PrefillAnswer { id } => legs::prefill_answered(sim, &mut state, id, now),
-            Event::Pulled { id, node } => legs::pulled(sim, &mut state, id, node, now),
+            Event::Pulled { id, node } => {
+                legs::pulled(sim, &mut state, id, node, now);
+                state.changed(node, now);
+            }
         }
     }
 }
@@ -286,6 +315,7 @@ fn admit(sim: &mut Sim<'_>, state: &mut Loop, id: u64, node: u32, now: u64) {
             }
             let submission = sim.commit_leg(node as usize, prepared, leg);
             submit(sim, state, node, submission, now);
+            state.changed(node, now);
             Outcome::Started(report)
         }
         Err(_) => {
@@ -420,8 +450,7 @@ fn tick(sim: &mut Sim<'_>, now: u64) {
                 let mut totals = TickTotals::default();
                 let nodes = nodes.iter_mut().zip(published).zip(unpublished);
                 for ((node, view), waiting) in nodes.take(up_here) {
-                    let gauges = node.engine_gauges();
-                    node.serving.polled(gauges, now / 1_000_000);
+                    node.poll(now);
                     publish(node, view, waiting, &mut totals, lags, summaries, now);
                 }
                 totals
@@ -452,6 +481,29 @@ struct TickTotals {
     digest_bytes: u64,
     summary_bytes: u64,
     publish_waits_s: Vec<f64>,
+}
+
+/// Node `index` publishes between ticks, without polling its engine (a node not yet joined
+/// publishes nothing).
+fn publish_one(sim: &mut Sim<'_>, index: usize, now: u64) {
+    if index >= sim.config.nodes_up(now) {
+        return;
+    }
+    let summaries = matches!(sim.policy, PolicyKind::Kvmesh | PolicyKind::KvmeshZoned);
+    let g = sim.gossip.as_mut().expect("the lifecycle loop gossips");
+    let mut totals = TickTotals::default();
+    publish(
+        &mut sim.nodes[index],
+        &mut g.published[index],
+        &mut g.unpublished_prefixes[index],
+        &mut totals,
+        &g.lags,
+        summaries,
+        now,
+    );
+    g.digest_bytes += totals.digest_bytes;
+    g.summary_bytes += totals.summary_bytes;
+    g.publish_waits_s.extend(totals.publish_waits_s);
 }
 
 /// The node publishes its digest (when the sidecar would) and its changed shards.
