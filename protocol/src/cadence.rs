@@ -9,8 +9,8 @@ use std::time::Duration;
 /// The engine is polled, and the load digest and the prefix summary refreshed, this often.
 pub const DIGEST_INTERVAL: Duration = Duration::from_millis(100);
 
-/// A node publishes a change to its load or its prefix index this long after it, at most,
-/// rather than at the next [`DIGEST_INTERVAL`]: changes within it go out together.
+/// A node publishes its load digest this long after a change to its queue, at most, rather
+/// than at the next [`DIGEST_INTERVAL`]: changes within it go out together.
 pub const PUBLISH_COALESCE: Duration = Duration::from_millis(10);
 
 /// A gossip round (one exchange with a few peers) starts this often.

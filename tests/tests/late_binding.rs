@@ -248,3 +248,41 @@ fn the_cost_of_a_decline() {
         finish(response);
     }
 }
+
+/// A request handed to an engine is in its peers' views after a gossip exchange, not at the
+/// sidecar's next digest tick: with the tick at 3 s, each of four requests queued at b shows
+/// in a's view of b's digest within 1.5 s of the one before (at the next tick, each would
+/// with a chance of about four in ten).
+#[test]
+fn a_queue_change_reaches_the_peers_before_the_next_tick() {
+    let slow = Timing::Scaled(40.0);
+    let slow_tick = ["--digest-interval-ms", "3000"];
+    let cluster = Cluster::start(&[
+        NodeSpec::new("a", &["shared"])
+            .timing(slow)
+            .sidecar_args(&slow_tick),
+        NodeSpec::new("b", &["shared", "only-b"])
+            .timing(slow)
+            .sidecar_args(&slow_tick),
+    ]);
+    cluster.wait_membership(&["a", "b"], CONVERGENCE_TIMEOUT);
+    cluster.wait_models(&["a", "b"], &["only-b", "shared"], CONVERGENCE_TIMEOUT);
+    // What b's gossiped digest says is in flight there (a sent b nothing: no report).
+    let in_flight_at_b = || -> Option<u64> {
+        let view = cluster.sidecar("a").debug_cluster().ok()?;
+        let peers = view["peers"].as_array()?;
+        let digest = &peers.iter().find(|p| p["node"] == "b")?["digest"];
+        Some(digest["running"].as_u64()? + digest["waiting"].as_u64()?)
+    };
+    let mut queued = Vec::new();
+    for count in 1..=4u64 {
+        let request = long_streamed("only-b", &format!("queued {count}"));
+        queued.push(cluster.sidecar("b").try_start(request).expect("sent"));
+        let what = format!("a to see {count} in flight at b");
+        wait_until(Duration::from_millis(1_500), &what, || {
+            in_flight_at_b().is_some_and(|n| n >= count)
+        });
+    }
+    // Dropping the connections cancels the requests.
+    drop(queued);
+}

@@ -209,7 +209,6 @@ impl Subscription {
             );
         }
         drop(prefixes);
-        self.state.publish_soon.nudge();
         self.count(outcome, 1);
     }
 
@@ -221,7 +220,6 @@ impl Subscription {
             self.cache.len(Tier::Gpu),
             self.cache.len(Tier::Offload),
         );
-        self.state.publish_soon.nudge();
     }
 
     fn count(&self, outcome: &str, batches: u64) {

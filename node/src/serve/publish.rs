@@ -1,10 +1,12 @@
-//! Publishing this node's load digest and prefix summary. The digest is built from the engine
-//! poller's state and this node's exact queue every digest interval, used locally at once,
-//! and gossiped when `protocol`'s [`DigestPublisher`] says (its load changed, or once a
-//! second, so peers can tell a quiet node from a stuck one). Between those ticks, a change
-//! to the queue or to the prefix index ([`PublishSoon`]) publishes what changed within
-//! [`PUBLISH_COALESCE`]: the value then waits only for the next gossip exchange, not for
-//! the next tick as well.
+//! Publishing this node's load digest and prefix summary: both refreshed every digest
+//! interval, the digest used locally at once and gossiped when `protocol`'s
+//! [`DigestPublisher`] says (its load changed, or once a second, so peers can tell a quiet
+//! node from a stuck one), the summary's changed shards gossiped. Between those ticks, a
+//! change to the engine queue ([`PublishSoon`]) publishes the digest within
+//! [`PUBLISH_COALESCE`]: a request's load then waits only for the next gossip exchange, not
+//! for the next tick as well. The summary keeps the tick: in the simulator, publishing it at
+//! once too lengthened rag-pressure's tail (BENCHMARKS.md, "The load digest published when
+//! the queue changes").
 
 use crate::engine::models::{ModelCard, encode_cards};
 use crate::serve::state::{SharedState, lock};
@@ -15,9 +17,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use tokio::sync::Notify;
 
-/// Told of every change to what this node publishes (a request handed over, begun or ended;
-/// a chain indexed): wakes the publish loop. Changes while it publishes leave one wake-up
-/// pending, so none is lost and a burst costs one publication per [`PUBLISH_COALESCE`].
+/// Told of every change to the engine queue (a request handed over, begun or ended): wakes
+/// the publish loop. Changes while it publishes leave one wake-up pending, so none is lost
+/// and a burst costs one publication per [`PUBLISH_COALESCE`].
 #[derive(Clone, Debug, Default)]
 pub struct PublishSoon(Arc<Notify>);
 
@@ -44,11 +46,12 @@ pub async fn publish_loop(state: SharedState) {
         if !tick {
             // What changes in the next few milliseconds (the rest of a burst) goes out with it.
             tokio::time::sleep(PUBLISH_COALESCE).await;
-            publish_changes(&state, &mut publisher).await;
+            publish_digest(&state, &mut publisher).await;
             continue;
         }
         publish_cards(&state, &mut cards_published).await;
-        publish_changes(&state, &mut publisher).await;
+        publish_digest(&state, &mut publisher).await;
+        publish_summary(&state).await;
         let now = state.now_ms();
         let view = state.view.load();
         lock(&state.entry).prune(now, |key| {
@@ -60,14 +63,13 @@ pub async fn publish_loop(state: SharedState) {
     }
 }
 
-/// Refreshes this node's own digest, gossips it if its load changed (or a quiet second
-/// passed), and gossips the summary shards that changed.
-async fn publish_changes(state: &SharedState, publisher: &mut DigestPublisher) {
+/// Refreshes this node's own digest and gossips it if its load changed (or a quiet second
+/// passed).
+async fn publish_digest(state: &SharedState, publisher: &mut DigestPublisher) {
     let digest = refresh_own_digest(state, publisher.next_version());
     if publisher.should_gossip(&digest, state.now_ms()) {
         gossip_digest(state, &digest).await;
     }
-    publish_summary(state).await;
 }
 
 /// Builds and publishes a first digest (version 0) at once, before the periodic loop's.

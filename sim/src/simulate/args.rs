@@ -87,8 +87,8 @@ pub struct SimulateArgs {
     /// default).
     #[arg(long, default_value_t = cadence::DIGEST_INTERVAL.as_millis() as u64)]
     pub digest_interval: u64,
-    /// Milliseconds from a change to a node's queue or prefix index until it publishes
-    /// (the sidecar's default); 0: only at the digest interval.
+    /// Milliseconds from a change to a node's queue until it publishes its digest (the
+    /// sidecar's default); 0: only at the digest interval.
     #[arg(long, default_value_t = cadence::PUBLISH_COALESCE.as_millis() as u64)]
     pub publish_coalesce: u64,
     /// Lag classes of the aggregate gossip model (more = finer staleness, more memory; at

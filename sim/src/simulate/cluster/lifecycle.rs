@@ -42,7 +42,7 @@ enum Event {
     Engine(u32),
     /// Every node polls its engine and publishes.
     Tick,
-    /// The node publishes what changed since its last publication (see
+    /// The node publishes its digest, its queue having changed (see
     /// `ClusterConfig::publish_coalesce_s`).
     Publish(u32),
     /// An attempt of request `id` reaches node `node`.
@@ -97,8 +97,9 @@ impl Loop {
         self.heap.push(Reverse((at, event, self.seq)));
     }
 
-    /// Node `node`'s queue or prefix index changed at `now`: it publishes within the
-    /// coalescing delay, with whatever else changes meanwhile (the sidecar's `PublishSoon`).
+    /// Node `node`'s queue changed at `now` (a request admitted, begun or ended): it publishes
+    /// its digest within the coalescing delay, with whatever else changes meanwhile (the
+    /// sidecar's `PublishSoon`).
     fn changed(&mut self, node: u32, now: u64) {
         let due = &mut self.publish_due[node as usize];
         if self.coalesce_ns > 0 && !*due {
@@ -150,7 +151,7 @@ pub(super) fn run(sim: &mut Sim<'_>, requests: impl Iterator<Item = SimRequest>)
             }
             Event::Publish(i) => {
                 state.publish_due[i as usize] = false;
-                publish_one(sim, i as usize, now);
+                publish_digest_now(sim, i as usize, now);
             }
             Event::Tick => {
                 tick(sim, now);
@@ -171,10 +172,7 @@ pub(super) fn run(sim: &mut Sim<'_>, requests: impl Iterator<Item = SimRequest>)
                 reply(sim, &mut state, id, outcome, now);
             }
             Event::PrefillAnswer { id } => legs::prefill_answered(sim, &mut state, id, now),
-            Event::Pulled { id, node } => {
-                legs::pulled(sim, &mut state, id, node, now);
-                state.changed(node, now);
-            }
+            Event::Pulled { id, node } => legs::pulled(sim, &mut state, id, node, now),
         }
     }
 }
@@ -483,27 +481,27 @@ struct TickTotals {
     publish_waits_s: Vec<f64>,
 }
 
-/// Node `index` publishes between ticks, without polling its engine (a node not yet joined
-/// publishes nothing).
-fn publish_one(sim: &mut Sim<'_>, index: usize, now: u64) {
+/// Node `index` publishes its digest between ticks, without polling its engine (a node not
+/// yet joined publishes nothing).
+fn publish_digest_now(sim: &mut Sim<'_>, index: usize, now: u64) {
     if index >= sim.config.nodes_up(now) {
         return;
     }
-    let summaries = matches!(sim.policy, PolicyKind::Kvmesh | PolicyKind::KvmeshZoned);
     let g = sim.gossip.as_mut().expect("the lifecycle loop gossips");
     let mut totals = TickTotals::default();
-    publish(
-        &mut sim.nodes[index],
-        &mut g.published[index],
-        &mut g.unpublished_prefixes[index],
-        &mut totals,
-        &g.lags,
-        summaries,
-        now,
-    );
+    let view = &mut g.published[index];
+    publish_digest(&mut sim.nodes[index], view, &mut totals, now);
+    view.sync_all_and_trim(&g.lags, now);
     g.digest_bytes += totals.digest_bytes;
-    g.summary_bytes += totals.summary_bytes;
-    g.publish_waits_s.extend(totals.publish_waits_s);
+}
+
+/// The node publishes its digest, when the sidecar would.
+fn publish_digest(node: &mut SimNode, view: &mut Published, totals: &mut TickTotals, now: u64) {
+    let digest = node.digest(now);
+    if node.should_gossip(&digest, now) {
+        totals.digest_bytes += digest.encode().len() as u64;
+        view.publish_digest(now, digest);
+    }
 }
 
 /// The node publishes its digest (when the sidecar would) and its changed shards.
@@ -516,11 +514,7 @@ fn publish(
     summaries: bool,
     now: u64,
 ) {
-    let digest = node.digest(now);
-    if node.should_gossip(&digest, now) {
-        totals.digest_bytes += digest.encode().len() as u64;
-        view.publish_digest(now, digest);
-    }
+    publish_digest(node, view, totals, now);
     // kvmesh-local gossips no summary (and nobody reads one).
     let changed = node.summary.publish_dirty();
     if summaries {

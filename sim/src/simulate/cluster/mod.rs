@@ -50,9 +50,8 @@ pub struct ClusterConfig {
     pub route: RouteConfig,
     pub gossip: GossipParams,
     pub digest_interval_s: f64,
-    /// A node publishes this long after a change to its queue or its prefix index (a request
-    /// admitted, begun or ended; a chain indexed), as the sidecar does; 0: only at the
-    /// digest interval's tick.
+    /// A node publishes its digest this long after a change to its queue (a request admitted,
+    /// begun or ended), as the sidecar does; 0: only at the digest interval's tick.
     pub publish_coalesce_s: f64,
     pub lag_classes: usize,
     pub chwbl_epsilon: f64,

@@ -12,9 +12,10 @@ pub mod view;
 
 /// One-way delay of a gossip message, processing included, in the model of how values
 /// spread ([`epidemic::DelayDistribution`]). The real mesh's peers see a new prefix a median
-/// 75-78 ms (3 nodes) and 79-83 ms (8 nodes) after its request (`scripts/bench-prefix.sh
-/// --part converge`, release build, 2026-12-06: the owner publishes 10 ms after the change,
-/// then gossip); [`epidemic::peer_view_delay_s`] gives 62 and 84 ms with this hop. Until the
+/// 84-87 ms (3 nodes) and 116-119 ms (8 nodes) after its request (`scripts/bench-prefix.sh
+/// --part converge`, release build, 2026-12-06: the owner's publish tick, then gossip);
+/// [`epidemic::peer_view_delay_s`] gives 105 and 127 ms with this hop, about the least the
+/// model allows, so the staleness simulated is if anything longer than the mesh's. Until the
 /// node read a peer's values as they arrived (it saw them at its own next gossip round), the
 /// mesh took 198-216 and 245-249 ms, and [`MEMBERSHIP_HOP_S`] stood in here.
 pub const CALIBRATED_HOP_S: f64 = 0.002;
