@@ -48,7 +48,7 @@ pub struct SimNode {
     ttft_since_poll: (f64, u32),
     /// The engine's prefill speed as the sidecar measures it, tokens/s (0: not yet).
     pub prefill_tokens_per_s: f64,
-    /// The engine's prefill speed, measured from its counters at each digest.
+    /// The engine's prefill speed, measured from its counters at each poll.
     prefill: PrefillMeter,
     /// The sidecar's exact count of its engine's queue (the gossiping policies' serving side).
     pub serving: ServingState,
