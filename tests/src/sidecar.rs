@@ -274,12 +274,16 @@ impl Sidecar {
     /// has no digest of `peer`.
     pub fn estimate_of(&self, peer: &str) -> Option<Value> {
         let cluster = self.debug_cluster().ok()?;
-        let estimate = cluster["peers"]
-            .as_array()?
-            .iter()
-            .find(|p| p["node"] == peer)?
-            .get("estimate")?;
+        let estimate = peer_entry(&cluster, peer)?.get("estimate")?;
         (!estimate.is_null()).then(|| estimate.clone())
+    }
+
+    /// The load digest this node holds of `peer` (its `/debug/cluster` entry's `digest`), or
+    /// `None` while it has none.
+    pub fn digest_of(&self, peer: &str) -> Option<Value> {
+        let cluster = self.debug_cluster().ok()?;
+        let digest = peer_entry(&cluster, peer)?.get("digest")?;
+        (!digest.is_null()).then(|| digest.clone())
     }
 
     /// `POST /debug/match` with `body`: the blocks of its chain each node holds, and the
@@ -382,6 +386,14 @@ impl Sidecar {
         }
         Ok(prometheus_text::sum(&response.text(), name, labels))
     }
+}
+
+/// `peer`'s entry in a `/debug/cluster` answer, if it lists it.
+pub fn peer_entry<'a>(cluster: &'a Value, peer: &str) -> Option<&'a Value> {
+    cluster["peers"]
+        .as_array()?
+        .iter()
+        .find(|p| p["node"] == peer)
 }
 
 #[cfg(test)]

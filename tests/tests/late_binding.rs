@@ -18,10 +18,18 @@ const PREFILL_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// `shared` on both engines; `only-b` on b's alone, to load b through its own sidecar.
 fn two_slow_nodes() -> Cluster {
-    let slow = Timing::Scaled(20.0);
+    two_nodes(Timing::Scaled(20.0), &[])
+}
+
+/// [`two_slow_nodes`]' cluster with its engines at `timing` and `sidecar_args` on both sidecars.
+fn two_nodes(timing: Timing, sidecar_args: &[&str]) -> Cluster {
     let cluster = Cluster::start(&[
-        NodeSpec::new("a", &["shared"]).timing(slow),
-        NodeSpec::new("b", &["shared", "only-b"]).timing(slow),
+        NodeSpec::new("a", &["shared"])
+            .timing(timing)
+            .sidecar_args(sidecar_args),
+        NodeSpec::new("b", &["shared", "only-b"])
+            .timing(timing)
+            .sidecar_args(sidecar_args),
     ]);
     cluster.wait_membership(&["a", "b"], CONVERGENCE_TIMEOUT);
     cluster.wait_models(&["a", "b"], &["only-b", "shared"], CONVERGENCE_TIMEOUT);
@@ -255,23 +263,10 @@ fn the_cost_of_a_decline() {
 /// with a chance of about four in ten).
 #[test]
 fn a_queue_change_reaches_the_peers_before_the_next_tick() {
-    let slow = Timing::Scaled(40.0);
-    let slow_tick = ["--digest-interval-ms", "3000"];
-    let cluster = Cluster::start(&[
-        NodeSpec::new("a", &["shared"])
-            .timing(slow)
-            .sidecar_args(&slow_tick),
-        NodeSpec::new("b", &["shared", "only-b"])
-            .timing(slow)
-            .sidecar_args(&slow_tick),
-    ]);
-    cluster.wait_membership(&["a", "b"], CONVERGENCE_TIMEOUT);
-    cluster.wait_models(&["a", "b"], &["only-b", "shared"], CONVERGENCE_TIMEOUT);
+    let cluster = two_nodes(Timing::Scaled(40.0), &["--digest-interval-ms", "3000"]);
     // What b's gossiped digest says is in flight there (a sent b nothing: no report).
     let in_flight_at_b = || -> Option<u64> {
-        let view = cluster.sidecar("a").debug_cluster().ok()?;
-        let peers = view["peers"].as_array()?;
-        let digest = &peers.iter().find(|p| p["node"] == "b")?["digest"];
+        let digest = cluster.sidecar("a").digest_of("b")?;
         Some(digest["running"].as_u64()? + digest["waiting"].as_u64()?)
     };
     let mut queued = Vec::new();

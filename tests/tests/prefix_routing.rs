@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use kvmesh_tests::load::{engine_urls, number, run_load, sidecar_urls, url_list};
 use kvmesh_tests::openai::{completion_body, served_by};
+use kvmesh_tests::sidecar::peer_entry;
 use kvmesh_tests::{
     CONVERGENCE_TIMEOUT, Cluster, Engine, EngineConfig, NodeSpec, Request, Timing, wait_for,
     wait_until,
@@ -393,10 +394,7 @@ fn where_prompts_share_nothing_a_new_one_goes_to_an_idle_engine() {
     let digest_of = |view: &Value, node: &str| -> Option<(u64, u64)> {
         let digest = match node {
             "n0" => &view["digest"],
-            _ => {
-                let peers = view["peers"].as_array()?;
-                &peers.iter().find(|p| p["node"] == node)?["digest"]
-            }
+            _ => &peer_entry(view, node)?["digest"],
         };
         Some((digest["running"].as_u64()?, digest["waiting"].as_u64()?))
     };

@@ -477,12 +477,35 @@ fn the_spread_leaves_clear_winners_and_cold_prefixes_alone() {
     }
 }
 
+/// `names` by their rendezvous weight on `block`, highest first.
+fn by_rendezvous<'a>(names: &[&'a str], block: u64) -> Vec<&'a str> {
+    let mut by_weight = names.to_vec();
+    by_weight.sort_by_key(|n| std::cmp::Reverse(rendezvous_weight(block, node_key(n))));
+    by_weight
+}
+
+/// The node key of the engine a new prefix `chain` goes to first, in traffic whose prefixes
+/// recur or not.
+fn new_prefix_goes_to(
+    candidates: &[Candidate<'_>],
+    chain: &[u64],
+    prefixes_recur: bool,
+    config: &RouteConfig,
+) -> u64 {
+    let request = RouteRequest {
+        prefixes_recur,
+        ..request(chain)
+    };
+    let d = decide(candidates, &request, config, NOW).unwrap();
+    assert!(d.new_prefix);
+    candidates[d.ranked[0]].node_key
+}
+
 #[test]
 fn a_cold_prefix_goes_to_the_less_loaded_of_its_two_rendezvous_choices() {
     let prompt = chain(8, 4);
     let names = ["a", "b", "c", "d", "e"];
-    let mut by_weight: Vec<&str> = names.to_vec();
-    by_weight.sort_by_key(|n| std::cmp::Reverse(rendezvous_weight(prompt[0], node_key(n))));
+    let by_weight = by_rendezvous(&names, prompt[0]);
     let (first, second, third) = (by_weight[0], by_weight[1], by_weight[2]);
     let (idle, busy, busier) = (digest(0), digest(1), digest(2));
     fn cluster<'a>(names: &[&str], load_of: impl Fn(&str) -> &'a LoadDigest) -> Vec<Candidate<'a>> {
@@ -540,8 +563,7 @@ fn a_cold_prefix_goes_to_the_less_loaded_of_its_two_rendezvous_choices() {
 fn where_prefixes_do_not_recur_a_new_one_goes_to_the_least_loaded_of_a_few() {
     let prompt = chain(8, 5);
     let names = ["a", "b", "c", "d", "e", "f"];
-    let mut by_weight: Vec<&str> = names.to_vec();
-    by_weight.sort_by_key(|n| std::cmp::Reverse(rendezvous_weight(prompt[0], node_key(n))));
+    let by_weight = by_rendezvous(&names, prompt[0]);
     let (idle, busy) = (digest(0), digest(1));
     let config = RouteConfig {
         unshared_choices: 4,
@@ -556,13 +578,7 @@ fn where_prefixes_do_not_recur_a_new_one_goes_to_the_least_loaded_of_a_few() {
             .collect()
     };
     let chosen = |candidates: &[Candidate<'_>], prefixes_recur: bool| {
-        let request = RouteRequest {
-            prefixes_recur,
-            ..request(&prompt)
-        };
-        let d = decide(candidates, &request, &config, NOW).unwrap();
-        assert!(d.new_prefix);
-        candidates[d.ranked[0]].node_key
+        new_prefix_goes_to(candidates, &prompt, prefixes_recur, &config)
     };
     let fourth_lighter = cluster(by_weight[3]);
     assert_eq!(
@@ -587,8 +603,7 @@ fn where_prefixes_do_not_recur_a_new_one_goes_to_the_least_loaded_of_a_few() {
 fn where_prefixes_do_not_recur_a_new_one_goes_to_an_engine_that_looks_idle() {
     let prompt = chain(8, 5);
     let names = ["a", "b", "c", "d", "e", "f"];
-    let mut by_weight: Vec<&str> = names.to_vec();
-    by_weight.sort_by_key(|n| std::cmp::Reverse(rendezvous_weight(prompt[0], node_key(n))));
+    let by_weight = by_rendezvous(&names, prompt[0]);
     let busy = digest(0);
     let idle = LoadDigest {
         running: 0,
@@ -601,13 +616,7 @@ fn where_prefixes_do_not_recur_a_new_one_goes_to_an_engine_that_looks_idle() {
             .collect()
     };
     let chosen = |candidates: &[Candidate<'_>], prefixes_recur: bool, config: &RouteConfig| {
-        let request = RouteRequest {
-            prefixes_recur,
-            ..request(&prompt)
-        };
-        let d = decide(candidates, &request, config, NOW).unwrap();
-        assert!(d.new_prefix);
-        candidates[d.ranked[0]].node_key
+        new_prefix_goes_to(candidates, &prompt, prefixes_recur, config)
     };
     let config = RouteConfig::default();
     let last_idle = cluster(&[by_weight[5]]);
