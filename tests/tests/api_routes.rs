@@ -247,13 +247,10 @@ fn an_adapters_requests_go_to_an_engine_with_a_free_slot_not_one_busy_with_anoth
         CONVERGENCE_TIMEOUT,
         "a to see b's slot taken by chat",
         || {
-            cluster.sidecar("a").debug_cluster().is_ok_and(|view| {
-                view["peers"].as_array().is_some_and(|peers| {
-                    peers.iter().any(|p| {
-                        p["node"] == "b" && p["digest"]["lora_use"]["running"] == json!(["chat"])
-                    })
-                })
-            })
+            cluster
+                .sidecar("a")
+                .digest_of("b")
+                .is_some_and(|digest| digest["lora_use"]["running"] == json!(["chat"]))
         },
     );
     for (i, entry) in ["a", "b", "a", "b"].iter().enumerate() {

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use kvmesh_tests::process::send_signal;
+use kvmesh_tests::sidecar::peer_entry;
 use kvmesh_tests::{
     CONVERGENCE_TIMEOUT, Call, Cluster, EngineConfig, NodeSpec, Sidecar, call, try_call, wait_for,
 };
@@ -19,9 +20,7 @@ const MODEL: &str = "shared";
 /// Whether `observer` believes `peer`'s engine healthy, by the digest it holds.
 fn believes_healthy(observer: &Sidecar, peer: &str) -> Result<bool, String> {
     let cluster = observer.debug_cluster()?;
-    cluster["peers"]
-        .as_array()
-        .and_then(|peers| peers.iter().find(|p| p["node"] == peer))
+    peer_entry(&cluster, peer)
         .and_then(|p| p["digest"]["healthy"].as_bool())
         .ok_or_else(|| format!("no digest of {peer} at {}", observer.node_id()))
 }
