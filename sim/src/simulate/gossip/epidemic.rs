@@ -212,9 +212,6 @@ pub fn cold_convergence_s(
     for _ in 0..runs.max(1) {
         // knows[a][b]: time at which a holds b's state (and so knows b exists).
         let mut knows = vec![vec![f64::INFINITY; nodes]; nodes];
-        for (a, row) in knows.iter_mut().enumerate() {
-            row[a] = 0.0;
-        }
         let start = |a: usize| a as f64 * stagger_s;
         let phase: Vec<f64> = (0..nodes)
             .map(|a| start(a) + rng.next_f64() * params.interval_s)
@@ -223,6 +220,7 @@ pub fn cold_convergence_s(
             row[a] = start(a);
         }
         let mut done_at = f64::INFINITY;
+        let mut chosen = Vec::with_capacity(params.fanout as usize);
         for round in 0..MAX_ROUNDS {
             let mut order: Vec<usize> = (0..nodes).collect();
             order.sort_by(|&a, &b| phase[a].total_cmp(&phase[b]));
@@ -235,8 +233,16 @@ pub fn cold_convergence_s(
                 if known.is_empty() {
                     continue;
                 }
-                for _ in 0..params.fanout {
+                // `fanout` distinct peers, as chitchat samples them (and as `Epidemic::run`).
+                let fanout = (params.fanout as usize).min(known.len());
+                chosen.clear();
+                while chosen.len() < fanout {
                     let b = known[rng.below(known.len() as u64) as usize];
+                    if !chosen.contains(&b) {
+                        chosen.push(b);
+                    }
+                }
+                for &b in &chosen {
                     if rng.next_f64() < params.loss {
                         continue;
                     }

@@ -26,7 +26,7 @@ pub const CALIBRATED_HOP_S: f64 = 0.002;
 /// gossip rounds, when chitchat updates liveness. It is large for loopback because it holds
 /// that wait, and the measurement ran a debug build of 3-8 nodes in one process on a loaded
 /// 2-core machine; see `docs/scaling.md`. Used only to reproduce that test.
-pub const MEMBERSHIP_HOP_S: f64 = 0.085;
+pub const MEMBERSHIP_HOP_S: f64 = 0.095;
 
 /// Bytes of one entry of a Scuttlebutt digest (node id, generation, heartbeat, versions): each
 /// round a node sends one per known node, whatever changed. This is the part of gossip that
