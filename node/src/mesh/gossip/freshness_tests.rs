@@ -8,7 +8,6 @@ use chitchat::transport::ChannelTransport;
 
 use super::{Gossip, GossipNode, start_over};
 use crate::mesh::config::GossipConfig;
-use crate::mesh::metrics::MeshMetrics;
 
 /// Long enough that waiting for the receiver's next round would show.
 const INTERVAL: Duration = Duration::from_secs(2);
@@ -19,21 +18,12 @@ fn addr(i: u16) -> SocketAddr {
 }
 
 async fn start(transport: &ChannelTransport, i: u16) -> Gossip {
-    let node = GossipNode {
-        name: format!("n{i}"),
-        advertise: addr(i),
-        cluster_id: "freshness-test".to_owned(),
-        seeds: if i == 0 {
-            Vec::new()
-        } else {
-            vec![addr(0).to_string()]
-        },
-        config: GossipConfig {
-            interval: INTERVAL,
-            ..GossipConfig::default()
-        },
-        metrics: MeshMetrics::default(),
+    let config = GossipConfig {
+        interval: INTERVAL,
+        ..GossipConfig::default()
     };
+    let seed = (i != 0).then(|| addr(0));
+    let node = GossipNode::for_test("freshness-test", format!("n{i}"), addr(i), seed, config);
     start_over(transport, node).await.expect("gossip starts")
 }
 

@@ -129,6 +129,28 @@ pub(crate) struct GossipNode {
     pub metrics: MeshMetrics,
 }
 
+#[cfg(test)]
+impl GossipNode {
+    /// A node of the in-process test cluster `cluster_id`, seeded with the cluster's first
+    /// node (`None` for that one).
+    pub(crate) fn for_test(
+        cluster_id: &str,
+        name: String,
+        advertise: SocketAddr,
+        seed: Option<SocketAddr>,
+        config: GossipConfig,
+    ) -> Self {
+        Self {
+            name,
+            advertise,
+            cluster_id: cluster_id.to_owned(),
+            seeds: seed.iter().map(SocketAddr::to_string).collect(),
+            config,
+            metrics: MeshMetrics::default(),
+        }
+    }
+}
+
 /// Runs chitchat for `node` over `transport`: the mesh's QUIC relay in a node, chitchat's
 /// in-process channels (with links cut, datagrams dropped or delayed) in tests.
 pub(crate) async fn start_over(

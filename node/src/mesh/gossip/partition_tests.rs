@@ -13,7 +13,6 @@ use chitchat::transport::{ChannelTransport, Transport, TransportExt};
 
 use super::{Gossip, GossipNode, Membership, start_over};
 use crate::mesh::config::GossipConfig;
-use crate::mesh::metrics::MeshMetrics;
 
 const NODES: usize = 8;
 /// Bound on every wait: far above what convergence takes (a few seconds), so that only a
@@ -32,18 +31,14 @@ fn name(i: usize) -> String {
 async fn start_nodes(transport: &dyn Transport) -> Vec<Gossip> {
     let mut nodes = Vec::new();
     for i in 0..NODES {
-        let node = GossipNode {
-            name: name(i),
-            advertise: addr(i),
-            cluster_id: "partition-test".to_owned(),
-            seeds: if i == 0 {
-                Vec::new()
-            } else {
-                vec![addr(0).to_string()]
-            },
-            config: GossipConfig::default(),
-            metrics: MeshMetrics::default(),
-        };
+        let seed = (i != 0).then(|| addr(0));
+        let node = GossipNode::for_test(
+            "partition-test",
+            name(i),
+            addr(i),
+            seed,
+            GossipConfig::default(),
+        );
         nodes.push(start_over(transport, node).await.expect("gossip starts"));
     }
     nodes
