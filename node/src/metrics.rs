@@ -112,6 +112,12 @@ pub struct ReasonLabels {
     pub reason: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceLabels {
+    /// `live`, `report` or `digest` (see `lifecycle::Source`).
+    pub source: String,
+}
+
 /// Cheap to clone: every field is a shared handle.
 #[derive(Clone, Debug)]
 pub struct NodeMetrics {
@@ -163,6 +169,9 @@ pub struct NodeMetrics {
     pub attempts_declined: Counter,
     /// Load reports peers sent back on answers and declines, applied to this node's view.
     pub load_reports: Counter,
+    /// Per request placed as it arrived, the age of the load the decision read for the
+    /// engine it ranked first, by where that load came from.
+    pub route_load_age: Family<SourceLabels, Histogram>,
     /// Attempts given up before their first byte, by cause: `peer_dead` (the failure
     /// detector declared the serving peer dead), `peer_silent` (its connection went silent)
     /// or `engine_unhealthy` (this node's engine stopped answering its poller).
@@ -194,6 +203,12 @@ impl Default for NodeMetrics {
                 0.0001, 2.5, 16,
             ))
         }
+        fn age_histogram() -> Histogram {
+            // 1 ms .. ~8 s: a report just received up to a digest a failing gossip left.
+            Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+                0.001, 2.0, 14,
+            ))
+        }
         Self {
             requests: Family::default(),
             forward_latency: Family::new_with_constructor(latency_histogram),
@@ -221,6 +236,7 @@ impl Default for NodeMetrics {
             declined: Family::default(),
             attempts_declined: Counter::default(),
             load_reports: Counter::default(),
+            route_load_age: Family::new_with_constructor(age_histogram),
             attempts_abandoned: Family::default(),
             peer_requests_refused: Family::default(),
             pd_fallbacks: Family::default(),
@@ -256,6 +272,16 @@ impl NodeMetrics {
             outcome: placement.as_str().to_owned(),
         };
         self.popular_prefix_routes.get_or_create(&labels).inc();
+    }
+
+    /// A request placed on load from `source` that was `age_ms` old (see
+    /// [`Self::route_load_age`]).
+    pub fn route_load_read(&self, source: kvmesh_protocol::lifecycle::Source, age_ms: u64) {
+        let labels = SourceLabels {
+            source: source.as_str().to_owned(),
+        };
+        let seconds = age_ms as f64 / 1000.0;
+        self.route_load_age.get_or_create(&labels).observe(seconds);
     }
 
     /// What pinning did to one request's media parts.
@@ -521,6 +547,11 @@ impl NodeMetrics {
             "load_reports",
             "Engine load reports that came back with answers and declines and refreshed this node's view",
             self.load_reports.clone(),
+        );
+        registry.register(
+            "route_load_age_seconds",
+            "Per request placed as it arrived, how old the load was that the routing decision read for the engine it ranked first, by source: live (this node's own engine, read now), report (the peer's last answer or decline) or digest (gossip; the time before it arrived here is not counted)",
+            self.route_load_age.clone(),
         );
         registry.register(
             "engine_healthy",

@@ -281,3 +281,124 @@ fn a_queue_change_reaches_the_peers_before_the_next_tick() {
     // Dropping the connections cancels the requests.
     drop(queued);
 }
+
+/// Every request placed as it arrives records how old the load was that its decision read for
+/// the engine it ranked first (`kvmesh_route_load_age_seconds`): nothing for the entry's own
+/// engine, read live; for a peer, the age of its digest or last report, which a healthy mesh
+/// keeps to about a second (a quiet node still gossips its digest every second).
+#[test]
+fn every_request_records_how_old_the_load_was_that_placed_it() {
+    // Only b serves `shared`: entering at a, it is placed on b's load as a knows it; entering
+    // at b, on b's engine read live.
+    let cluster = Cluster::start(&[
+        NodeSpec::new("a", &["other"]),
+        NodeSpec::new("b", &["shared"]),
+    ]);
+    cluster.wait_membership(&["a", "b"], CONVERGENCE_TIMEOUT);
+    cluster.wait_models(&["a", "b"], &["other", "shared"], CONVERGENCE_TIMEOUT);
+    let (through_a, through_b) = (6, 4);
+    for (entry, requests) in [("a", through_a), ("b", through_b)] {
+        for i in 0..requests {
+            let body =
+                completion_body("shared", &format!("question {i} through {entry}"), 1, false);
+            let request = Request::post_json("/v1/completions", &body).timeout(PREFILL_TIMEOUT);
+            let response = cluster.sidecar(entry).send(request);
+            assert_eq!(response.status, 200, "{}", response.describe());
+            assert_eq!(served_by(&response), "b");
+        }
+    }
+    let ages_at = |node: &str| load_ages(&cluster.sidecar(node).get("/metrics").text());
+    let (at_a, at_b) = (ages_at("a"), ages_at("b"));
+    let peer_sources = ["digest", "report"];
+    let of = |ages: &[LoadAges], source: &str| {
+        ages.iter()
+            .find(|a| a.source == source)
+            .map_or(0.0, |a| a.count)
+    };
+    assert_eq!(
+        of(&at_a, "live"),
+        0.0,
+        "a's engine serves no `shared`: {at_a:?}"
+    );
+    let peer_placed: f64 = peer_sources.iter().map(|s| of(&at_a, s)).sum();
+    assert_eq!(peer_placed, f64::from(through_a), "{at_a:?}");
+    for ages in at_a
+        .iter()
+        .filter(|a| peer_sources.contains(&a.source.as_str()))
+    {
+        assert_eq!(
+            ages.within(2.0),
+            ages.count,
+            "a load read over 2 s old: {ages:?}"
+        );
+    }
+    assert_eq!(of(&at_b, "live"), f64::from(through_b), "{at_b:?}");
+    let live = at_b.iter().find(|a| a.source == "live").expect("counted");
+    assert_eq!(
+        live.within(0.001),
+        live.count,
+        "its own engine, read now: {live:?}"
+    );
+}
+
+/// One source's `kvmesh_route_load_age_seconds` histogram: its count and cumulative buckets.
+#[derive(Debug)]
+struct LoadAges {
+    source: String,
+    count: f64,
+    /// (upper bound in seconds, observations at or under it), ascending.
+    buckets: Vec<(f64, f64)>,
+}
+
+impl LoadAges {
+    /// Observations at or under the smallest bucket bound of at least `seconds`.
+    fn within(&self, seconds: f64) -> f64 {
+        self.buckets
+            .iter()
+            .find(|(le, _)| *le >= seconds)
+            .map_or(self.count, |(_, n)| *n)
+    }
+}
+
+/// The load-age histograms in a `/metrics` text, by source.
+fn load_ages(text: &str) -> Vec<LoadAges> {
+    let mut ages: Vec<LoadAges> = Vec::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("kvmesh_route_load_age_seconds_") else {
+            continue;
+        };
+        let label = |name: &str| {
+            let start = rest.find(&format!("{name}=\""))? + name.len() + 2;
+            let end = start + rest[start..].find('"')?;
+            Some(rest[start..end].to_owned())
+        };
+        let (Some(source), Some(value)) = (
+            label("source"),
+            rest.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()),
+        ) else {
+            continue;
+        };
+        let index = match ages.iter().position(|a| a.source == source) {
+            Some(index) => index,
+            None => {
+                ages.push(LoadAges {
+                    source: source.clone(),
+                    count: 0.0,
+                    buckets: Vec::new(),
+                });
+                ages.len() - 1
+            }
+        };
+        if rest.starts_with("count") {
+            ages[index].count = value;
+        } else if rest.starts_with("bucket")
+            && let Some(le) = label("le").and_then(|le| le.parse::<f64>().ok())
+        {
+            ages[index].buckets.push((le, value));
+        }
+    }
+    for a in &mut ages {
+        a.buckets.sort_by(|x, y| x.0.total_cmp(&y.0));
+    }
+    ages
+}

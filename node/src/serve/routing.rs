@@ -210,15 +210,22 @@ pub fn route(
             .map(|plan| PdRoute::Whole { plan, pd: None }),
     };
     let prefixes_recur = entry.prefixes_recur();
+    // The load the decision read for its first choice, for `route_load_age_seconds`.
+    let load_read = placed
+        .as_ref()
+        .ok()
+        .and_then(|placed| first_leg(placed).ranked_keys().next())
+        .and_then(|key| peers.iter().find(|peer| peer.key == key))
+        .map(|peer| entry.estimate(peer, now));
     drop(entry);
     state.metrics.prefixes_recur.set(i64::from(prefixes_recur));
+    if let Some(load) = load_read {
+        let age = now.saturating_sub(load.received_ms);
+        state.metrics.route_load_read(load.source, age);
+    }
     let retries = state.config.retries as u32;
     let placed = placed.map_err(|error| failure(error, &peers))?;
-    let first = match &placed {
-        PdRoute::Whole { plan, .. } => plan,
-        PdRoute::Split { prefill, .. } => prefill,
-    };
-    if let Some(placement) = first.popular() {
+    if let Some(placement) = first_leg(&placed).popular() {
         state.metrics.popular_prefix_routed(placement);
     }
     match placed {
@@ -235,6 +242,14 @@ pub fn route(
                 targets,
             },
         }),
+    }
+}
+
+/// The plan of a placement's first leg: the whole request, or its prefill.
+fn first_leg(placed: &PdRoute) -> &Plan {
+    match placed {
+        PdRoute::Whole { plan, .. } => plan,
+        PdRoute::Split { prefill, .. } => prefill,
     }
 }
 

@@ -68,6 +68,9 @@ pub struct Estimated {
     /// This node's sends there that `gauges` do not count yet.
     pub pending: u32,
     pub source: Source,
+    /// When `gauges` were read (this node's own engine: now) or arrived (a report or a
+    /// digest), in this node's milliseconds: how old the load a decision reads is.
+    pub received_ms: u64,
     /// The last report it sent back and when that arrived (this node's milliseconds).
     pub last_report: Option<(LoadReport, u64)>,
 }
@@ -241,6 +244,7 @@ impl EntryState {
             gauges: candidate.gauges(),
             pending: candidate.pending,
             source,
+            received_ms: candidate.digest_received_ms,
             last_report: self
                 .reports
                 .get(&peer.key)

@@ -868,6 +868,34 @@ mod tests {
     }
 
     #[test]
+    fn an_estimate_says_how_old_its_load_is_and_where_it_came_from() {
+        use crate::lifecycle::{EntryState, Source};
+        let digests = idle_mixed_digests(2);
+        let mut peers = peer_inputs(&digests);
+        peers[0].digest_received_ms = 5;
+        let chain: Vec<u64> = (0..8).collect();
+        let mut entry = EntryState::default();
+        let gossiped = entry.estimate(&peers[0], 40);
+        assert_eq!((gossiped.source, gossiped.received_ms), (Source::Digest, 5));
+        let mut plan = plan_with_two_retries(&mut entry, &peers, &chain);
+        let first = plan.next_attempt(&mut entry, &chain, 10).unwrap();
+        let served_at = peers.iter().find(|p| p.key == first.node_key).unwrap();
+        let started = Outcome::Started(Some(one_queued()));
+        plan.on_outcome(&mut entry, &chain, started, 30);
+        let reported = entry.estimate(served_at, 40);
+        assert_eq!(
+            (reported.source, reported.received_ms),
+            (Source::Report, 30)
+        );
+        let own = crate::lifecycle::PeerInput {
+            live: Some(reported.gauges),
+            ..peers[1]
+        };
+        let live = entry.estimate(&own, 40);
+        assert_eq!((live.source, live.received_ms), (Source::Live, 40));
+    }
+
+    #[test]
     fn an_answer_ending_leaves_another_send_of_the_same_millisecond_counted() {
         use crate::lifecycle::EntryState;
         let digests = idle_mixed_digests(2);
