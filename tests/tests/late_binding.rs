@@ -285,7 +285,8 @@ fn a_queue_change_reaches_the_peers_before_the_next_tick() {
 /// Every request placed as it arrives records how old the load was that its decision read for
 /// the engine it ranked first (`kvmesh_route_load_age_seconds`): nothing for the entry's own
 /// engine, read live; for a peer, the age of its digest or last report, which a healthy mesh
-/// keeps to about a second (a quiet node still gossips its digest every second).
+/// keeps to about a second (a quiet node still gossips its digest every second; the bound
+/// checked leaves room for a loaded machine's stalls).
 #[test]
 fn every_request_records_how_old_the_load_was_that_placed_it() {
     // Only b serves `shared`: entering at a, it is placed on b's load as a knows it; entering
@@ -327,9 +328,9 @@ fn every_request_records_how_old_the_load_was_that_placed_it() {
         .filter(|a| peer_sources.contains(&a.source.as_str()))
     {
         assert_eq!(
-            ages.within(2.0),
+            ages.within(4.0),
             ages.count,
-            "a load read over 2 s old: {ages:?}"
+            "a load read over 4 s old: {ages:?}"
         );
     }
     assert_eq!(of(&at_b, "live"), f64::from(through_b), "{at_b:?}");
