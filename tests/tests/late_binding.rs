@@ -308,98 +308,35 @@ fn every_request_records_how_old_the_load_was_that_placed_it() {
             assert_eq!(served_by(&response), "b");
         }
     }
-    let ages_at = |node: &str| load_ages(&cluster.sidecar(node).get("/metrics").text());
-    let (at_a, at_b) = (ages_at("a"), ages_at("b"));
-    let peer_sources = ["digest", "report"];
-    let of = |ages: &[LoadAges], source: &str| {
-        ages.iter()
-            .find(|a| a.source == source)
-            .map_or(0.0, |a| a.count)
-    };
     assert_eq!(
-        of(&at_a, "live"),
+        load_ages(&cluster, "a", "live", "0.001").0,
         0.0,
-        "a's engine serves no `shared`: {at_a:?}"
+        "a's engine serves no `shared`"
     );
-    let peer_placed: f64 = peer_sources.iter().map(|s| of(&at_a, s)).sum();
-    assert_eq!(peer_placed, f64::from(through_a), "{at_a:?}");
-    for ages in at_a
-        .iter()
-        .filter(|a| peer_sources.contains(&a.source.as_str()))
-    {
-        assert_eq!(
-            ages.within(4.0),
-            ages.count,
-            "a load read over 4 s old: {ages:?}"
-        );
+    let mut peer_placed = 0.0;
+    for source in ["digest", "report"] {
+        let (count, within) = load_ages(&cluster, "a", source, "4.096");
+        assert_eq!(within, count, "a load from a {source} read over 4 s old");
+        peer_placed += count;
     }
-    assert_eq!(of(&at_b, "live"), f64::from(through_b), "{at_b:?}");
-    let live = at_b.iter().find(|a| a.source == "live").expect("counted");
-    assert_eq!(
-        live.within(0.001),
-        live.count,
-        "its own engine, read now: {live:?}"
-    );
+    assert_eq!(peer_placed, f64::from(through_a));
+    let (live, now) = load_ages(&cluster, "b", "live", "0.001");
+    assert_eq!(live, f64::from(through_b));
+    assert_eq!(now, live, "its own engine, read now");
 }
 
-/// One source's `kvmesh_route_load_age_seconds` histogram: its count and cumulative buckets.
-#[derive(Debug)]
-struct LoadAges {
-    source: String,
-    count: f64,
-    /// (upper bound in seconds, observations at or under it), ascending.
-    buckets: Vec<(f64, f64)>,
-}
-
-impl LoadAges {
-    /// Observations at or under the smallest bucket bound of at least `seconds`.
-    fn within(&self, seconds: f64) -> f64 {
-        self.buckets
-            .iter()
-            .find(|(le, _)| *le >= seconds)
-            .map_or(self.count, |(_, n)| *n)
-    }
-}
-
-/// The load-age histograms in a `/metrics` text, by source.
-fn load_ages(text: &str) -> Vec<LoadAges> {
-    let mut ages: Vec<LoadAges> = Vec::new();
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix("kvmesh_route_load_age_seconds_") else {
-            continue;
-        };
-        let label = |name: &str| {
-            let start = rest.find(&format!("{name}=\""))? + name.len() + 2;
-            let end = start + rest[start..].find('"')?;
-            Some(rest[start..end].to_owned())
-        };
-        let (Some(source), Some(value)) = (
-            label("source"),
-            rest.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()),
-        ) else {
-            continue;
-        };
-        let index = match ages.iter().position(|a| a.source == source) {
-            Some(index) => index,
-            None => {
-                ages.push(LoadAges {
-                    source: source.clone(),
-                    count: 0.0,
-                    buckets: Vec::new(),
-                });
-                ages.len() - 1
-            }
-        };
-        if rest.starts_with("count") {
-            ages[index].count = value;
-        } else if rest.starts_with("bucket")
-            && let Some(le) = label("le").and_then(|le| le.parse::<f64>().ok())
-        {
-            ages[index].buckets.push((le, value));
-        }
-    }
-    for a in &mut ages {
-        a.buckets.sort_by(|x, y| x.0.total_cmp(&y.0));
-    }
-    ages
+/// Of `node`'s requests placed on load from `source` (`kvmesh_route_load_age_seconds`): how
+/// many, and how many on load at most `le` seconds old (a bucket bound as the sidecar exports
+/// it).
+fn load_ages(cluster: &Cluster, node: &str, source: &str, le: &str) -> (f64, f64) {
+    let read = |name: &str, labels: &[(&str, &str)]| {
+        let sidecar = cluster.sidecar(node);
+        sidecar
+            .metric(name, labels)
+            .expect("metrics")
+            .unwrap_or(0.0)
+    };
+    let count = read("kvmesh_route_load_age_seconds_count", &[("source", source)]);
+    let labels = [("source", source), ("le", le)];
+    (count, read("kvmesh_route_load_age_seconds_bucket", &labels))
 }
