@@ -27,7 +27,7 @@ pub struct EngineQueue {
 impl EngineQueue {
     /// A queue that credits its oldest request at `prefill_tokens_per_s` until the engine's
     /// own speed is measured (the speed entries assume of an engine whose digest reports none).
-    pub fn new(metrics: NodeMetrics, prefill_tokens_per_s: f64, changed: PublishSoon) -> Self {
+    pub fn new(metrics: NodeMetrics, prefill_tokens_per_s: f64) -> Self {
         let mut state = ServingState::new();
         state.set_prefill_speed(prefill_tokens_per_s);
         Self {
@@ -35,7 +35,7 @@ impl EngineQueue {
             metrics,
             epoch: Instant::now(),
             last_answer_ms: Arc::new(AtomicU64::new(u64::MAX)),
-            changed,
+            changed: PublishSoon::default(),
         }
     }
 
@@ -76,6 +76,11 @@ impl EngineQueue {
     pub fn report(&self) -> LoadReport {
         let now_ms = self.now_ms();
         lock(&self.state).report(now_ms)
+    }
+
+    /// Told of every request handed over, begun or ended: what wakes the publish loop.
+    pub fn changes(&self) -> &PublishSoon {
+        &self.changed
     }
 
     /// The engine's gauges now, with this node's exact queue.
@@ -156,7 +161,7 @@ mod tests {
     #[test]
     fn a_guard_counts_until_its_first_byte_and_ends_when_dropped() {
         // A token a second: the engine does nothing of a queued request while this test runs.
-        let queue = EngineQueue::new(NodeMetrics::default(), 1.0, PublishSoon::default());
+        let queue = EngineQueue::new(NodeMetrics::default(), 1.0);
         let streamed = |decline_above_tokens| Admission {
             prefix_key: Some(7),
             new_prefix: true,

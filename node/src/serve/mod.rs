@@ -75,7 +75,6 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
     let (engine, poller) = LocalEngine::spawn(client, config.digest_interval);
 
     let metrics = NodeMetrics::default();
-    let publish_soon = publish::PublishSoon::default();
     let mut registry = Registry::default();
     metrics.register(&mut registry);
     mesh.metrics().register(&mut registry);
@@ -102,12 +101,7 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
             )
             .map_err(anyhow::Error::msg)?,
         ),
-        engine_queue: EngineQueue::new(
-            metrics.clone(),
-            config.route.default_prefill_tokens_per_s,
-            publish_soon.clone(),
-        ),
-        publish_soon,
+        engine_queue: EngineQueue::new(metrics.clone(), config.route.default_prefill_tokens_per_s),
         metrics,
         registry,
         start: Instant::now(),

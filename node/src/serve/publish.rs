@@ -41,7 +41,7 @@ pub async fn publish_loop(state: SharedState) {
     loop {
         let tick = tokio::select! {
             _ = ticker.tick() => true,
-            () = state.publish_soon.nudged() => false,
+            () = state.engine_queue.changes().nudged() => false,
         };
         if !tick {
             // What changes in the next few milliseconds (the rest of a burst) goes out with it.

@@ -6,7 +6,6 @@ use crate::metrics::NodeMetrics;
 use crate::prefix::LocalPrefixes;
 use crate::serve::config::ServeConfig;
 use crate::serve::engine_queue::EngineQueue;
-use crate::serve::publish::PublishSoon;
 use crate::view::{SharedView, monotonic_ms};
 use kvmesh_protocol::LoadDigest;
 use kvmesh_protocol::lifecycle::EntryState;
@@ -37,8 +36,6 @@ pub struct AppState {
     pub prefixes: Mutex<LocalPrefixes>,
     /// The serving side: this node's engine's exact queue; admits or declines requests.
     pub engine_queue: EngineQueue,
-    /// Wakes the publish loop when the queue changed: the digest goes out within 10 ms.
-    pub publish_soon: PublishSoon,
     pub metrics: NodeMetrics,
     pub registry: Registry,
     pub start: Instant,
