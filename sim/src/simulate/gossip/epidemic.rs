@@ -122,19 +122,10 @@ impl Epidemic {
         for round in 0..MAX_ROUNDS {
             for &node in order.iter() {
                 let now = phase[node] + round as f64 * params.interval_s;
-                // `fanout` distinct peers, as chitchat samples them.
-                let fanout = (params.fanout as usize).min(others);
-                chosen.clear();
-                while chosen.len() < fanout {
-                    let mut peer = rng.below(others as u64) as usize;
-                    if peer >= node {
-                        peer += 1;
-                    }
-                    if !chosen.contains(&peer) {
-                        chosen.push(peer);
-                    }
-                }
-                for &peer in chosen.iter() {
+                // `fanout` distinct peers, as chitchat samples them: any node but this one.
+                distinct_picks(rng, others, params.fanout as usize, &mut chosen);
+                for &pick in chosen.iter() {
+                    let peer = if pick >= node { pick + 1 } else { pick };
                     // Syn (digest) → SynAck (the peer's digest and what the initiator
                     // lacks) → Ack (what the peer lacks): pull after 2 hops, push after 3.
                     let syn_ok = rng.next_f64() >= params.loss;
@@ -197,6 +188,17 @@ pub fn rounds_estimate(nodes: usize, fanout: u32) -> f64 {
     (nodes.max(1) as f64).ln() / f64::from(fanout + 1).ln()
 }
 
+/// `count` distinct indices below `len` (all of them if fewer), drawn at random into `out`.
+fn distinct_picks(rng: &mut SplitMix64, len: usize, count: usize, out: &mut Vec<usize>) {
+    out.clear();
+    while out.len() < count.min(len) {
+        let pick = rng.below(len as u64) as usize;
+        if !out.contains(&pick) {
+            out.push(pick);
+        }
+    }
+}
+
 /// Time from the first node's start until every node holds every node's state, when node `i`
 /// starts `i × stagger_s` after the first knowing only the first `seeds` nodes (the real
 /// mesh's convergence test starts nodes one after another): mean over `runs`.
@@ -234,15 +236,9 @@ pub fn cold_convergence_s(
                     continue;
                 }
                 // `fanout` distinct peers, as chitchat samples them (and as `Epidemic::run`).
-                let fanout = (params.fanout as usize).min(known.len());
-                chosen.clear();
-                while chosen.len() < fanout {
-                    let b = known[rng.below(known.len() as u64) as usize];
-                    if !chosen.contains(&b) {
-                        chosen.push(b);
-                    }
-                }
-                for &b in &chosen {
+                distinct_picks(&mut rng, known.len(), params.fanout as usize, &mut chosen);
+                for &pick in &chosen {
+                    let b = known[pick];
                     if rng.next_f64() < params.loss {
                         continue;
                     }
