@@ -45,7 +45,7 @@ impl NodeSpec {
         self.kv_events = true;
         self.engine_args(&[
             "--kv-events",
-            "tcp://127.0.0.1:0",
+            "tcp://*:0",
             "--kv-events-replay",
             "tcp://127.0.0.1:0",
             "--kv-events-format",

@@ -486,7 +486,16 @@ fn check_live(m: &Manifests) {
 
     // The mock engine with the manifest's model, block size and KV-event topic: for the mock
     // overlay, its engine container's own arguments (the address, port and model are the
-    // harness's, the event endpoints on ephemeral ports); for vLLM, the same settings.
+    // harness's, the event endpoints on ephemeral ports); for vLLM, the same settings. The
+    // engine connects its publisher to a loopback endpoint, as vLLM does with a host in its
+    // `endpoint`, and the sidecar listens there as the manifest tells it to
+    // (KVMESH_KV_EVENTS_BIND).
+    assert_eq!(
+        env["KVMESH_KV_EVENTS_BIND"], "true",
+        "{}: vLLM connects to a loopback endpoint, so the sidecar must listen",
+        m.name
+    );
+    let events = format!("tcp://{}", free_loopback_addr());
     let mut engine = EngineConfig::new("engine (manifest)", &[vllm_env["MODEL"].as_str()]);
     let container = m.container("vllm");
     if container["command"][0]
@@ -498,7 +507,8 @@ fn check_live(m: &Manifests) {
             let flag = arg.split('=').next().unwrap_or_default();
             match flag {
                 "--host" | "--port" | "--model" => {}
-                "--kv-events" | "--kv-events-replay" => {
+                "--kv-events" => engine = engine.arg(&format!("{flag}={events}")),
+                "--kv-events-replay" => {
                     engine = engine.arg(&format!("{flag}=tcp://127.0.0.1:0"));
                 }
                 _ => engine = engine.arg(&arg),
@@ -509,7 +519,7 @@ fn check_live(m: &Manifests) {
             .arg("--block-size")
             .arg(&vllm_env["BLOCK_SIZE"])
             .arg("--kv-events")
-            .arg("tcp://127.0.0.1:0")
+            .arg(&events)
             .arg("--kv-events-replay")
             .arg("tcp://127.0.0.1:0")
             .arg("--kv-events-topic")
@@ -527,7 +537,7 @@ fn check_live(m: &Manifests) {
     }
     let sidecar = config
         .arg("--kv-events")
-        .arg(&engine.printed_endpoint("kv events on "))
+        .arg(&events)
         .arg("--kv-events-replay")
         .arg(&engine.printed_endpoint("kv events replay on "))
         .arg("--join-wait-secs")
@@ -629,4 +639,11 @@ fn prometheus_discovers_the_manifests_pods_and_ports() {
     }
     jobs.sort();
     assert_eq!(jobs, ["kvmesh", "vllm"]);
+}
+
+/// A loopback address with a port nothing listens on now (the sidecar binds it later).
+fn free_loopback_addr() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free loopback port")
 }

@@ -362,3 +362,61 @@ fn offloaded_blocks_are_advertised_in_the_offload_tier_after_the_gpu_evicts_them
         "stored -> advertised in both tiers: {stored:?}; GPU eviction -> withdrawn from the GPU tier only: {evicted:?}"
     );
 }
+
+/// vLLM binds its KV-event publisher only on a wildcard endpoint; given a host
+/// (`tcp://127.0.0.1:P`) it connects there, as the mock now does too. A sidecar with
+/// `--kv-events-bind` listens on that endpoint and learns what the engine caches; one
+/// without it (the configuration that used to be documented) is told why it hears nothing.
+#[test]
+fn an_engine_that_connects_its_publisher_reaches_a_sidecar_that_listens() {
+    let events = format!("tcp://127.0.0.1:{}", free_port());
+    let listening = NodeSpec::new("n0", &[MODEL])
+        .engine_args(&["--kv-blocks", &KV_BLOCKS.to_string()])
+        .engine_args(&[
+            "--kv-events",
+            &events,
+            "--kv-events-replay",
+            "tcp://127.0.0.1:0",
+        ])
+        .sidecar_args(&["--kv-events", &events, "--kv-events-bind"]);
+    let mut cluster = Cluster::start(&[listening, spec(1)]);
+    let (n0, n1) = (cluster.node("n0"), cluster.sidecar("n1"));
+    // Batches published before the subscription took hold are dropped (ZMQ) or replayed:
+    // keep caching new prompts until one of the last few (the engine's cache holds three) is
+    // believed, gossip's delay included.
+    let mut sent: Vec<String> = Vec::new();
+    wait_until(WAIT_LIMIT, "n1 to learn what n0's engine cached", || {
+        let text = prompt(&format!("connected {}", sent.len()));
+        send_direct(&n0.engine, &text);
+        sent.push(text);
+        sent.iter()
+            .rev()
+            .take(3)
+            .any(|text| believed(n1, "n0", text).is_ok_and(|blocks| blocks == PROMPT_BLOCKS))
+    });
+    assert!(
+        counter(
+            &n0.sidecar,
+            "kvmesh_kv_event_batches_total",
+            &[("outcome", "applied")]
+        ) > 0.0
+    );
+
+    // Both sides connecting (the configuration that used to be documented): nobody listens.
+    let unheard = format!("tcp://127.0.0.1:{}", free_port());
+    let deaf = cluster.join(
+        &NodeSpec::new("n2", &[MODEL])
+            .engine_args(&["--kv-events", &unheard])
+            .sidecar_args(&["--kv-events", &unheard]),
+    );
+    wait_until(WAIT_LIMIT, "the operator to be told", || {
+        deaf.sidecar.process().output_contains("--kv-events-bind")
+    });
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free port")
+        .port()
+}

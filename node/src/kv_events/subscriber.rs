@@ -88,21 +88,37 @@ impl Subscription {
         }
     }
 
+    /// The subscribed socket: connected to the engine's publisher, or (`--kv-events-bind`)
+    /// listening for the engine to connect.
     async fn connect(&self) -> SubSocket {
         let endpoint = &self.config.endpoint;
+        let bind = self.config.bind;
         loop {
             let mut socket = SubSocket::new();
             let attempt = async {
-                socket.connect(endpoint).await?;
+                if bind {
+                    socket.bind(endpoint).await?;
+                } else {
+                    socket.connect(endpoint).await?;
+                }
                 socket.subscribe(&self.config.topic).await
             };
             match tokio::time::timeout(CONNECT_TIMEOUT, attempt).await {
+                Ok(Ok(())) if bind => {
+                    tracing::info!(endpoint, "listening for the engine's KV events");
+                    return socket;
+                }
                 Ok(Ok(())) => {
                     tracing::info!(endpoint, "subscribed to the engine's KV events");
                     return socket;
                 }
-                Ok(Err(error)) => tracing::warn!(endpoint, %error, "KV-event subscription"),
-                Err(_) => tracing::warn!(endpoint, "KV-event publisher not reachable yet"),
+                Ok(Err(error)) => tracing::warn!(endpoint, bind, %error, "KV-event subscription"),
+                Err(_) => tracing::warn!(
+                    endpoint,
+                    "KV-event publisher not reachable yet (vLLM binds only a wildcard endpoint \
+                     such as tcp://*:5557; given a host it connects, and this node must listen \
+                     there: --kv-events-bind)"
+                ),
             }
             tokio::time::sleep(RETRY_PAUSE).await;
         }

@@ -101,6 +101,12 @@ pub struct ServeArgs {
     /// requests it serves (approximate mode). Every node of a cluster must use the same mode.
     #[arg(long, env = "KVMESH_KV_EVENTS")]
     pub kv_events: Option<String>,
+    /// Exact mode: bind --kv-events instead of connecting to it. vLLM binds its publisher only
+    /// on a wildcard endpoint (`tcp://*:5557`); given a host (`tcp://127.0.0.1:5557`) it
+    /// connects to it, and this node must be the one listening there.
+    #[arg(long, env = "KVMESH_KV_EVENTS_BIND")]
+    #[serde(default)]
+    pub kv_events_bind: bool,
     /// The publisher's replay endpoint (vLLM's `replay_endpoint`), to recover lost batches.
     #[arg(long, env = "KVMESH_KV_EVENTS_REPLAY")]
     pub kv_events_replay: Option<String>,
@@ -272,6 +278,8 @@ impl Default for LoraConfig {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KvEventsConfig {
     pub endpoint: String,
+    /// Listen on `endpoint` (vLLM connects) rather than connect to it (vLLM binds).
+    pub bind: bool,
     pub replay_endpoint: Option<String>,
     pub topic: String,
 }
@@ -360,6 +368,7 @@ impl ServeConfig {
             .or(file.kv_events)
             .map(|endpoint| KvEventsConfig {
                 endpoint,
+                bind: cli.kv_events_bind || file.kv_events_bind,
                 replay_endpoint: cli.kv_events_replay.or(file.kv_events_replay),
                 topic: cli
                     .kv_events_topic
@@ -715,6 +724,7 @@ mod tests {
             config.kv_events,
             Some(KvEventsConfig {
                 endpoint: "tcp://127.0.0.1:5557".into(),
+                bind: false,
                 replay_endpoint: None,
                 topic: String::new(),
             })

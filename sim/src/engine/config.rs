@@ -158,9 +158,9 @@ pub struct EngineArgs {
     /// Delay of `--nixl-fault slow-read`, milliseconds.
     #[arg(long, default_value_t = 1000)]
     pub nixl_fault_delay_ms: u64,
-    /// Publish KV cache events on a ZMQ PUB socket bound here, e.g. tcp://127.0.0.1:5557
-    /// (port 0 picks a free one; the endpoint is printed on stdout; vLLM's tcp://*:PORT
-    /// means all interfaces).
+    /// Publish KV cache events on a ZMQ PUB socket, as vLLM does: bound on a wildcard or ipc
+    /// endpoint (tcp://*:5557; tcp://*:0 picks a free loopback port), connected to any other
+    /// (tcp://127.0.0.1:5557: the subscriber listens there). The endpoint is printed on stdout.
     #[arg(long)]
     pub kv_events: Option<String>,
     /// ZMQ ROUTER endpoint answering replay requests (e.g. tcp://127.0.0.1:5558).

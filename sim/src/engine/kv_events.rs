@@ -31,7 +31,7 @@
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use rmpv::Value;
@@ -47,7 +47,9 @@ pub const END_SEQ: u64 = u64::MAX;
 /// Where and how to publish.
 #[derive(Debug, Clone)]
 pub struct KvEventsConfig {
-    /// PUB endpoint, e.g. `tcp://127.0.0.1:5557` (port 0 = any free port).
+    /// PUB endpoint. As vLLM does ([`publisher_binds`]), a wildcard one is bound
+    /// (`tcp://*:5557`; `tcp://*:0`, any free port) and any other connected to: the
+    /// subscriber must listen there.
     pub endpoint: String,
     /// ROUTER endpoint for replay, if any.
     pub replay_endpoint: Option<String>,
@@ -85,25 +87,45 @@ pub struct KvEventsPublisher {
 
 type Buffer = Arc<Mutex<VecDeque<(u64, Bytes)>>>;
 
+/// Whether vLLM binds its publisher on `endpoint` rather than connecting to it
+/// (`ZmqEventPublisher._is_bind_endpoint`, vLLM 0.32): a wildcard (`tcp://*:5557`, `::`) or
+/// an ipc/inproc endpoint is bound; to any other vLLM connects, and a sidecar must listen
+/// there (`kvmesh serve --kv-events-bind`). The replay endpoint is always bound.
+pub fn publisher_binds(endpoint: &str) -> bool {
+    endpoint.contains('*')
+        || endpoint.contains("::")
+        || endpoint.starts_with("ipc://")
+        || endpoint.starts_with("inproc://")
+}
+
 /// vLLM's configs say `tcp://*:PORT` (all interfaces); the zeromq crate wants an address.
+/// `tcp://*:0` (any free port) binds loopback here, where vLLM binds the node's IP: the mock
+/// serves tests and demos on one machine.
 pub fn normalize_endpoint(endpoint: &str) -> String {
     match endpoint.strip_prefix("tcp://*:") {
+        Some("0") => "tcp://127.0.0.1:0".to_owned(),
         Some(port) => format!("tcp://0.0.0.0:{port}"),
         None => endpoint.to_owned(),
     }
 }
 
-/// Binds the sockets and starts the publishing and replay tasks on the current runtime.
+/// Binds (or, per [`publisher_binds`], starts connecting) the sockets and starts the
+/// publishing and replay tasks on the current runtime.
 pub async fn start(cfg: KvEventsConfig) -> Result<KvEventsPublisher, KvEventsError> {
     let mut pub_socket = PubSocket::new();
-    let endpoint = pub_socket
-        .bind(&normalize_endpoint(&cfg.endpoint))
-        .await
-        .map_err(|source| KvEventsError::Bind {
-            endpoint: cfg.endpoint.clone(),
-            source,
-        })?
-        .to_string();
+    let (endpoint, connect_to) = if publisher_binds(&cfg.endpoint) {
+        let bound = pub_socket
+            .bind(&normalize_endpoint(&cfg.endpoint))
+            .await
+            .map_err(|source| KvEventsError::Bind {
+                endpoint: cfg.endpoint.clone(),
+                source,
+            })?
+            .to_string();
+        (bound, None)
+    } else {
+        (cfg.endpoint.clone(), Some(cfg.endpoint.clone()))
+    };
     let buffer: Buffer = Arc::new(Mutex::new(VecDeque::new()));
     let topic = Bytes::from(cfg.topic.clone().into_bytes());
     let replay_endpoint = match &cfg.replay_endpoint {
@@ -125,6 +147,7 @@ pub async fn start(cfg: KvEventsConfig) -> Result<KvEventsPublisher, KvEventsErr
     let (sender, rx) = mpsc::unbounded_channel();
     tokio::spawn(publish(
         pub_socket,
+        connect_to,
         rx,
         buffer,
         topic,
@@ -138,14 +161,30 @@ pub async fn start(cfg: KvEventsConfig) -> Result<KvEventsPublisher, KvEventsErr
     })
 }
 
+/// Pause between attempts to reach a subscriber that is not listening yet.
+const CONNECT_RETRY: Duration = Duration::from_millis(100);
+
 async fn publish(
     mut socket: PubSocket,
+    connect_to: Option<String>,
     mut rx: mpsc::UnboundedReceiver<Vec<KvCacheEvent>>,
     buffer: Buffer,
     topic: Bytes,
     format: KvEventsFormat,
     capacity: usize,
 ) {
+    // Connecting, like libzmq's connect, retries until the subscriber listens; batches wait
+    // in the channel meanwhile, as they would in the socket's queue (vLLM's hwm is 100,000).
+    if let Some(endpoint) = connect_to {
+        let mut warned = false;
+        while let Err(error) = socket.connect(&endpoint).await {
+            if !warned {
+                tracing::info!(%endpoint, %error, "KV-event subscriber not listening yet; retrying");
+                warned = true;
+            }
+            tokio::time::sleep(CONNECT_RETRY).await;
+        }
+    }
     let mut seq: u64 = 0;
     while let Some(events) = rx.recv().await {
         let ts = SystemTime::now()
@@ -334,8 +373,62 @@ mod tests {
     use super::*;
 
     #[test]
+    fn like_vllm_it_binds_wildcard_and_ipc_endpoints_and_connects_to_the_rest() {
+        assert!(publisher_binds("tcp://*:5557"));
+        assert!(publisher_binds("tcp://*:0"));
+        assert!(publisher_binds("tcp://[::]:5557"));
+        assert!(publisher_binds("ipc:///tmp/kv-events"));
+        assert!(!publisher_binds("tcp://127.0.0.1:5557"));
+        assert!(!publisher_binds("tcp://vllm-0.local:5557"));
+    }
+
+    /// A publisher given a host endpoint connects to the subscriber that listens there, even
+    /// one that starts listening after it. Batches sent before the subscription reaches the
+    /// publisher are dropped, as by any ZMQ PUB socket (the replay endpoint recovers them),
+    /// so batches go out until one arrives.
+    #[tokio::test]
+    async fn a_host_endpoint_reaches_a_subscriber_that_listens_there() {
+        use zeromq::SubSocket;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let endpoint = format!("tcp://127.0.0.1:{port}");
+        let publisher = start(KvEventsConfig {
+            endpoint: endpoint.clone(),
+            replay_endpoint: None,
+            topic: "kv-events".into(),
+            format: KvEventsFormat::Array,
+            buffer: 16,
+        })
+        .await
+        .expect("a connecting publisher starts before its subscriber");
+        assert_eq!(publisher.endpoint, endpoint);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut subscriber = SubSocket::new();
+        subscriber.bind(&endpoint).await.expect("bind");
+        subscriber.subscribe("").await.expect("subscribe");
+        let sender = publisher.sender.clone();
+        let feeding = tokio::spawn(async move {
+            while sender.send(vec![KvCacheEvent::AllBlocksCleared]).is_ok() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        });
+        let message = tokio::time::timeout(Duration::from_secs(10), subscriber.recv())
+            .await
+            .expect("a batch within 10 s")
+            .expect("a message");
+        feeding.abort();
+        let frames = message.into_vec();
+        assert_eq!(frames.len(), 3, "topic, seq, payload");
+        assert_eq!(&frames[0][..], b"kv-events");
+        assert_eq!(frames[1].len(), 8, "a big-endian u64 seq");
+    }
+
+    #[test]
     fn vllm_wildcard_endpoints_are_accepted() {
         assert_eq!(normalize_endpoint("tcp://*:5557"), "tcp://0.0.0.0:5557");
+        assert_eq!(normalize_endpoint("tcp://*:0"), "tcp://127.0.0.1:0");
         assert_eq!(
             normalize_endpoint("tcp://127.0.0.1:5557"),
             "tcp://127.0.0.1:5557"
