@@ -148,6 +148,10 @@ pub struct NodeMetrics {
     pub kv_event_bad_events: Counter,
     /// Exact mode: prompts the engine could not tokenize for routing (routed by load).
     pub tokenize_failures: Counter,
+    /// Exact mode: how long tokenizing a prompt for routing took, by where: `local` (the
+    /// loaded `tokenizer.json`) or `engine` (a round trip to the engine's `/tokenize`, which
+    /// waits behind whatever else the engine's API server is doing).
+    pub tokenize_seconds: Family<SourceLabels, Histogram>,
     /// New prefixes this node's engine is computing (see `serve::engine_queue`).
     pub new_prefixes_in_flight: Gauge,
     /// Requests queued at this node's engine as this node counts them exactly.
@@ -237,6 +241,7 @@ impl Default for NodeMetrics {
             attempts_declined: Counter::default(),
             load_reports: Counter::default(),
             route_load_age: Family::new_with_constructor(age_histogram),
+            tokenize_seconds: Family::new_with_constructor(latency_histogram),
             attempts_abandoned: Family::default(),
             peer_requests_refused: Family::default(),
             pd_fallbacks: Family::default(),
@@ -502,6 +507,12 @@ impl NodeMetrics {
             "tokenize_failures",
             "Exact mode: prompts the engine could not tokenize, routed by load alone",
             self.tokenize_failures.clone(),
+        );
+        registry.register(
+            "tokenize_seconds",
+            "Exact mode: time to tokenize a prompt for routing, by source: local (the loaded \
+             tokenizer.json) or engine (a round trip to the engine's /tokenize)",
+            self.tokenize_seconds.clone(),
         );
         registry.register(
             "new_prefixes_in_flight",

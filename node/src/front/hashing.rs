@@ -9,13 +9,14 @@
 use super::errors::ApiError;
 use crate::engine::local_tokenizer::LocalTokenizer;
 use crate::engine::tokenize::{completion_prompt, tokenize, tokenize_body};
+use crate::metrics::SourceLabels;
 use crate::serve::state::SharedState;
 use kvmesh_protocol::RequestHashes;
 use kvmesh_protocol::hashing::{
     Endpoint, HashError, HashMode, hash_request_seeded, hash_tokenized_seeded,
 };
 use serde_json::Value;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Longest wait for the engine's tokenizer before routing without a prefix.
 const TOKENIZE_TIMEOUT: Duration = Duration::from_secs(1);
@@ -40,10 +41,19 @@ pub async fn hash_for_routing(
         return Err(bad_request(HashError::NeedsTokens));
     };
     let local = state.config.tokenizer.as_deref();
-    let tokens = match local.and_then(|tokenizer| local_tokens(tokenizer, endpoint, body)) {
-        Some(tokens) => tokens,
-        None => engine_tokens(state, endpoint, body).await,
+    let started = Instant::now();
+    let (tokens, source) = match local.and_then(|tokenizer| local_tokens(tokenizer, endpoint, body))
+    {
+        Some(tokens) => (tokens, "local"),
+        None => (engine_tokens(state, endpoint, body).await, "engine"),
     };
+    state
+        .metrics
+        .tokenize_seconds
+        .get_or_create(&SourceLabels {
+            source: source.to_owned(),
+        })
+        .observe(started.elapsed().as_secs_f64());
     let tokens = match tokens {
         Ok(tokens) => tokens,
         Err(error) => {
