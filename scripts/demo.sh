@@ -557,8 +557,10 @@ spawn_sidecar() {
     # Exact mode: the engine's KV events say what it holds (vLLM's blocks are 32 tokens).
     # vLLM connects its publisher to a loopback endpoint (it binds only wildcard ones): the
     # sidecar listens there.
-    [[ $mode == exact ]] && args+=(--kv-events "${VLLM_EVENTS[i - 1]}" --kv-events-bind --block-tokens "$VLLM_BLOCK_TOKENS"
-        --tokenizer "$VLLM_MODEL/tokenizer.json")
+    [[ $mode == exact ]] && args+=(--kv-events "${VLLM_EVENTS[i - 1]}" --kv-events-bind --block-tokens "$VLLM_BLOCK_TOKENS")
+    # Completions prompts tokenized in the sidecar where the build can (`kvmesh --version`
+    # names its features), rather than through the engine's /tokenize.
+    [[ $mode == exact && $("$KVMESH" --version) == *tokenizer* ]] && args+=(--tokenizer "$VLLM_MODEL/tokenizer.json")
     [[ $mode == pd && -n $PD_CONFIG ]] && args+=(--config "$PD_CONFIG")
     # Under --models, the sidecars of model-b's engines may load its adapters there.
     if [[ $MODELS == 1 ]] && ((i > NODES / 2)); then
@@ -1215,8 +1217,23 @@ run_vllm_kvmesh() {
         log "[$w / kvmesh $mode] mesh converged: every node sees $((NODES - 1)) peers"
         show_mesh
         run_load "$w" "kvmesh $mode" random "${SIDECAR_URLS[@]}"
+        [[ $mode == exact ]] && kv_events_note "$w"
         stop_cluster
     done
+}
+
+# kv_events_note WORKLOAD: how many KV-event batches each exact-mode sidecar applied, in the
+# report: none means the sidecar heard nothing and routed as if nothing were cached.
+kv_events_note() {
+    local i n counts=()
+    for ((i = 0; i < NODES; i++)); do
+        n=$(http_get "${SIDECAR_ADDRS[i]}" /metrics 2>/dev/null |
+            sed -nE 's/^kvmesh_kv_event_batches_total\{outcome="applied"\} ([0-9.e+]+).*/\1/p' | head -1)
+        counts+=("node-$((i + 1)) ${n:-0}")
+    done
+    local line="KV-event batches applied by the exact-mode sidecars: $(IFS=,; echo "${counts[*]}" | sed 's/,/, /g')"
+    log "  $line"
+    NOTES+=(--note "$1 / kvmesh exact: $line")
 }
 
 BASELINE=round-robin

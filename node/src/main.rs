@@ -22,9 +22,45 @@ use clap::{Parser, Subcommand};
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+// The optional features as string literals, for `concat!`.
+#[cfg(feature = "tokenizer")]
+macro_rules! tokenizer_feature {
+    () => {
+        " tokenizer"
+    };
+}
+#[cfg(not(feature = "tokenizer"))]
+macro_rules! tokenizer_feature {
+    () => {
+        ""
+    };
+}
+#[cfg(feature = "jemalloc")]
+macro_rules! jemalloc_feature {
+    () => {
+        " jemalloc"
+    };
+}
+#[cfg(not(feature = "jemalloc"))]
+macro_rules! jemalloc_feature {
+    () => {
+        ""
+    };
+}
+
+/// `kvmesh --version`: the version and the optional features this binary was built with, so
+/// that an operator (or `scripts/demo.sh`) can tell whether `--tokenizer` is available.
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (features:",
+    tokenizer_feature!(),
+    jemalloc_feature!(),
+    ")"
+);
+
 /// A decentralized, cache- and load-aware request router for vLLM clusters.
 #[derive(Parser, Debug)]
-#[command(name = "kvmesh", version, about)]
+#[command(name = "kvmesh", version = VERSION, about)]
 struct Cli {
     /// Log lines on stderr: `text` for people, `json` (one object per event, with the fields
     /// of its span: request_id, node, reason, peer) for log pipelines. RUST_LOG filters.
