@@ -1,6 +1,7 @@
 //! HTTP/1.1 client to the local engine: pooled keep-alive connections with TCP_NODELAY (a
 //! streamed answer through a proxy stalls tens of milliseconds per chunk with Nagle on).
 
+use super::progress::Progress;
 use bytes::Bytes;
 use http::{Method, Request, Response, Uri};
 use http_body_util::{BodyExt, Full};
@@ -32,6 +33,8 @@ pub struct EngineClient {
     authority: http::uri::Authority,
     client: Client<HttpConnector, Full<Bytes>>,
     api_key: Option<String>,
+    /// When the engine last answered anything (see [`Progress`]).
+    progress: Progress,
 }
 
 impl EngineClient {
@@ -63,11 +66,18 @@ impl EngineClient {
             authority,
             client,
             api_key,
+            progress: Progress::default(),
         })
     }
 
     pub fn base_url(&self) -> &str {
         &self.base
+    }
+
+    /// The engine's last sign of work: answers' heads (noted here) and body chunks (noted by
+    /// whoever reads them).
+    pub fn progress(&self) -> &Progress {
+        &self.progress
     }
 
     /// Sends a request to `path` (e.g. `/v1/completions`) of this engine and returns as soon
@@ -91,10 +101,13 @@ impl EngineClient {
         let request = builder
             .body(Full::new(body))
             .map_err(|e| EngineError::Unreachable(format!("building the request: {e}")))?;
-        self.client
+        let response = self
+            .client
             .request(request)
             .await
-            .map_err(|e| EngineError::Unreachable(error_chain(&e)))
+            .map_err(|e| EngineError::Unreachable(error_chain(&e)))?;
+        self.progress.note();
+        Ok(response)
     }
 
     /// GETs `path` and returns the body if the status is 200, within `within`.

@@ -10,8 +10,10 @@ pub mod client;
 pub mod local_tokenizer;
 pub mod models;
 pub mod poller;
+pub mod progress;
 pub mod static_embedding;
 pub mod tokenize;
 
 pub use client::{EngineClient, EngineError};
 pub use poller::{EngineState, LocalEngine};
+pub use progress::Progress;

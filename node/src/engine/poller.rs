@@ -22,6 +22,11 @@ pub const MODELS_EVERY: u64 = 20;
 /// large batch can be slow to answer `/metrics` once in a while, and dropping out of every
 /// node's candidates for that would move its traffic for nothing.
 const TOLERATED_FAILED_POLLS: u32 = 2;
+/// A poll that fails indecisively (slow, garbled) does not count against an engine that sent
+/// its requests something within this window: it is busy, not hung (see
+/// [`super::progress`]). A frozen engine sends nothing and is dropped as before, this much
+/// later at the most.
+const PROGRESS_WINDOW: Duration = Duration::from_secs(2);
 
 /// Why a poll failed.
 struct PollFailure {
@@ -64,6 +69,16 @@ fn still_healthy(
             None => true,
             Some(failure) => !failure.decisive && failed_in_a_row <= TOLERATED_FAILED_POLLS,
         }
+}
+
+/// Failed polls in a row after this one: a failure counts when it is decisive or when the
+/// engine sent its requests nothing lately (`progressing`: within [`PROGRESS_WINDOW`]); an
+/// engine that answers, or streams while its poller waits, starts over at 0.
+fn failed_polls(before: u32, failure: Option<&PollFailure>, progressing: bool) -> u32 {
+    match failure {
+        Some(failure) if failure.decisive || !progressing => before + 1,
+        _ => 0,
+    }
 }
 
 /// What the node knows of its engine.
@@ -179,11 +194,8 @@ async fn poll_loop(client: EngineClient, interval: Duration, tx: watch::Sender<A
                 Err(e) => failure = Some(PollFailure::new("/metrics", &e)),
             }
         }
-        failed_in_a_row = if failure.is_some() {
-            failed_in_a_row + 1
-        } else {
-            0
-        };
+        let progressing = client.progress().within(PROGRESS_WINDOW);
+        failed_in_a_row = failed_polls(failed_in_a_row, failure.as_ref(), progressing);
         let was_healthy = state.healthy;
         state.healthy = still_healthy(
             failure.as_ref(),
@@ -273,6 +285,27 @@ mod tests {
             healthy(Some(&metrics_error), 1),
             "a /metrics error alone is indecisive"
         );
+    }
+
+    #[test]
+    fn a_slow_poll_does_not_count_against_an_engine_that_streams() {
+        let slow = PollFailure::new("/metrics", &EngineError::Timeout(Duration::from_secs(1)));
+        let refused = PollFailure::new("/metrics", &EngineError::Unreachable("refused".into()));
+        // Busy: its poller times out while its streams move. It stays a target however long.
+        let mut in_a_row = 0;
+        for _ in 0..10 {
+            in_a_row = failed_polls(in_a_row, Some(&slow), true);
+            assert!(still_healthy(Some(&slow), in_a_row, true, false));
+        }
+        // Hung: nothing moves, and the slow polls count as before.
+        for _ in 0..=TOLERATED_FAILED_POLLS {
+            in_a_row = failed_polls(in_a_row, Some(&slow), false);
+        }
+        assert!(!still_healthy(Some(&slow), in_a_row, true, false));
+        // Down: a refused connection counts whatever was streaming a moment ago.
+        assert_eq!(failed_polls(0, Some(&refused), true), 1);
+        assert!(!still_healthy(Some(&refused), 1, true, false));
+        assert_eq!(failed_polls(5, None, false), 0, "an answer starts over");
     }
 
     #[test]

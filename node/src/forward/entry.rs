@@ -2,6 +2,7 @@
 
 use super::headers::response_headers_from_engine;
 use super::relay::{poll_local, poll_remote};
+use crate::engine::Progress;
 use crate::engine::client::error_chain;
 use crate::metrics::{
     ABANDON_ENGINE_UNHEALTHY, ABANDON_PEER_DEAD, ABANDON_PEER_SILENT, NodeMetrics,
@@ -53,7 +54,8 @@ pub struct Upstream {
 }
 
 pub enum UpstreamBody {
-    Local(Incoming),
+    /// The engine's body, and its progress clock, which each chunk read moves.
+    Local(Incoming, Progress),
     Remote {
         recv: RecvStream,
         decoder: FrameDecoder,
@@ -171,7 +173,7 @@ async fn attempt_local(
         headers: response_headers_from_engine(response.headers()),
         served_by: state.node_name.clone(),
         content_length: response.body().size_hint().exact(),
-        body: UpstreamBody::Local(response.into_body()),
+        body: UpstreamBody::Local(response.into_body(), state.engine.client.progress().clone()),
         first: None,
         report: None,
         handed: Some(handed),
@@ -191,7 +193,7 @@ pub async fn first_byte(
 ) -> Result<(), AttemptError> {
     let body = &mut upstream.body;
     let read = std::future::poll_fn(|cx| match body {
-        UpstreamBody::Local(incoming) => poll_local(incoming, cx),
+        UpstreamBody::Local(incoming, progress) => poll_local(incoming, progress, cx),
         UpstreamBody::Remote { recv, decoder, .. } => poll_remote(recv, decoder, cx),
     });
     let lost = async {

@@ -14,6 +14,7 @@
 
 use super::entry::{Upstream, UpstreamBody};
 use super::headers::is_event_stream;
+use crate::engine::Progress;
 use crate::front::body::{BodyError, ResponseBody};
 use crate::front::errors::ApiError;
 use crate::metrics::Outcome;
@@ -203,7 +204,7 @@ impl Body for RelayBody {
         };
         let polled = match (this.first.take(), source) {
             (Some(first), _) => Poll::Ready(Ok(first)),
-            (None, UpstreamBody::Local(incoming)) => poll_local(incoming, cx),
+            (None, UpstreamBody::Local(incoming, progress)) => poll_local(incoming, progress, cx),
             (None, UpstreamBody::Remote { recv, decoder, .. }) => poll_remote(recv, decoder, cx),
         };
         let Poll::Ready(next) = polled else {
@@ -283,9 +284,11 @@ impl Drop for RelayBody {
     }
 }
 
-/// The next data chunk of the engine's body; `None` at its end.
+/// The next data chunk of the engine's body; `None` at its end. Each chunk is a sign that the
+/// engine works, noted on `progress`.
 pub(super) fn poll_local(
     incoming: &mut hyper::body::Incoming,
+    progress: &Progress,
     cx: &mut Context<'_>,
 ) -> Poll<Result<Option<Bytes>, String>> {
     loop {
@@ -293,6 +296,7 @@ pub(super) fn poll_local(
             None => return Poll::Ready(Ok(None)),
             Some(Err(e)) => return Poll::Ready(Err(format!("engine: {e}"))),
             Some(Ok(frame)) => {
+                progress.note();
                 if let Ok(data) = frame.into_data() {
                     return Poll::Ready(Ok(Some(data)));
                 }

@@ -187,6 +187,7 @@ async fn handle(
         match frame {
             None => break,
             Some(Ok(frame)) => {
+                state.engine.client.progress().note();
                 if let Ok(data) = frame.into_data() {
                     for frame in Frame::data_frames(data) {
                         frame.encode_into(&mut out);
