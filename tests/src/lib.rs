@@ -12,6 +12,8 @@
 //! - [`wait`]: polling with a bound instead of sleeping.
 //! - [`netfault`]: partitions and datagram loss between sidecars, with nftables.
 //! - [`tools`]: external tools (kubectl, promtool) and when a test may skip for lack of one.
+//! - [`vllm`]: real vLLM servers (its CPU build, installed by `scripts/lib/vllm.sh`) in place of
+//!   the mock engine.
 
 pub mod binaries;
 pub mod certs;
@@ -27,6 +29,7 @@ pub mod sse;
 pub mod tools;
 pub mod traffic;
 pub mod udp_delay;
+pub mod vllm;
 pub mod wait;
 
 pub use cluster::{CONVERGENCE_TIMEOUT, Cluster, Node, NodeSpec};
@@ -35,4 +38,5 @@ pub use http::{Request, Response};
 pub use sidecar::{Sidecar, SidecarConfig};
 pub use sse::{SseEvent, SseReader, SseTranscript};
 pub use traffic::{Call, Served, call, every_call_served_by, try_call};
+pub use vllm::{VllmConfig, VllmServer};
 pub use wait::{holds_during, wait_for, wait_until};
