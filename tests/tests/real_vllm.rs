@@ -24,7 +24,7 @@ use kvmesh_tests::vllm::{
 };
 use kvmesh_tests::{
     CONVERGENCE_TIMEOUT, Request, Response, Sidecar, SidecarConfig, SseReader, VllmConfig,
-    VllmServer, wait_for, wait_until,
+    VllmServer, holds_during, wait_for, wait_until,
 };
 use serde_json::{Value, json};
 
@@ -248,7 +248,7 @@ fn a_mesh_of_sidecars_over_two_real_vllm_servers() {
 }
 
 /// Every node lists `tiny` with vLLM's own fields (its path, context, owner), not a card of its
-/// own making.
+/// own making, and the same card as time passes.
 fn models_carry_vllms_cards(sidecars: &[&Sidecar], servers: &[VllmServer], model_dir: &Path) {
     let vllm_cards: Vec<Value> = servers
         .iter()
@@ -278,9 +278,30 @@ fn models_carry_vllms_cards(sidecars: &[&Sidecar], servers: &[VllmServer], model
                 sidecar.node_id()
             );
         }
-        // Not compared: vLLM stamps `created` with the time of each listing.
         assert!(listed["created"].is_u64(), "{listed}");
     }
+    // vLLM stamps each listing with its time (`created`); every node lists the same card,
+    // across the nodes' polls of vLLM's `/v1/models` (one every 2 s).
+    let listings = || -> Vec<Value> {
+        let list = |sidecar: &&Sidecar| card(&sidecar.get("/v1/models").json(), MODEL);
+        sidecars.iter().map(list).collect()
+    };
+    let agreed = wait_for(LEARN_TIMEOUT, "every node lists the same card", || {
+        let cards = listings();
+        match cards.iter().all(|card| *card == cards[0]) {
+            true => Ok(cards[0].clone()),
+            false => Err(format!("{cards:?}")),
+        }
+    })
+    .0;
+    holds_during(
+        Duration::from_secs(3),
+        "every node lists the card it listed",
+        || match listings().iter().find(|card| **card != agreed) {
+            Some(other) => Err(format!("{other} after {agreed}")),
+            None => Ok(()),
+        },
+    );
 }
 
 /// The card of `id` in a `/v1/models` answer.
