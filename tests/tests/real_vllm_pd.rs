@@ -8,7 +8,6 @@
 //! answer. Its own binary, apart from `real_vllm.rs`: each test binary runs alone (nextest's
 //! `real-vllm` group), so that no more than two vLLM servers run at once.
 
-use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::time::{Duration, Instant};
 
 use kvmesh_tests::certs::ClusterCa;
@@ -16,7 +15,7 @@ use kvmesh_tests::cluster::wait_meshed;
 use kvmesh_tests::openai::{chat_body, completion_body, served_by};
 use kvmesh_tests::vllm::{MODEL, VLLM_CALL_TIMEOUT, core, prompt, start_all};
 use kvmesh_tests::{
-    CONVERGENCE_TIMEOUT, Request, Response, Sidecar, SidecarConfig, VllmConfig, VllmServer,
+    CONVERGENCE_TIMEOUT, Request, Response, Sidecar, SidecarConfig, VllmConfig, VllmServer, stage,
     wait_until,
 };
 use serde_json::{Value, json};
@@ -26,28 +25,6 @@ const LONG_PROMPT_TOKENS: usize = 2048;
 /// Tokens each answer asks for (`ignore_eos`, so exactly these).
 const ANSWER_TOKENS: u64 = 16;
 const LEARN_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Runs one stage; a panic inside is reported with the stage's name.
-fn stage<T>(name: &str, body: impl FnOnce() -> T) -> T {
-    let started = Instant::now();
-    println!("stage {name}: starting");
-    match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(value) => {
-            println!("stage {name}: passed in {:?}", started.elapsed());
-            value
-        }
-        Err(payload) => {
-            let message = payload
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()));
-            match message {
-                Some(message) => panic!("stage {name} failed: {message}"),
-                None => resume_unwind(payload),
-            }
-        }
-    }
-}
 
 fn nixl_server(name: &str, index: usize) -> VllmConfig {
     VllmConfig::new(name, core(index))
