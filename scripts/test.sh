@@ -30,7 +30,7 @@ ensure_deploy_tools
 bash scripts/check-deploy.sh
 export KVMESH_TESTS_SKIP_TOOLS="${MISSING_TOOLS[*]}"
 
-# The end-to-end tests over real vLLM (tests/tests/real_vllm*.rs) need vLLM's CPU build and
+# The end-to-end tests over real vLLM (tests/tests/real_vllm/, real_vllm_pd.rs) need vLLM's CPU build and
 # the tiny models made locally: installed here when missing (a few minutes the first time,
 # then reused from .state/), and a failure fails the suite: those tests never skip.
 step "vLLM's CPU build and the tiny models (scripts/lib/vllm.sh)"

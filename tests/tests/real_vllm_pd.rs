@@ -5,7 +5,7 @@
 //! decoded on the other, and vLLM's own counters say so: the prefill server computed the
 //! prompt, the decode server received it by KV transfer
 //! (`vllm:prompt_tokens_by_source_total{source="external_kv_transfer"}`) and generated the
-//! answer. Its own binary, apart from `real_vllm.rs`: each test binary runs alone (nextest's
+//! answer. Its own binary, apart from `real_vllm/`: each test binary runs alone (nextest's
 //! `real-vllm` group), so that no more than two vLLM servers run at once.
 
 use std::time::{Duration, Instant};

@@ -90,6 +90,7 @@ fn a_mesh_of_sidecars_over_two_real_vllm_servers() {
     stage("a server killed under load", || {
         failure::server_killed_under_load(&c, &d, &mut servers)
     });
+    // b's group is gone; its core and memory go to the embedding server.
     drop(servers.pop());
     stage("a pooling model's /v1/embeddings across the mesh", || {
         api::embeddings_across_the_mesh(&ca, &c, &d)
