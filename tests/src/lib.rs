@@ -9,9 +9,11 @@
 //!   `kvmesh_protocol::prometheus_text`).
 //! - [`load`]: the real load generator and its JSON report.
 //! - [`traffic`]: inference calls through a sidecar, checked, with who served them.
-//! - [`wait`]: polling with a bound instead of sleeping.
+//! - [`wait`]: polling with a bound instead of sleeping; [`stage`]: named steps of one long test.
 //! - [`netfault`]: partitions and datagram loss between sidecars, with nftables.
 //! - [`tools`]: external tools (kubectl, promtool) and when a test may skip for lack of one.
+//! - [`vllm`]: real vLLM servers (its CPU build, installed by `scripts/lib/vllm.sh`) in place of
+//!   the mock engine.
 
 pub mod binaries;
 pub mod certs;
@@ -24,9 +26,11 @@ pub mod openai;
 pub mod process;
 pub mod sidecar;
 pub mod sse;
+pub mod stage;
 pub mod tools;
 pub mod traffic;
 pub mod udp_delay;
+pub mod vllm;
 pub mod wait;
 
 pub use cluster::{CONVERGENCE_TIMEOUT, Cluster, Node, NodeSpec};
@@ -34,5 +38,7 @@ pub use engine::{Engine, EngineConfig, Timing};
 pub use http::{Request, Response};
 pub use sidecar::{Sidecar, SidecarConfig};
 pub use sse::{SseEvent, SseReader, SseTranscript};
+pub use stage::stage;
 pub use traffic::{Call, Served, call, every_call_served_by, try_call};
+pub use vllm::{VllmConfig, VllmServer};
 pub use wait::{holds_during, wait_for, wait_until};

@@ -77,39 +77,12 @@ impl ManagedProcess {
     /// the message, if the process exits or stays silent instead.
     pub fn start(
         name: &str,
-        mut command: Command,
+        command: Command,
         ready_prefix: &str,
         ready_timeout: Duration,
     ) -> (Self, String) {
-        command
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = command
-            .spawn()
-            .unwrap_or_else(|error| panic!("{name}: cannot start {command:?}: {error}"));
-        let output = Arc::new(OutputLog::default());
         let (stdout_lines, stdout_rx) = mpsc::channel();
-        let mut readers = Vec::new();
-        if let Some(stdout) = child.stdout.take() {
-            readers.push(drain(
-                stdout,
-                Pipe::Stdout,
-                Arc::clone(&output),
-                Some(stdout_lines),
-            ));
-        }
-        if let Some(stderr) = child.stderr.take() {
-            readers.push(drain(stderr, Pipe::Stderr, Arc::clone(&output), None));
-        }
-        let mut process = ManagedProcess {
-            name: name.to_string(),
-            child,
-            exit: None,
-            output,
-            readers,
-            output_reported: false,
-        };
+        let mut process = Self::launch(name, command, Some(stdout_lines));
         let deadline = Instant::now() + ready_timeout;
         loop {
             let remaining = deadline.saturating_duration_since(Instant::now());
@@ -133,6 +106,45 @@ impl ManagedProcess {
                     ));
                 }
             }
+        }
+    }
+
+    /// Starts `command` without waiting for anything: for a process whose readiness is told
+    /// some other way (e.g. an HTTP health check), see [`crate::vllm`].
+    pub fn spawn(name: &str, command: Command) -> Self {
+        Self::launch(name, command, None)
+    }
+
+    /// Starts `command` with piped output drained into the log (stdout lines also into
+    /// `stdout_lines`, when given).
+    fn launch(name: &str, mut command: Command, stdout_lines: Option<Sender<String>>) -> Self {
+        command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = command
+            .spawn()
+            .unwrap_or_else(|error| panic!("{name}: cannot start {command:?}: {error}"));
+        let output = Arc::new(OutputLog::default());
+        let mut readers = Vec::new();
+        if let Some(stdout) = child.stdout.take() {
+            readers.push(drain(
+                stdout,
+                Pipe::Stdout,
+                Arc::clone(&output),
+                stdout_lines,
+            ));
+        }
+        if let Some(stderr) = child.stderr.take() {
+            readers.push(drain(stderr, Pipe::Stderr, Arc::clone(&output), None));
+        }
+        ManagedProcess {
+            name: name.to_string(),
+            child,
+            exit: None,
+            output,
+            readers,
+            output_reported: false,
         }
     }
 

@@ -20,7 +20,8 @@ pub struct ModelCard {
     /// The base model of a LoRA adapter.
     pub parent: Option<String>,
     pub max_model_len: Option<u64>,
-    /// When the engine created the card (it starts), Unix seconds.
+    /// Unix seconds. vLLM stamps every listing with the time it answers: the poller keeps the
+    /// first listing's while [`same_cards`] says nothing else changed.
     pub created: u64,
     pub owned_by: String,
 }
@@ -117,6 +118,18 @@ pub fn ids(cards: &[ModelCard], adapters: bool) -> Vec<String> {
         .collect()
 }
 
+/// Whether two listings describe the same models: the same cards in the same order, their
+/// `created` aside (vLLM's is the time of each listing).
+pub fn same_cards(a: &[ModelCard], b: &[ModelCard]) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|(a, b)| {
+            ModelCard {
+                created: b.created,
+                ..a.clone()
+            } == *b
+        })
+}
+
 /// The cluster's `/v1/models`: every name once, in name order, each as the first of `cards`
 /// with its id describes it. A name of `names` no card describes (its node has not gossiped
 /// its cards yet) gets a card with the name alone.
@@ -175,6 +188,22 @@ mod tests {
         assert!(decode_cards(&encode_cards(&[huge])).is_err());
         let many = vec![cards[0].clone(); MAX_CARDS + 1];
         assert!(decode_cards(&encode_cards(&many)).is_err());
+    }
+
+    #[test]
+    fn listings_that_differ_in_their_time_alone_are_the_same() {
+        let before = parse_models(VLLM).unwrap();
+        let mut relisted = before.clone();
+        for card in &mut relisted {
+            card.created += 20;
+        }
+        assert!(same_cards(&before, &relisted));
+        let mut unloaded = relisted.clone();
+        unloaded.pop();
+        assert!(!same_cards(&before, &unloaded));
+        let mut moved = relisted;
+        moved[2].root = Some("/adapters/sql-v2".to_owned());
+        assert!(!same_cards(&before, &moved));
     }
 
     #[test]

@@ -169,11 +169,15 @@ async fn poll_loop(client: EngineClient, interval: Duration, tx: watch::Sender<A
                 .await
                 .map(|t| models::parse_models(&t))
             {
-                Ok(Ok(cards)) => {
+                // vLLM stamps every listing with its time: the cards read first stand until
+                // the models themselves change (else they would be gossiped anew after every
+                // read, and each node would list another `created`).
+                Ok(Ok(cards)) if !models::same_cards(&state.cards, &cards) => {
                     state.models = models::ids(&cards, false);
                     state.loras = models::ids(&cards, true);
                     state.cards = cards;
                 }
+                Ok(Ok(_)) => {}
                 Ok(Err(e)) => failure = Some(PollFailure::invalid("/v1/models", e.to_string())),
                 Err(e) => failure = Some(PollFailure::new("/v1/models", &e)),
             }
