@@ -468,21 +468,25 @@ stop_vllm_engines() {
     VLLM_RUNNING=
 }
 
-# vllm_reset URL: empties the server's prefix cache; vLLM refuses while a request holds blocks,
-# so it is retried for a while (the previous run's last requests may still be finishing).
+# vllm_reset URL: empties the server's prefix cache. vLLM answers {"success": false} while a
+# request still holds blocks, so it is retried for a while (the previous run's last requests
+# may still be finishing).
 vllm_reset() {
     python3 - "$1" <<'PY'
-import sys, time, urllib.request
+import json, sys, time, urllib.request
 deadline = time.time() + 60
-while True:
+why = "no answer"
+while time.time() < deadline:
     try:
-        with urllib.request.urlopen(urllib.request.Request(sys.argv[1] + "/reset_prefix_cache", b"", method="POST"), timeout=10) as r:
-            if r.status == 200:
+        request = urllib.request.Request(sys.argv[1] + "/reset_prefix_cache", b"", method="POST")
+        with urllib.request.urlopen(request, timeout=10) as r:
+            if json.loads(r.read() or b"{}").get("success", True):
                 sys.exit(0)
+            why = "success: false (blocks still held)"
     except Exception as error:
-        if time.time() > deadline:
-            sys.exit(f"reset_prefix_cache: {error}")
+        why = str(error)
     time.sleep(1)
+sys.exit(f"reset_prefix_cache: {why}")
 PY
 }
 
