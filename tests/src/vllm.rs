@@ -27,6 +27,7 @@ use serde_json::Value;
 use crate::binaries::workspace_root;
 use crate::http::{Request, Response};
 use crate::process::{ManagedProcess, run_to_completion};
+use crate::wait::wait_for;
 use kvmesh_protocol::prometheus_text;
 
 /// The name every generative server serves the tiny model as.
@@ -400,17 +401,21 @@ impl VllmServer {
     }
 
     /// Empties the prefix cache (`POST /reset_prefix_cache`, a dev endpoint the script
-    /// enables), so that a stage starts cold; panics if vLLM refuses (it does while requests
-    /// run).
+    /// enables), so that a stage starts cold. vLLM answers `{"success": false}` while a
+    /// request still holds blocks (a stage's last streams may be finishing): retried for up
+    /// to 30 s, then a panic.
     pub fn reset_prefix_cache(&self) {
-        let response = self.send(Request::post("/reset_prefix_cache", ""));
-        assert_eq!(
-            response.status,
-            200,
-            "{}: /reset_prefix_cache: {}",
-            self.name,
-            response.describe()
-        );
+        let what = format!("{}: /reset_prefix_cache to succeed", self.name);
+        wait_for(Duration::from_secs(30), &what, || {
+            let response = self.send(Request::post("/reset_prefix_cache", ""));
+            if response.status != 200 {
+                return Err(response.describe());
+            }
+            match response.json().get("success").and_then(Value::as_bool) {
+                Some(false) => Err("success: false (blocks still held)".to_owned()),
+                _ => Ok(()),
+            }
+        });
     }
 }
 
