@@ -206,7 +206,8 @@ async fn kv_events_name_the_image_on_its_blocks(format: &str) {
     let engine = EngineProc::start(&[
         "--instant",
         "--kv-events",
-        "tcp://127.0.0.1:0",
+        // A wildcard endpoint: the engine binds it, as vLLM does (it connects to a host).
+        "tcp://*:0",
         "--kv-events-format",
         format,
     ]);

@@ -179,7 +179,8 @@ async fn events_agree_with_cache_state(format: &str) {
         "--kv-blocks",
         "40",
         "--kv-events",
-        "tcp://127.0.0.1:0",
+        // A wildcard endpoint: the engine binds it, as vLLM does (it connects to a host).
+        "tcp://*:0",
         "--kv-events-replay",
         "tcp://127.0.0.1:0",
         "--kv-events-format",
