@@ -63,18 +63,21 @@ pub const H100_8B: Roofline = Roofline {
 
 // --- cpu-tiny ------------------------------------------------------------------------------
 /// The `cpu-tiny` step cost: scripts/lib/fit-engine-profile.py's fit, recorded with its
-/// measurements in docs/engine-model-fit.json. The tiny model's weights (a few MB) sit in the
-/// CPU's caches, so there is no memory floor; decode attention, a matrix-vector product per
-/// sequence, costs per context token what `kv_s_per_token` says.
+/// measurements in docs/engine-model-fit.json (2026-12-07, one core shared with other
+/// servers: see docs/engine-model.md). The tiny model's weights (a few MB) sit in the CPU's
+/// caches, so there is no weights floor; what the fit puts in the memory term is decode
+/// attention, a matrix-vector product per sequence, ~0.17 µs per context token. The front end
+/// shares the core, so a newly admitted request holds its step up by ~8 ms plus ~3.4 µs per
+/// prompt token.
 pub const CPU_TINY: Roofline = Roofline {
-    cpu_s: 0.005_86,
-    cpu_per_seq_s: 0.000_22,
-    admit_s: 0.010_75,
-    admit_s_per_prompt_token: 0.000_005_06,
+    cpu_s: 0.003_93,
+    cpu_per_seq_s: 0.000_160,
+    admit_s: 0.008_32,
+    admit_s_per_prompt_token: 0.000_003_44,
     weights_s: 0.0,
-    kv_s_per_token: 0.0,
-    token_s: 0.000_041_6,
-    attention_s_per_token_ctx: 0.000_000_023_9,
+    kv_s_per_token: 0.000_000_166,
+    token_s: 0.000_031_4,
+    attention_s_per_token_ctx: 0.000_000_015_7,
 };
 
 // --- legacy --------------------------------------------------------------------------------
