@@ -3,11 +3,16 @@
 # (the load generator replays a workload from a seed), sent round-robin to N real vLLM CPU
 # servers (scripts/lib/vllm.sh, one pinned core each) and then to N mock engines
 # (`kvmesh-sim engine --engine-profile cpu-tiny`, the profile fitted to those servers by
-# scripts/lib/fit-engine-profile.py), each with the same KV capacity and block size; then one
-# table, per workload:
+# scripts/lib/fit-engine-profile.py), each with the same KV capacity and block size; with
+# --kvmesh, then again through a kvmesh sidecar beside each engine (requests enter at random
+# sidecars, as in scripts/demo.sh; the engines' caches reset first). Then one table, a row per
+# workload and routing:
 #
-#   workload | engines | TTFT mean real / mock | Δ % | TTFT p99 real / mock | Δ % |
-#   hit rate real / mock | Δ points
+#   workload | routing | engines | vLLM stretch | mock time scale | requests | TTFT mean, p50,
+#   p99 real / mock and Δ % | hit rate real / mock and Δ points
+#
+# "vLLM stretch" is (CPU time + time runnable but waiting for a core) / CPU time of the real
+# servers' processes over the round-robin run (/proc/PID/schedstat): 1.0 on an idle core.
 #
 # The hit rates are the engines' own counters (vllm:prefix_cache_hits_total / _queries_total,
 # which the mock exposes under the same names) over the run. Issue 45's targets: TTFT within
@@ -15,7 +20,7 @@
 #
 # Usage: scripts/mock-vs-vllm.sh [--workload gsp,rag-pressure] [--engines 1] [--cores 1]
 #            [--port 18200] [--out DIR] [--bin-dir DIR] [--workload-seed 7] [--mock-only]
-#            [--real-only] [--time-scale 1]
+#            [--real-only] [--time-scale 1] [--calibrate] [--kvmesh]
 #   --engines N      servers of each kind (default 1; at most one real server per core)
 #   --cores C,...    the cores the real servers are pinned to, one each (default: 1, or 0,1)
 #   --port P         first port (real servers P, P+1, ...; mock engines P+10, ...)
@@ -23,13 +28,18 @@
 #   --mock-only      run the mock engines only, against the real runs already in --out
 #   --real-only      run the real servers only
 #   --time-scale S   the mock's --time-scale (1 = the profile as fitted)
+#   --calibrate      probe the real server's speed right before each real run
+#                    (fit-engine-profile.py --probe: a few prefill and decode points, none of
+#                    them the workload's) and run the mock at that --time-scale: the shared
+#                    cores' speed drifts by 2x over minutes with the other servers' load
+#   --kvmesh         also route through kvmesh sidecars (needs the kvmesh binary)
 # Needs python3. vLLM starts in ~40 s per workload (a fresh server: an empty cache).
 # Every process it starts is in a process group of its own, killed on exit, error or Ctrl-C.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 
 WORKLOADS=gsp,rag-pressure; ENGINES=1; CORES=; PORT=18200; OUT=; BIN_DIR=; SEED=7
-MOCK=1; REAL=1; TIME_SCALE=1
+MOCK=1; REAL=1; TIME_SCALE=1; CALIBRATE=0; KVMESH_TOO=0
 while [[ $# -gt 0 ]]; do
     case $1 in
         --workload) WORKLOADS=$2; shift 2 ;;
@@ -42,7 +52,9 @@ while [[ $# -gt 0 ]]; do
         --mock-only) REAL=0; shift ;;
         --real-only) MOCK=0; shift ;;
         --time-scale) TIME_SCALE=$2; shift 2 ;;
-        -h | --help) sed -n '2,27p' "$0"; exit 0 ;;
+        --calibrate) CALIBRATE=1; shift ;;
+        --kvmesh) KVMESH_TOO=1; shift ;;
+        -h | --help) sed -n '2,/^set -euo/{/^set/!p}' "$0"; exit 0 ;;
         *) echo "mock-vs-vllm.sh: unknown option $1" >&2; exit 2 ;;
     esac
 done
@@ -56,11 +68,13 @@ IFS=, read -r -a WORKLOAD_LIST <<<"$WORKLOADS"
 command -v python3 >/dev/null || { echo "mock-vs-vllm.sh needs python3" >&2; exit 2; }
 
 if [[ -z $BIN_DIR ]]; then
-    (cd "$ROOT" && cargo build --release -p kvmesh-sim --bins)
+    (cd "$ROOT" && cargo build --release -p kvmesh-sim -p kvmesh-node --bins)
     BIN_DIR="${CARGO_TARGET_DIR:-$ROOT/target}/release"
 fi
 SIM="$(cd "$BIN_DIR" && pwd)/kvmesh-sim"
+KVMESH="$(cd "$BIN_DIR" && pwd)/kvmesh"
 [[ -x $SIM ]] || { echo "no kvmesh-sim in $BIN_DIR" >&2; exit 1; }
+[[ $KVMESH_TOO == 0 || -x $KVMESH ]] || { echo "--kvmesh: no kvmesh in $BIN_DIR" >&2; exit 1; }
 [[ $REAL == 1 || -n $OUT ]] || { echo "--mock-only needs --out (the real runs)" >&2; exit 2; }
 [[ -n $OUT ]] || OUT=$(mktemp -d "${TMPDIR:-/tmp}/kvmesh-mock-vs-vllm.XXXXXX")
 mkdir -p "$OUT/logs"
@@ -109,19 +123,90 @@ wait_ready() {
     done
 }
 
-# run_load W KIND URL...: the workload against the URLs, round-robin; JSON in $OUT/W-KIND.json.
+# run_load W KIND PICK ENGINES TARGET...: the workload against the targets (the engines' URLs,
+# or their sidecars'), hit rates from ENGINES (comma-separated); JSON in $OUT/W-KIND.json.
 run_load() {
-    local w=$1 kind=$2
-    shift 2
+    local w=$1 kind=$2 pick=$3 engines=$4
+    shift 4
     local targets
     targets=$(IFS=,; echo "$*")
     printf '%s\n' "${LOAD_ARGS[@]}" >"$OUT/$w.load-args"
-    "$SIM" load --targets "$targets" --pick round-robin "${LOAD_ARGS[@]}" \
+    "$SIM" load --targets "$targets" --pick "$pick" --engines "$engines" "${LOAD_ARGS[@]}" \
         --json "$OUT/$w-$kind.json" --records "$OUT/$w-$kind.records.jsonl" \
         >"$OUT/logs/$w-$kind-load.log" 2>&1 ||
         { tail -n 20 "$OUT/logs/$w-$kind-load.log" >&2; die "the load generator failed on $w / $kind"; }
     grep -E '^(requests:|TTFT|cluster prefix-cache hit rate:)' "$OUT/logs/$w-$kind-load.log" |
         sed 's/^/    /' >&2 || true
+}
+
+# Certificates for the sidecars (made once).
+make_certs() {
+    [[ -s $OUT/tls/.done ]] && return 0
+    "$KVMESH" cert init --dir "$OUT/tls" >/dev/null
+    local i
+    for ((i = 1; i <= ENGINES; i++)); do
+        "$KVMESH" cert issue --dir "$OUT/tls" --node "node-$i" >/dev/null
+    done
+    echo done >"$OUT/tls/.done"
+}
+
+# Waits until $1 (a log) has a line matching $2, up to $3 s, while pid $4 lives; prints it.
+wait_line() {
+    local deadline=$(($(date +%s) + $3)) line
+    while :; do
+        line=$(grep -m1 -E "$2" "$1" 2>/dev/null || true)
+        [[ -n $line ]] && { printf '%s\n' "$line"; return 0; }
+        kill -0 "$4" 2>/dev/null && (($(date +%s) < deadline)) || return 1
+        sleep 0.2
+    done
+}
+
+# through_kvmesh W KIND ENGINE_URL...: resets the engines' caches, starts a sidecar beside
+# each (the first is the others' seed), lets the mesh see every node, runs the workload into
+# random sidecars, and stops them.
+through_kvmesh() {
+    local w=$1 kind=$2
+    shift 2
+    local engines=("$@") urls=() pids=() seed= i line
+    for url in "${engines[@]}"; do
+        curl -sf -X POST "$url/reset_prefix_cache" >/dev/null || die "cannot reset the cache of $url"
+    done
+    make_certs
+    for ((i = 1; i <= ENGINES; i++)); do
+        local args=(serve --backend "${engines[i - 1]}" --listen 127.0.0.1:0 --mesh 127.0.0.1:0
+            --node-id "node-$i" --tls-dir "$OUT/tls")
+        [[ -n $seed ]] && args+=(--seeds "$seed")
+        spawn "$w-$kind-node-$i" "$KVMESH" "${args[@]}"
+        pids+=("$SPAWNED_PID")
+        line=$(wait_line "$OUT/logs/$w-$kind-node-$i.log" 'kvmesh listening on http://' 30 "$SPAWNED_PID") ||
+            die "sidecar node-$i did not start (log: $OUT/logs/$w-$kind-node-$i.log)"
+        urls+=("http://$(sed -E 's/.*listening on http:\/\/([^ ]+).*/\1/' <<<"$line")")
+        [[ -n $seed ]] || seed=$(sed -E 's/.* mesh ([^ ]+).*/\1/' <<<"$line")
+    done
+    # Every sidecar sees the others (gossip), then a few digests go round.
+    local deadline=$(($(date +%s) + 30)) n
+    for url in "${urls[@]}"; do
+        until n=$(curl -sf "$url/debug/cluster" | grep -o '"age_ms"' | wc -l) && ((n >= ENGINES - 1)); do
+            (($(date +%s) < deadline)) || die "the mesh did not converge within 30 s"
+            sleep 0.2
+        done
+    done
+    sleep 2
+    log "[$w] $kind engines through kvmesh: the same requests into random sidecars"
+    run_load "$w" "$kind-kvmesh" random "$(IFS=,; echo "${engines[*]}")" "${urls[@]}"
+    kill_groups "${pids[@]}"
+}
+
+# The CPU time the processes of the groups $@ ran and waited runnable (ns, "RUN WAIT"):
+# /proc/PID/schedstat. Over a run, (run + wait) / run is how much the other load on the core
+# stretched the server's work: the machine is shared, and this says how much it was.
+sched_ns() {
+    local pid run=0 wait=0 a b
+    for pid in $(for g in "$@"; do pgrep -g "$g"; done); do
+        read -r a b _ <"/proc/$pid/schedstat" 2>/dev/null || continue
+        run=$((run + a)) wait=$((wait + b))
+    done
+    echo "$run $wait"
 }
 
 run_real() {
@@ -139,26 +224,50 @@ run_real() {
     for url in "${urls[@]}"; do
         wait_ready "$url" 300 || die "vLLM at $url did not start (logs in $OUT/logs)"
     done
+    if [[ $CALIBRATE == 1 ]]; then
+        python3 "$ROOT/scripts/lib/fit-engine-profile.py" "${urls[0]}" \
+            --probe "$ROOT/docs/engine-model-fit.json" >"$OUT/$w.scale" 2>"$OUT/logs/$w-probe.log" ||
+            die "the speed probe failed (log: $OUT/logs/$w-probe.log)"
+        for url in "${urls[@]}"; do curl -sf -X POST "$url/reset_prefix_cache" >/dev/null; done
+        log "[$w] the server runs at $(cat "$OUT/$w.scale")x the fitted profile's times now"
+    fi
     log "[$w] real vLLM x$ENGINES (cores ${CORES}): kvmesh-sim load ${LOAD_ARGS[*]}"
-    run_load "$w" real "${urls[@]}"
+    local before after
+    before=$(sched_ns "${pids[@]}")
+    run_load "$w" real round-robin "$(IFS=,; echo "${urls[*]}")" "${urls[@]}"
+    after=$(sched_ns "${pids[@]}")
+    read -r b_run b_wait <<<"$before"
+    read -r a_run a_wait <<<"$after"
+    awk -v r=$((a_run - b_run)) -v w=$((a_wait - b_wait)) 'BEGIN { printf "%.2f\n", (r + w) / (r > 0 ? r : 1) }' \
+        >"$OUT/$w.real-stretch"
+    log "[$w] vLLM ran $(((a_run - b_run) / 1000000)) ms of CPU and waited $(((a_wait - b_wait) / 1000000)) ms for a core: stretch $(cat "$OUT/$w.real-stretch")"
+    [[ $KVMESH_TOO == 1 ]] && through_kvmesh "$w" real "${urls[@]}"
     kill_groups "${pids[@]}"
 }
 
 run_mock() {
-    local w=$1 urls=() pids=() i
+    local w=$1 urls=() pids=() i scale=$TIME_SCALE
+    if [[ $CALIBRATE == 1 ]]; then
+        [[ -s $OUT/$w.scale ]] || die "--calibrate: no probe of the real run in $OUT/$w.scale"
+        scale=$(cat "$OUT/$w.scale")
+    fi
+    echo "$scale" >"$OUT/$w.mock-time-scale"
     for ((i = 0; i < ENGINES; i++)); do
         local port=$((PORT + 10 + i))
-        spawn "$w-mock-$i" taskset -c "${CORE_LIST[i]}" "$SIM" engine --port "$port" \
+        # Not pinned: the mock's steps are timers, which a core shared with busy servers
+        # would fire late (a 1.3 s stall in one run pinned to core 1).
+        spawn "$w-mock-$i" "$SIM" engine --port "$port" \
             --engine-profile cpu-tiny --block-size 32 --kv-blocks "$BLOCKS" --model tiny \
-            --max-model-len 8192 --time-scale "$TIME_SCALE" --engine-index "$i"
+            --max-model-len 8192 --time-scale "$scale" --engine-index "$i"
         pids+=("$SPAWNED_PID")
         urls+=("http://127.0.0.1:$port")
     done
     for url in "${urls[@]}"; do
         wait_ready "$url" 30 || die "the mock engine at $url did not start"
     done
-    log "[$w] mock engines x$ENGINES (--engine-profile cpu-tiny): the same requests"
-    run_load "$w" mock "${urls[@]}"
+    log "[$w] mock engines x$ENGINES (--engine-profile cpu-tiny --time-scale $scale): the same requests"
+    run_load "$w" mock round-robin "$(IFS=,; echo "${urls[*]}")" "${urls[@]}"
+    [[ $KVMESH_TOO == 1 ]] && through_kvmesh "$w" mock "${urls[@]}"
     kill_groups "${pids[@]}"
 }
 
@@ -169,25 +278,34 @@ for w in "${WORKLOAD_LIST[@]}"; do
 done
 
 python3 - "$OUT" "$ENGINES" "${WORKLOAD_LIST[@]}" >"$OUT/table.md" <<'EOF'
-import json, sys
+import json, os, sys
 out, engines, workloads = sys.argv[1], sys.argv[2], sys.argv[3:]
-print("| workload | engines | requests | TTFT mean real / mock (ms) | Δ | TTFT p99 real / mock (ms) | Δ | hit rate real / mock | Δ points |")
-print("|---|---|---|---|---|---|---|---|---|")
+print("| workload | routing | engines | vLLM stretch | mock time scale | requests real / mock "
+      "| TTFT mean real / mock (ms) | Δ | TTFT p50 real / mock (ms) | Δ "
+      "| TTFT p99 real / mock (ms) | Δ | hit rate real / mock | Δ points |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for w in workloads:
-    try:
-        real = json.load(open(f"{out}/{w}-real.json"))
-        mock = json.load(open(f"{out}/{w}-mock.json"))
-    except FileNotFoundError as e:
-        print(f"| {w} | {engines} | missing: {e.filename} | | | | | | |")
-        continue
-    def pct(r, m):
-        return f"{(m - r) / r * 100:+.1f}%"
-    rm, mm = real["ttft_s"]["mean"] * 1e3, mock["ttft_s"]["mean"] * 1e3
-    rp, mp = real["ttft_s"]["p99"] * 1e3, mock["ttft_s"]["p99"] * 1e3
-    rh, mh = real["cluster"]["hit_rate"] * 100, mock["cluster"]["hit_rate"] * 100
-    n = f"{real['requests']['ok']} / {mock['requests']['ok']}"
-    print(f"| {w} | {engines} | {n} | {rm:.0f} / {mm:.0f} | {pct(rm, mm)} | {rp:.0f} / {mp:.0f} | "
-          f"{pct(rp, mp)} | {rh:.1f}% / {mh:.1f}% | {mh - rh:+.1f} |")
+    for routing, suffix in (("round-robin", ""), ("kvmesh", "-kvmesh")):
+        real_f, mock_f = f"{out}/{w}-real{suffix}.json", f"{out}/{w}-mock{suffix}.json"
+        if suffix and not (os.path.exists(real_f) or os.path.exists(mock_f)):
+            continue
+        try:
+            real, mock = json.load(open(real_f)), json.load(open(mock_f))
+            scale = open(f"{out}/{w}.mock-time-scale").read().strip()
+            stretch = "-"
+            if not suffix and os.path.exists(f"{out}/{w}.real-stretch"):
+                stretch = open(f"{out}/{w}.real-stretch").read().strip()
+        except FileNotFoundError as e:
+            print(f"| {w} | {routing} | {engines} | missing: {e.filename} |" + " |" * 10)
+            continue
+        row = [w, routing, engines, stretch, scale,
+               f"{real['requests']['ok']} / {mock['requests']['ok']}"]
+        for q in ("mean", "p50", "p99"):
+            r, m = real["ttft_s"][q] * 1e3, mock["ttft_s"][q] * 1e3
+            row += [f"{r:.0f} / {m:.0f}", f"{(m - r) / r * 100:+.1f}%"]
+        rh, mh = real["cluster"]["hit_rate"] * 100, mock["cluster"]["hit_rate"] * 100
+        row += [f"{rh:.1f}% / {mh:.1f}%", f"{mh - rh:+.1f}"]
+        print("| " + " | ".join(row) + " |")
 EOF
 cat "$OUT/table.md"
 log "reports in $OUT"

@@ -3,6 +3,8 @@
 
 Usage: fit-engine-profile.py URL [--out FILE.json] [--repeats 5] [--quick]
        fit-engine-profile.py --refit FILE.json     (fit again from saved measurements)
+       fit-engine-profile.py URL --probe FILE.json (how fast the server runs now, against the
+                                                    fit in FILE.json: prints one factor)
 
 URL is a vLLM OpenAI server (scripts/lib/vllm.sh serve CORE PORT), serving `tiny` with
 VLLM_SERVER_DEV_MODE=1 (POST /reset_prefix_cache). Only the Python standard library is used.
@@ -20,6 +22,12 @@ timings are noisy):
            gap the decodes see (the step carrying the prefill's chunks) and the prefill's TTFT.
            Not fitted: a check of the fitted model's max(memory, compute) step.
 
+The probe. The cores are shared, and how fast they run for this server drifts by 2x over
+minutes with the other servers' load. --probe measures a few prefill and decode points (3
+rounds, ~15 s; none of them a comparison's workload) and prints the geometric mean of
+measured / modelled: the --time-scale that makes the fitted mock run at the speed of the
+moment (scripts/mock-vs-vllm.sh --calibrate).
+
 The fit. The model (sim/src/engine/model/timing.rs) is
     step = cpu_s + cpu_per_seq_s * seqs + max(memory, compute)
     memory  = weights_s + kv_s_per_token * sum(context read)
@@ -35,6 +43,7 @@ decode steps. What the engine time does not explain of the client's TTFT is the 
 import argparse
 import http.client
 import json
+import math
 import random
 import statistics
 import sys
@@ -390,6 +399,21 @@ def report(data):
     return {"params": params, "table": table}
 
 
+def probe(srv, rng, fit_file):
+    """The factor measured / modelled over a few points, now (see the module docs)."""
+    with open(fit_file) as f:
+        params = json.load(f)["fit"]["params"]
+    theta = [params[n] for n in NAMES]
+    srv.stream(prompt_of(rng, 256), 4)  # warm up
+    data = measure(srv, rng, [512, 2048], [4], [64], [], 3)
+    logs = []
+    for label, steps, measured, _ in points(data):
+        model = predict(theta, steps)
+        logs.append(math.log(measured / model))
+        print(f"  {label}: measured {measured*1e3:.1f} ms, model {model*1e3:.1f} ms", file=sys.stderr)
+    return math.exp(sum(logs) / len(logs))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("url", nargs="?")
@@ -397,6 +421,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=5, help="rounds over every configuration")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--refit")
+    ap.add_argument("--probe", metavar="FIT.json")
     ap.add_argument("--seed", type=int, default=45)
     a = ap.parse_args()
     if a.refit:
@@ -410,6 +435,9 @@ def main():
         ap.error("URL or --refit")
     srv = Server(a.url)
     rng = random.Random(a.seed)
+    if a.probe:
+        print(f"{probe(srv, rng, a.probe):.3f}")
+        return
     lengths = [64, 512, 2048, 4096] if a.quick else [16, 128, 512, 1024, 2048, 3072, 4096, 6144]
     batches = [1, 4] if a.quick else [1, 2, 4, 8, 16, 32]
     contexts = [64] if a.quick else [64, 1024]
