@@ -9,7 +9,8 @@
 # workload and routing:
 #
 #   workload | routing | engines | vLLM stretch | mock time scale | requests | TTFT mean, p50,
-#   p99 real / mock and Δ % | hit rate real / mock and Δ points
+#   p99 real / mock and Δ % | per request: median of mock/real TTFT | hit rate real / mock and
+#   Δ points
 #
 # "vLLM stretch" is (CPU time + time runnable but waiting for a core) / CPU time of the real
 # servers' processes over the round-robin run (/proc/PID/schedstat): 1.0 on an idle core.
@@ -282,8 +283,9 @@ import json, os, sys
 out, engines, workloads = sys.argv[1], sys.argv[2], sys.argv[3:]
 print("| workload | routing | engines | vLLM stretch | mock time scale | requests real / mock "
       "| TTFT mean real / mock (ms) | Δ | TTFT p50 real / mock (ms) | Δ "
-      "| TTFT p99 real / mock (ms) | Δ | hit rate real / mock | Δ points |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+      "| TTFT p99 real / mock (ms) | Δ | per request: median mock/real | hit rate real / mock "
+      "| Δ points |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for w in workloads:
     for routing, suffix in (("round-robin", ""), ("kvmesh", "-kvmesh")):
         real_f, mock_f = f"{out}/{w}-real{suffix}.json", f"{out}/{w}-mock{suffix}.json"
@@ -296,13 +298,22 @@ for w in workloads:
             if not suffix and os.path.exists(f"{out}/{w}.real-stretch"):
                 stretch = open(f"{out}/{w}.real-stretch").read().strip()
         except FileNotFoundError as e:
-            print(f"| {w} | {routing} | {engines} | missing: {e.filename} |" + " |" * 10)
+            print(f"| {w} | {routing} | {engines} | missing: {e.filename} |" + " |" * 11)
             continue
         row = [w, routing, engines, stretch, scale,
                f"{real['requests']['ok']} / {mock['requests']['ok']}"]
         for q in ("mean", "p50", "p99"):
             r, m = real["ttft_s"][q] * 1e3, mock["ttft_s"][q] * 1e3
             row += [f"{r:.0f} / {m:.0f}", f"{(m - r) / r * 100:+.1f}%"]
+        # The same request (by index) on both: the median of its TTFT ratio, which a stall of
+        # either engine's host moves little.
+        def ttfts(f):
+            recs = (json.loads(line) for line in open(f))
+            return {r["index"]: r["ttft_s"] for r in recs if r.get("ttft_s")}
+        rt = ttfts(f"{out}/{w}-real{suffix}.records.jsonl")
+        mt = ttfts(f"{out}/{w}-mock{suffix}.records.jsonl")
+        ratios = sorted(mt[i] / rt[i] for i in rt.keys() & mt.keys())
+        row.append(f"{ratios[len(ratios) // 2]:.2f}" if ratios else "-")
         rh, mh = real["cluster"]["hit_rate"] * 100, mock["cluster"]["hit_rate"] * 100
         row += [f"{rh:.1f}% / {mh:.1f}%", f"{mh - rh:+.1f}"]
         print("| " + " | ".join(row) + " |")
