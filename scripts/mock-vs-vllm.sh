@@ -162,16 +162,19 @@ wait_line() {
     done
 }
 
-# through_kvmesh W KIND ENGINE_URL...: resets the engines' caches, starts a sidecar beside
+# through_kvmesh W KIND ENGINE_URL...: resets the real engines' caches (the mock's are fresh:
+# it has no /reset_prefix_cache, so run_mock restarts it), starts a sidecar beside
 # each (the first is the others' seed), lets the mesh see every node, runs the workload into
 # random sidecars, and stops them.
 through_kvmesh() {
     local w=$1 kind=$2
     shift 2
     local engines=("$@") urls=() pids=() seed= i line
-    for url in "${engines[@]}"; do
-        curl -sf -X POST "$url/reset_prefix_cache" >/dev/null || die "cannot reset the cache of $url"
-    done
+    if [[ $kind == real ]]; then
+        for url in "${engines[@]}"; do
+            curl -sf -X POST "$url/reset_prefix_cache" >/dev/null || die "cannot reset the cache of $url"
+        done
+    fi
     make_certs
     for ((i = 1; i <= ENGINES; i++)); do
         local args=(serve --backend "${engines[i - 1]}" --listen 127.0.0.1:0 --mesh 127.0.0.1:0
@@ -187,7 +190,9 @@ through_kvmesh() {
     # Every sidecar sees the others (gossip), then a few digests go round.
     local deadline=$(($(date +%s) + 30)) n
     for url in "${urls[@]}"; do
-        until n=$(curl -sf "$url/debug/cluster" | grep -o '"age_ms"' | wc -l) && ((n >= ENGINES - 1)); do
+        while :; do
+            n=$({ curl -sf "$url/debug/cluster" || true; } | grep -o '"age_ms"' | wc -l || true)
+            ((n >= ENGINES - 1)) && break
             (($(date +%s) < deadline)) || die "the mesh did not converge within 30 s"
             sleep 0.2
         done
@@ -246,30 +251,42 @@ run_real() {
     kill_groups "${pids[@]}"
 }
 
-run_mock() {
-    local w=$1 urls=() pids=() i scale=$TIME_SCALE
-    if [[ $CALIBRATE == 1 ]]; then
-        [[ -s $OUT/$w.scale ]] || die "--calibrate: no probe of the real run in $OUT/$w.scale"
-        scale=$(cat "$OUT/$w.scale")
-    fi
-    echo "$scale" >"$OUT/$w.mock-time-scale"
+# start_mocks W: N fresh mock engines; sets MOCK_URLS and MOCK_PIDS.
+start_mocks() {
+    local w=$1 i
+    MOCK_URLS=() MOCK_PIDS=()
     for ((i = 0; i < ENGINES; i++)); do
         local port=$((PORT + 10 + i))
         # Not pinned: the mock's steps are timers, which a core shared with busy servers
         # would fire late (a 1.3 s stall in one run pinned to core 1).
         spawn "$w-mock-$i" "$SIM" engine --port "$port" \
             --engine-profile cpu-tiny --block-size 32 --kv-blocks "$BLOCKS" --model tiny \
-            --max-model-len 8192 --time-scale "$scale" --engine-index "$i"
-        pids+=("$SPAWNED_PID")
-        urls+=("http://127.0.0.1:$port")
+            --max-model-len 8192 --time-scale "$MOCK_SCALE" --engine-index "$i"
+        MOCK_PIDS+=("$SPAWNED_PID")
+        MOCK_URLS+=("http://127.0.0.1:$port")
     done
-    for url in "${urls[@]}"; do
+    for url in "${MOCK_URLS[@]}"; do
         wait_ready "$url" 30 || die "the mock engine at $url did not start"
     done
-    log "[$w] mock engines x$ENGINES (--engine-profile cpu-tiny --time-scale $scale): the same requests"
-    run_load "$w" mock round-robin "$(IFS=,; echo "${urls[*]}")" "${urls[@]}"
-    [[ $KVMESH_TOO == 1 ]] && through_kvmesh "$w" mock "${urls[@]}"
-    kill_groups "${pids[@]}"
+}
+
+run_mock() {
+    local w=$1
+    MOCK_SCALE=$TIME_SCALE
+    if [[ $CALIBRATE == 1 ]]; then
+        [[ -s $OUT/$w.scale ]] || die "--calibrate: no probe of the real run in $OUT/$w.scale"
+        MOCK_SCALE=$(cat "$OUT/$w.scale")
+    fi
+    echo "$MOCK_SCALE" >"$OUT/$w.mock-time-scale"
+    start_mocks "$w"
+    log "[$w] mock engines x$ENGINES (--engine-profile cpu-tiny --time-scale $MOCK_SCALE): the same requests"
+    run_load "$w" mock round-robin "$(IFS=,; echo "${MOCK_URLS[*]}")" "${MOCK_URLS[@]}"
+    kill_groups "${MOCK_PIDS[@]}"
+    if [[ $KVMESH_TOO == 1 ]]; then
+        start_mocks "$w"
+        through_kvmesh "$w" mock "${MOCK_URLS[@]}"
+        kill_groups "${MOCK_PIDS[@]}"
+    fi
 }
 
 for w in "${WORKLOAD_LIST[@]}"; do
