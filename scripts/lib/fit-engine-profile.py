@@ -12,7 +12,8 @@ VLLM_SERVER_DEV_MODE=1 (POST /reset_prefix_cache). Only the Python standard libr
 What it measures (each point the median of --repeats; the machine's cores are shared, so single
 timings are noisy):
   prefill  one request at a time, max_tokens 1, streamed, prompt of L tokens, uncached (cache
-           reset first) and cached (the same prompt again). Per request: the client's TTFT and
+           reset first), cached (the same prompt again) and, from 512 tokens, partial (the
+           first half of it and a new second half). Per request: the client's TTFT and
            the server's own split of it, read as the change of the histogram sums
            vllm:request_prefill_time_seconds (first scheduled -> first token: the engine's
            steps) and vllm:request_queue_time_seconds.
@@ -129,18 +130,23 @@ def delta(after, before, name):
 
 
 def prefill_once(srv, rng, L):
-    """One uncached and one cached request of a fresh L-token prompt, alone on the server."""
+    """Requests of L tokens alone on the server: a fresh prompt (uncached), the same again
+    (cached), and from 512 tokens on one sharing its first half (the rest computed after a
+    long cached context, as a RAG prompt whose first document is cached)."""
     rows = []
     srv.post("/reset_prefix_cache")
     p = prompt_of(rng, L)
-    for cached in (False, True):
+    half = p[: len(p) // 2] + prompt_of(rng, L - L // 2)  # pieces are 4 characters each
+    kinds = [("uncached", p), ("cached", p)] + ([("partial", half)] if L >= 512 else [])
+    for kind, prompt in kinds:
         m0 = srv.metrics()
-        t0, times = srv.stream(p, 1)
+        t0, times = srv.stream(prompt, 1)
         m1 = srv.metrics()
         rows.append(
             {
                 "tokens": L,
-                "cached": cached,
+                "kind": kind,
+                "cached": kind == "cached",
                 "hit_tokens": delta(m1, m0, "vllm:prefix_cache_hits_total"),
                 "queried_tokens": delta(m1, m0, "vllm:prefix_cache_queries_total"),
                 "ttft_s": times[0] - t0,
@@ -343,13 +349,14 @@ def points(data):
     """(label, steps, measured seconds, fitted?) of every median point."""
     out = []
     pre = data["prefill"]
+    kind = lambda r: r.get("kind") or ("cached" if r["cached"] else "uncached")
     for L in sorted({r["tokens"] for r in pre}):
-        for cached in (False, True):
-            sel = [r for r in pre if r["tokens"] == L and r["cached"] == cached]
+        for k in ("uncached", "cached", "partial"):
+            sel = [r for r in pre if r["tokens"] == L and kind(r) == k]
             if sel:
                 hit = int(statistics.median(r["hit_tokens"] for r in sel))
-                out.append((f"TTFT L={L} {'cached' if cached else 'uncached'} (hit {hit})",
-                            prefill_steps(L, hit), statistics.median(r["ttft_s"] for r in sel), True))
+                out.append((f"TTFT L={L} {k} (hit {hit})", prefill_steps(L, hit),
+                            statistics.median(r["ttft_s"] for r in sel), True))
     dec = data["decode"]
     for ctx in sorted({r["prompt_tokens"] for r in dec}):
         for B in sorted({r["batch"] for r in dec}):
