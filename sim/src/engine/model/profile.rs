@@ -63,21 +63,21 @@ pub const H100_8B: Roofline = Roofline {
 
 // --- cpu-tiny ------------------------------------------------------------------------------
 /// The `cpu-tiny` step cost: scripts/lib/fit-engine-profile.py's fit, recorded with its
-/// measurements in docs/engine-model-fit.json (2026-12-07, one core shared with other
-/// servers: see docs/engine-model.md). The tiny model's weights (a few MB) sit in the CPU's
-/// caches, so there is no weights floor; what the fit puts in the memory term is decode
-/// attention, a matrix-vector product per sequence, ~0.17 µs per context token. The front end
-/// shares the core, so a newly admitted request holds its step up by ~8 ms plus ~3.4 µs per
-/// prompt token.
+/// measurements in docs/engine-model-fit.json (2026-12-07 09:32 UTC, load average ~2.5: the
+/// core nearly to itself; see docs/engine-model.md). The tiny model's weights (a few MB) sit
+/// in the CPU's caches, so there is no weights floor; what the fit puts in the memory term is
+/// decode attention, a matrix-vector product per sequence, ~0.10 µs per context token. The
+/// front end shares the core, so a newly admitted request holds its step up by ~3.6 ms plus
+/// ~2.6 µs per prompt token.
 pub const CPU_TINY: Roofline = Roofline {
-    cpu_s: 0.003_93,
-    cpu_per_seq_s: 0.000_160,
-    admit_s: 0.008_32,
-    admit_s_per_prompt_token: 0.000_003_44,
+    cpu_s: 0.002_68,
+    cpu_per_seq_s: 0.000_094_8,
+    admit_s: 0.003_64,
+    admit_s_per_prompt_token: 0.000_002_60,
     weights_s: 0.0,
-    kv_s_per_token: 0.000_000_166,
-    token_s: 0.000_031_4,
-    attention_s_per_token_ctx: 0.000_000_015_7,
+    kv_s_per_token: 0.000_000_104,
+    token_s: 0.000_017_3,
+    attention_s_per_token_ctx: 0.000_000_010_6,
 };
 
 // --- legacy --------------------------------------------------------------------------------
