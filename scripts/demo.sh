@@ -275,10 +275,12 @@ T0=$(date +%s) # the time budget counts from here
 
 # --- workloads and the engine timing model ------------------------------------------------
 # The engines model one GPU each (vLLM V1 scheduler, prefix cache, chunked prefill) with the
-# sim's defaults: 12k prompt tokens/s of prefill (an 8B model on one A100-class GPU), a 12 ms
-# decode step plus 0.15 ms per sequence in the batch. Per workload we choose the KV capacity
-# (so that the working set fits the cluster's combined cache but not every single engine) and
-# a time scale (trace only, so that the trace's 17 minutes fit the run).
+# sim's default engine profile, h100-8b (Llama-3-8B on one H100: ~46k prompt tokens/s of
+# prefill, a ~6.7 ms decode step that is memory-bound up to ~275 tokens a step; see
+# docs/engine-model.md; --engine-arg=--engine-profile=legacy for the model before issue 45).
+# Per workload we choose the KV capacity (so that the working set fits the cluster's combined
+# cache but not every single engine) and a time scale (trace only, so that the trace's 17
+# minutes fit the run).
 ENGINE_ARGS=()
 LOAD_ARGS=()
 ENGINE_NOTE=

@@ -101,7 +101,8 @@ translate_engine() {
             value=${a[i + 1]:-}; i=$((i + 2))
         fi
         case $flag in
-            --kv-blocks | --max-num-seqs | --time-scale | --prefill-tokens-per-s | --decode-step-ms)
+            --kv-blocks | --max-num-seqs | --max-num-batched-tokens | --time-scale | \
+                --prefill-tokens-per-s | --decode-step-ms | --engine-profile)
                 SIM_ENGINE+=("$flag" "$value") ;;
             --block-size)
                 # The simulated engines' blocks are the model's default (16 tokens), which

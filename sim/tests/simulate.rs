@@ -48,14 +48,16 @@ fn the_thread_count_does_not_change_a_gossiping_run() {
     assert_eq!(one, three);
 }
 
-#[test]
-fn one_engine_with_two_requests_matches_the_timing_model_by_hand() {
-    // Two prompts sharing a 64-token system prompt (4 blocks), 16-token questions, 4 output
-    // tokens, arriving about 10 s apart on one idle engine.
-    let report = run(
+/// Two prompts sharing a 64-token system prompt (4 blocks), 16-token questions, 4 output
+/// tokens, arriving about 10 s apart on one idle engine of `profile`: checks the hit rate and
+/// that TTFT and end-to-end times are `step(prefill tokens, context before)` for the two
+/// prefills and `step(0, context)` for each of the 3 decode steps.
+fn two_requests_by_hand(profile: &str, step: impl Fn(f64, f64) -> f64) {
+    let report = run(&format!(
         "--nodes 1 --requests 2 --gsp-groups 1 --gsp-prompts-per-group 2 --gsp-system-len 64 \
-         --gsp-question-len 16 --gsp-output-len 4 --rate 0.1 --policy oracle,random",
-    );
+         --gsp-question-len 16 --gsp-output-len 4 --rate 0.1 --policy oracle,random \
+         --engine-profile {profile}"
+    ));
     for r in &report.runs[0].results {
         assert_eq!((r.requests, r.completed, r.rejected), (2, 2, 0));
         // 160 prompt tokens looked up, the second prompt's 64 shared tokens found.
@@ -66,11 +68,6 @@ fn one_engine_with_two_requests_matches_the_timing_model_by_hand() {
         );
         assert_eq!(r.load_imbalance, 1.0);
         assert_eq!(r.preemptions, 0);
-        // Default timing: step = 12 ms + 0.15 ms per sequence + tokens / 12,000 per s
-        //   + 1 ns × Σ tokens × (context before + tokens / 2).
-        let step = |tokens: f64, before: f64| {
-            0.012 + 0.000_15 + tokens / 12_000.0 + 1e-9 * tokens * (before + tokens / 2.0)
-        };
         let first = step(80.0, 0.0);
         let second = step(16.0, 64.0);
         assert!(
@@ -80,9 +77,8 @@ fn one_engine_with_two_requests_matches_the_timing_model_by_hand() {
         );
         assert!((r.ttft_s.p99 - quantile(&[second, first], 0.99)).abs() < 1e-6);
         assert!((r.ttft_s.p50 - (first + second) / 2.0).abs() < 1e-6);
-        // Then 3 decode steps of one sequence each, reading 80, 81 and 82 tokens of context
-        // at 10 ns per context token.
-        let decode = 3.0 * step(0.0, 0.0) + 10e-9 * (80.0 + 81.0 + 82.0);
+        // Then 3 decode steps of one sequence each, reading 80, 81 and 82 tokens of context.
+        let decode = step(0.0, 80.0) + step(0.0, 81.0) + step(0.0, 82.0);
         assert!(
             (r.e2e_s.mean - ((first + second) / 2.0 + decode)).abs() < 1e-6,
             "{:?} vs {}",
@@ -90,6 +86,34 @@ fn one_engine_with_two_requests_matches_the_timing_model_by_hand() {
             (first + second) / 2.0 + decode
         );
     }
+}
+
+#[test]
+fn one_engine_with_two_requests_matches_the_legacy_timing_model_by_hand() {
+    // step = 12 ms + 0.15 ms per sequence + tokens / 12,000 per s
+    //   + 1 ns × tokens × (context before + tokens / 2), or for a decode 10 ns × its context.
+    two_requests_by_hand("legacy", |tokens, before| {
+        let decode = if tokens == 0.0 { 10e-9 * before } else { 0.0 };
+        0.012 + 0.000_15 + tokens / 12_000.0 + 1e-9 * tokens * (before + tokens / 2.0) + decode
+    });
+}
+
+#[test]
+fn one_engine_with_two_requests_matches_the_roofline_by_hand() {
+    // step = cpu + cpu per sequence + max(weights + KV read, compute): every one of these
+    // steps is memory-bound on an H100 (under 275 tokens).
+    let r = kvmesh_sim::engine::model::profile::H100_8B;
+    two_requests_by_hand("h100-8b", |tokens, before| {
+        let (computed, read, pairs) = if tokens == 0.0 {
+            (1.0, before, before)
+        } else {
+            (tokens, before + tokens, tokens * (before + tokens / 2.0))
+        };
+        let memory = r.weights_s + r.kv_s_per_token * read;
+        let compute = r.token_s * computed + r.attention_s_per_token_ctx * pairs;
+        assert!(memory > compute);
+        r.cpu_s + r.cpu_per_seq_s + memory
+    });
 }
 
 #[test]

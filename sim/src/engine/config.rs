@@ -4,8 +4,15 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use super::model::config as model_config;
-use super::model::timing::{self, encoder_s_per_media_token};
-use super::model::{EngineConfig, KvLoadFailurePolicy, MediaConfig, TimingModel};
+use super::model::timing::encoder_s_per_media_token;
+use super::model::{
+    EngineConfig, EngineProfile, KvLoadFailurePolicy, MediaConfig, Overrides, TimingModel,
+};
+
+/// Parses `--engine-profile`, listing the names on a mistake.
+pub fn parse_engine_profile(s: &str) -> Result<EngineProfile, String> {
+    s.parse()
+}
 
 /// KV connector of the engine (vLLM's `--kv-transfer-config` `kv_connector`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -82,30 +89,39 @@ pub struct EngineArgs {
     /// Tokens per KV block.
     #[arg(long, default_value_t = model_config::DEFAULT_BLOCK_SIZE)]
     pub block_size: u32,
-    /// Most sequences in a batch.
-    #[arg(long, default_value_t = model_config::DEFAULT_MAX_NUM_SEQS)]
-    pub max_num_seqs: u32,
-    /// Token budget of one step (chunked prefill).
-    #[arg(long, default_value_t = model_config::DEFAULT_MAX_NUM_BATCHED_TOKENS)]
-    pub max_num_batched_tokens: u32,
+    /// The modelled engine: `h100-8b` (Llama-3-8B on one H100, the default), `cpu-tiny`
+    /// (vLLM's CPU build on one core serving the tiny model of scripts/lib/vllm.sh) or `legacy`
+    /// (kvmesh's model before issue 45, to reproduce figures recorded with it). See
+    /// docs/engine-model.md. The flags below override single terms of it.
+    #[arg(long, value_parser = parse_engine_profile, default_value_t = EngineProfile::default())]
+    pub engine_profile: EngineProfile,
+    /// Most sequences in a batch (default: the profile's, vLLM's default on that platform).
+    #[arg(long)]
+    pub max_num_seqs: Option<u32>,
+    /// Token budget of one step (chunked prefill; default: the profile's, vLLM's default on
+    /// that platform).
+    #[arg(long)]
+    pub max_num_batched_tokens: Option<u32>,
     /// Context window (prompt + output); defaults to the KV capacity.
     #[arg(long)]
     pub max_model_len: Option<u32>,
-    /// Prefill speed for uncached tokens, tokens per second.
-    #[arg(long, default_value_t = timing::DEFAULT_PREFILL_TOKENS_PER_S)]
-    pub prefill_tokens_per_s: f64,
-    /// Step time at batch size 1 (the decode step), milliseconds.
-    #[arg(long, default_value_t = timing::DEFAULT_DECODE_STEP_MS)]
-    pub decode_step_ms: f64,
+    /// Prefill speed for uncached tokens, tokens per second (the profile's compute time per
+    /// token, overridden).
+    #[arg(long)]
+    pub prefill_tokens_per_s: Option<f64>,
+    /// Step time at batch size 1 (the decode step), milliseconds (under a roofline profile,
+    /// sets the weights' read time so that a batch-1 decode takes this long).
+    #[arg(long)]
+    pub decode_step_ms: Option<f64>,
     /// Extra step time per sequence in the batch, milliseconds.
-    #[arg(long, default_value_t = timing::DEFAULT_DECODE_STEP_MS_PER_SEQ)]
-    pub decode_step_ms_per_seq: f64,
+    #[arg(long)]
+    pub decode_step_ms_per_seq: Option<f64>,
     /// Decode cost of reading the KV: nanoseconds per context token of each decoding sequence.
-    #[arg(long, default_value_t = timing::DEFAULT_DECODE_NS_PER_CTX_TOKEN)]
-    pub decode_ns_per_ctx_token: f64,
+    #[arg(long)]
+    pub decode_ns_per_ctx_token: Option<f64>,
     /// Attention cost of prefill, nanoseconds per (token × context token).
-    #[arg(long, default_value_t = timing::DEFAULT_ATTENTION_NS_PER_TOKEN_CTX)]
-    pub attention_ns_per_token_ctx: f64,
+    #[arg(long)]
+    pub attention_ns_per_token_ctx: Option<f64>,
     /// Placeholder tokens of every chat media item (image, audio, video). Default: an image
     /// sent as a base64 `data:` URL gets one token per 28×28 pixels of its header's size
     /// (Qwen2-VL's merged patches), anything else 256.
@@ -113,7 +129,7 @@ pub struct EngineArgs {
     pub media_tokens_per_item: Option<u32>,
     /// Multimodal encoder cost, milliseconds per 1000 placeholder tokens of the media items a
     /// request does not find cached. Default: a third of the prefill cost of as many tokens
-    /// (≈27.8 at the default --prefill-tokens-per-s; see `timing::encoder_s_per_media_token`).
+    /// (≈7.2 under h100-8b, ≈27.8 under legacy; see `timing::encoder_s_per_media_token`).
     #[arg(long)]
     pub encoder_ms_per_1k_media_tokens: Option<f64>,
     /// Multiplier on every modelled duration (1.0 = real time, 0.1 = ten times faster).
@@ -260,32 +276,44 @@ impl EngineArgs {
         }
     }
 
+    /// The older timing flags, as overrides of the profile's terms.
+    pub fn timing_overrides(&self) -> Overrides {
+        Overrides {
+            prefill_tokens_per_s: self.prefill_tokens_per_s,
+            decode_step_s: self.decode_step_ms.map(|ms| ms / 1e3),
+            per_seq_s: self.decode_step_ms_per_seq.map(|ms| ms / 1e3),
+            decode_s_per_ctx_token: self.decode_ns_per_ctx_token.map(|ns| ns / 1e9),
+            attention_s_per_token_ctx: self.attention_ns_per_token_ctx.map(|ns| ns / 1e9),
+        }
+    }
+
     /// The engine model configuration these flags describe.
     pub fn engine_config(&self) -> EngineConfig {
         let capacity = self.kv_blocks.saturating_mul(self.block_size);
+        let profile = self.engine_profile;
+        let step = profile.step_cost().with(&self.timing_overrides());
         EngineConfig {
             num_gpu_blocks: self.kv_blocks.max(1),
             num_offload_blocks: self.kv_offload_blocks,
             block_size: self.block_size.max(1),
-            max_num_seqs: self.max_num_seqs.max(1),
-            max_num_batched_tokens: self.max_num_batched_tokens.max(1),
+            max_num_seqs: self.max_num_seqs.unwrap_or(profile.max_num_seqs()).max(1),
+            max_num_batched_tokens: self
+                .max_num_batched_tokens
+                .unwrap_or(profile.max_num_batched_tokens())
+                .max(1),
             max_model_len: self.max_model_len.unwrap_or(capacity).min(capacity),
             timing: TimingModel {
-                step_overhead_s: self.decode_step_ms / 1e3,
-                per_seq_s: self.decode_step_ms_per_seq / 1e3,
-                decode_s_per_ctx_token: self.decode_ns_per_ctx_token / 1e9,
-                prefill_tokens_per_s: self.prefill_tokens_per_s.max(1e-9),
-                attention_s_per_token_ctx: self.attention_ns_per_token_ctx / 1e9,
                 kv_transfer_s_per_block: self.kv_bytes_per_block() as f64
                     / (self.nixl_bandwidth_gb_s.max(1e-9) * 1e9),
                 kv_handshake_s: self.nixl_handshake_ms.max(0.0) / 1e3,
                 lora_load_s: self.lora_load_ms.max(0.0) / 1e3,
                 encoder_s_per_media_token: match self.encoder_ms_per_1k_media_tokens {
                     Some(ms) => ms.max(0.0) / 1e6,
-                    None => encoder_s_per_media_token(self.prefill_tokens_per_s),
+                    None => encoder_s_per_media_token(step.prefill_tokens_per_s()),
                 },
                 time_scale: self.time_scale.max(0.0),
                 instant: self.instant,
+                ..TimingModel::of(step)
             },
             seed: self.seed,
             kv_lease: Duration::from_secs_f64(self.kv_lease_duration_s.clamp(1e-3, 1e9)),
@@ -317,18 +345,10 @@ mod defaults_tests {
         assert_eq!(flags.block_size, model.block_size);
         assert_eq!(flags.max_num_seqs, model.max_num_seqs);
         assert_eq!(flags.max_num_batched_tokens, model.max_num_batched_tokens);
-        let (flags, model) = (flags.timing, model.timing);
-        assert_eq!(flags.prefill_tokens_per_s, model.prefill_tokens_per_s);
-        assert_eq!(flags.step_overhead_s, model.step_overhead_s);
-        assert_eq!(flags.per_seq_s, model.per_seq_s);
-        assert_eq!(flags.decode_s_per_ctx_token, model.decode_s_per_ctx_token);
+        assert_eq!(flags.timing.step, model.timing.step);
         assert_eq!(
-            flags.attention_s_per_token_ctx,
-            model.attention_s_per_token_ctx
-        );
-        assert_eq!(
-            flags.encoder_s_per_media_token,
-            model.encoder_s_per_media_token
+            flags.timing.encoder_s_per_media_token,
+            model.timing.encoder_s_per_media_token
         );
     }
 }

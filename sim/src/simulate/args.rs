@@ -12,11 +12,10 @@ use super::gossip::CALIBRATED_HOP_S;
 use super::gossip::epidemic::GossipParams;
 use super::pd::{DecodeChoice, PdSetup, Slo, SplitRule};
 use super::policy::PolicyKind;
-use crate::engine::model::config::{DEFAULT_MAX_NUM_SEQS, DEFAULT_NUM_GPU_BLOCKS};
-use crate::engine::model::timing::{
-    DEFAULT_DECODE_STEP_MS, DEFAULT_PREFILL_TOKENS_PER_S, encoder_s_per_media_token,
-};
-use crate::engine::model::{EngineConfig, TimingModel};
+use crate::engine::config::parse_engine_profile;
+use crate::engine::model::config::DEFAULT_NUM_GPU_BLOCKS;
+use crate::engine::model::timing::encoder_s_per_media_token;
+use crate::engine::model::{EngineConfig, EngineProfile, Overrides, TimingModel};
 use crate::workload::{WorkloadArgs, WorkloadKind};
 
 /// Lease of a prefill leg's blocks in the simulated engines: longer than any run.
@@ -119,15 +118,22 @@ pub struct SimulateArgs {
     /// rag-pressure's small cache).
     #[arg(long)]
     pub kv_blocks: Option<u32>,
-    /// Most sequences in an engine's batch.
-    #[arg(long, default_value_t = DEFAULT_MAX_NUM_SEQS)]
-    pub max_num_seqs: u32,
-    /// Engine prefill speed, tokens/s.
-    #[arg(long, default_value_t = DEFAULT_PREFILL_TOKENS_PER_S)]
-    pub prefill_tokens_per_s: f64,
-    /// Engine decode step at batch size 1, milliseconds.
-    #[arg(long, default_value_t = DEFAULT_DECODE_STEP_MS)]
-    pub decode_step_ms: f64,
+    /// The modelled engines, as the mock engine's `--engine-profile`: `h100-8b` (default),
+    /// `cpu-tiny` or `legacy` (the model before issue 45, for figures recorded with it).
+    #[arg(long, value_parser = parse_engine_profile, default_value_t = EngineProfile::default())]
+    pub engine_profile: EngineProfile,
+    /// Most sequences in an engine's batch (default: the profile's).
+    #[arg(long)]
+    pub max_num_seqs: Option<u32>,
+    /// Token budget of an engine's step (default: the profile's).
+    #[arg(long)]
+    pub max_num_batched_tokens: Option<u32>,
+    /// Engine prefill speed, tokens/s (overrides the profile's compute time per token).
+    #[arg(long)]
+    pub prefill_tokens_per_s: Option<f64>,
+    /// Engine decode step at batch size 1, milliseconds (overrides the profile's).
+    #[arg(long)]
+    pub decode_step_ms: Option<f64>,
     /// Multiplier on every modelled engine duration, as the mock engine's `--time-scale`
     /// (1.0 = real time, 0.3 = 3.3 times faster); the sidecars' cadences do not scale.
     #[arg(long, default_value_t = 1.0)]
@@ -284,22 +290,30 @@ impl SimulateArgs {
         pd: Option<PdSetup>,
     ) -> ClusterConfig {
         let block_size = EngineConfig::default().block_size;
+        let profile = self.engine_profile;
+        let step = profile.step_cost().with(&Overrides {
+            prefill_tokens_per_s: self.prefill_tokens_per_s.map(|v| v.max(1.0)),
+            decode_step_s: self.decode_step_ms.map(|ms| ms / 1e3),
+            ..Overrides::default()
+        });
         ClusterConfig {
             nodes,
             engine: EngineConfig {
                 num_gpu_blocks: self.kv_blocks(),
-                max_num_seqs: self.max_num_seqs.max(1),
+                max_num_seqs: self.max_num_seqs.unwrap_or(profile.max_num_seqs()).max(1),
+                max_num_batched_tokens: self
+                    .max_num_batched_tokens
+                    .unwrap_or(profile.max_num_batched_tokens())
+                    .max(1),
                 timing: TimingModel {
-                    prefill_tokens_per_s: self.prefill_tokens_per_s.max(1.0),
                     // As the mock engine's default: a third of its prefill cost per token.
                     encoder_s_per_media_token: encoder_s_per_media_token(
-                        self.prefill_tokens_per_s.max(1.0),
+                        step.prefill_tokens_per_s(),
                     ),
-                    step_overhead_s: self.decode_step_ms / 1e3,
                     kv_transfer_s_per_block: self.transfer_s_per_block(block_size),
                     kv_handshake_s: self.nixl_handshake_ms.max(0.0) / 1e3,
                     time_scale: self.time_scale.max(0.0),
-                    ..TimingModel::default()
+                    ..TimingModel::of(step)
                 },
                 // The decode side heartbeats a lease for as long as its decode leg waits
                 // (every sixth of it, vLLM): in the model, where nothing fails, a held copy
@@ -452,12 +466,13 @@ mod defaults_tests {
         assert_eq!(config.engine.num_gpu_blocks, model.num_gpu_blocks);
         assert_eq!(config.engine.max_num_seqs, model.max_num_seqs);
         assert_eq!(
-            config.engine.timing.prefill_tokens_per_s,
-            model.timing.prefill_tokens_per_s
+            config.engine.max_num_batched_tokens,
+            model.max_num_batched_tokens
         );
+        assert_eq!(config.engine.timing.step, model.timing.step);
         assert_eq!(
-            config.engine.timing.step_overhead_s,
-            model.timing.step_overhead_s
+            config.engine.timing.encoder_s_per_media_token,
+            model.timing.encoder_s_per_media_token
         );
     }
 }

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use super::profile::EngineProfile;
 use super::timing::TimingModel;
 
 /// What a decode leg does when pulling its KV from the prefill engine fails (vLLM's
@@ -48,11 +49,10 @@ pub struct EngineConfig {
 }
 
 /// vLLM's shape defaults as the mock engine and the simulator model them (both command lines
-/// read them from here).
+/// read them from here; the batch limits are the engine profile's, see
+/// [`EngineProfile::max_num_seqs`]).
 pub const DEFAULT_NUM_GPU_BLOCKS: u32 = 8192;
 pub const DEFAULT_BLOCK_SIZE: u32 = 16;
-pub const DEFAULT_MAX_NUM_SEQS: u32 = 256;
-pub const DEFAULT_MAX_NUM_BATCHED_TOKENS: u32 = 8192;
 
 impl Default for EngineConfig {
     fn default() -> Self {
@@ -60,8 +60,8 @@ impl Default for EngineConfig {
             num_gpu_blocks: DEFAULT_NUM_GPU_BLOCKS,
             num_offload_blocks: 0,
             block_size: DEFAULT_BLOCK_SIZE,
-            max_num_seqs: DEFAULT_MAX_NUM_SEQS,
-            max_num_batched_tokens: DEFAULT_MAX_NUM_BATCHED_TOKENS,
+            max_num_seqs: EngineProfile::default().max_num_seqs(),
+            max_num_batched_tokens: EngineProfile::default().max_num_batched_tokens(),
             max_model_len: 131_072,
             timing: TimingModel::default(),
             seed: 0,

@@ -421,21 +421,35 @@ impl Engine {
                 Admission::NoRoom => break,
             }
         }
+        let shape = self.step_shape(&plan, encoder_tokens);
+        (plan, shape, preempted)
+    }
+
+    /// What the planned step computes, for its duration: decodes and prefill chunks apart, and
+    /// the requests it schedules for the first time (their front-end work, where it counts).
+    fn step_shape(&self, plan: &[(RequestId, usize)], encoder_tokens: u64) -> StepShape {
         let mut shape = StepShape {
             seqs: plan.len() as u32,
             encoder_tokens,
             ..Default::default()
         };
-        for &(id, n) in &plan {
+        for &(id, n) in plan {
             let seq = &self.seqs[&id];
-            if n == 1 && seq.num_computed + 1 == seq.tokens.len() && seq.num_output > 0 {
-                shape.decode_context_tokens += seq.num_computed as u64;
+            let k = seq.num_computed;
+            if n == 1 && k + 1 == seq.tokens.len() && seq.num_output > 0 {
+                shape.decode_seqs += 1;
+                shape.decode_context_tokens += k as u64;
             } else {
                 shape.prefill_tokens += n as u64;
-                shape.attention_work += n as f64 * (seq.num_computed as f64 + n as f64 / 2.0);
+                shape.attention_work += n as f64 * (k as f64 + n as f64 / 2.0);
+                shape.prefill_kv_tokens += (k + n) as u64;
+            }
+            if seq.scheduled_at.is_none() {
+                shape.admitted += 1;
+                shape.admitted_prompt_tokens += seq.prompt_len as u64;
             }
         }
-        (plan, shape, preempted)
+        shape
     }
 
     /// Tries to start a waiting request with at most `budget` new tokens.

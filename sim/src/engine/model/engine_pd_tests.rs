@@ -293,7 +293,15 @@ fn pulling_is_faster_than_prefilling_and_the_timing_model_says_by_how_much() {
         .submit(EngineRequest::new(1, prompt(5, 2048), 1), Duration::ZERO)
         .unwrap();
     let local_ttft = run_until(&mut local, 3600 * S)[0].0;
-    assert!(ttft * 3 < local_ttft, "{ttft:?} vs {local_ttft:?}");
+    // The pulled leg's TTFT is its pull and one step. At 10 GB/s the pull of 2048 tokens' KV
+    // (27 ms) beats an H100's prefill of them (~47 ms) by less than it beat the legacy
+    // model's 12,000 tokens/s (~170 ms): the margin is the profile's, the order is not.
+    assert!(ttft < local_ttft, "{ttft:?} vs {local_ttft:?}");
+    let one_step = ttft.saturating_sub(pulled);
+    assert!(
+        one_step < Duration::from_millis(10),
+        "{one_step:?} after the pull"
+    );
     // 128 blocks of 2 MiB at 10 GB/s.
     assert!((pulled.as_secs_f64() - 0.026_88).abs() < 1e-3, "{pulled:?}");
 }

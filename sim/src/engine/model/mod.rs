@@ -15,8 +15,10 @@ pub mod lease;
 pub mod lora_slots;
 pub mod media;
 pub mod offload_tier;
+pub mod profile;
 pub mod request;
 pub mod stats;
+pub mod step_cost;
 pub mod timing;
 pub mod tokenizer;
 
@@ -28,6 +30,7 @@ pub use lease::ReadRefused;
 pub use lora_slots::{LoraSlots, SlotState};
 pub use media::{MediaConfig, MediaItem, Modality};
 pub use offload_tier::OffloadTier;
+pub use profile::EngineProfile;
 pub use request::{
     EngineRequest, Finished, KvTransfer, LoraRef, Output, PullOutcome, PullRequest, RequestId,
     SubmitError, validate,
@@ -35,7 +38,8 @@ pub use request::{
 pub use stats::{
     EngineStats, FinishReason, Histogram, LORA_INFO_SERIES, LoraInfoSample, PromptTokenSources,
 };
-pub use timing::{StepShape, TimingModel};
+pub use step_cost::{Additive, Overrides, Roofline, StepCost, StepShape};
+pub use timing::TimingModel;
 
 #[cfg(test)]
 mod engine_lora_tests;

@@ -1,43 +1,28 @@
-//! How long a model step takes.
+//! How long a model step takes, and the other modelled durations.
 //!
 //! A step is one forward pass over a batch (vLLM V1 mixes prefill chunks and decodes in one
-//! step). Its duration is
-//!
-//! ```text
-//! step = step_overhead + per_seq · seqs_in_batch
-//!      + decode_kv · Σ_decoding_seqs context_tokens
-//!      + prefill_tokens / prefill_tokens_per_s
-//!      + attention · Σ_chunks chunk_tokens · (context_before_chunk + chunk_tokens / 2)
-//!      + encoder · encoder_tokens
-//! ```
-//!
-//! all multiplied by `time_scale` (1.0 = real time; 0.1 = ten times faster). The first three
-//! terms are the decode step time, its growth with batch size and with the KV each decode
-//! reads (long contexts decode slower); the last term grows with context length, so long
-//! prompts cost more than linearly. The encoder term is the multimodal encoder (a ViT) run
-//! over the media items a request admitted in this step does not find cached: vLLM skips the
-//! encoder for an item whose KV is all in the prefix cache. Placeholder tokens are prompt
-//! tokens besides, so media pays prefill and attention like text. `instant` makes every step take
-//! zero time (the bookkeeping still runs). A KV transfer for a disaggregated decode costs
-//! `kv_transfer_s_per_block` per block pulled, and the first contact between a decode engine
-//! and a prefill engine a handshake of `kv_handshake_s`; loading a LoRA adapter into a GPU
-//! slot costs `lora_load_s`.
+//! step). Its duration is the [`StepCost`] of its [`StepShape`] (the roofline of
+//! [`super::step_cost`], or the additive model kvmesh used before), plus
+//! `encoder · encoder_tokens`, all multiplied by `time_scale` (1.0 = real time; 0.1 = ten
+//! times faster). The encoder term is the multimodal encoder (a ViT) run over the media items a
+//! request admitted in this step does not find cached: vLLM skips the encoder for an item whose
+//! KV is all in the prefix cache. Placeholder tokens are prompt tokens besides, so media pays
+//! prefill and attention like text. `instant` makes every step take zero time (the bookkeeping
+//! still runs). A KV transfer for a disaggregated decode costs `kv_transfer_s_per_block` per
+//! block pulled, and the first contact between a decode engine and a prefill engine a handshake
+//! of `kv_handshake_s`; loading a LoRA adapter into a GPU slot costs `lora_load_s`.
 
 use std::time::Duration;
+
+use super::profile::EngineProfile;
+use super::step_cost::StepCost;
+pub use super::step_cost::StepShape;
 
 /// Parameters of the timing model; see the module docs for the formula.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TimingModel {
-    /// Fixed cost of a step (the decode step time at batch size 1), seconds.
-    pub step_overhead_s: f64,
-    /// Extra step time per sequence in the batch, seconds.
-    pub per_seq_s: f64,
-    /// Extra step time per context token of each decoding sequence (KV reads), seconds.
-    pub decode_s_per_ctx_token: f64,
-    /// Prefill speed for uncached prompt tokens, tokens per second.
-    pub prefill_tokens_per_s: f64,
-    /// Attention cost, seconds per (token × context token).
-    pub attention_s_per_token_ctx: f64,
+    /// Duration of a step from its shape.
+    pub step: StepCost,
     /// Modelled KV transfer time per block pulled from a prefill engine, seconds.
     pub kv_transfer_s_per_block: f64,
     /// Modelled handshake of a decode engine with a prefill engine it has not met, seconds.
@@ -52,32 +37,33 @@ pub struct TimingModel {
     pub instant: bool,
 }
 
-/// The modelled GPU's defaults, roughly an 8B model on one modern data-centre GPU, in the
-/// units of the mock engine's and the simulator's flags, which both read them from here.
-pub const DEFAULT_PREFILL_TOKENS_PER_S: f64 = 12_000.0;
-pub const DEFAULT_DECODE_STEP_MS: f64 = 12.0;
-pub const DEFAULT_DECODE_STEP_MS_PER_SEQ: f64 = 0.15;
-pub const DEFAULT_DECODE_NS_PER_CTX_TOKEN: f64 = 10.0;
-pub const DEFAULT_ATTENTION_NS_PER_TOKEN_CTX: f64 = 1.0;
-
 impl Default for TimingModel {
+    /// The default profile's engine ([`EngineProfile::default`]).
     fn default() -> Self {
+        Self::of(EngineProfile::default().step_cost())
+    }
+}
+
+impl TimingModel {
+    /// An engine whose steps cost `step`, with the mock engine's other defaults.
+    pub fn of(step: StepCost) -> Self {
         Self {
-            step_overhead_s: DEFAULT_DECODE_STEP_MS / 1e3,
-            per_seq_s: DEFAULT_DECODE_STEP_MS_PER_SEQ / 1e3,
-            decode_s_per_ctx_token: DEFAULT_DECODE_NS_PER_CTX_TOKEN / 1e9,
-            prefill_tokens_per_s: DEFAULT_PREFILL_TOKENS_PER_S,
-            attention_s_per_token_ctx: DEFAULT_ATTENTION_NS_PER_TOKEN_CTX / 1e9,
+            step,
             // 2 MiB blocks (16 tokens of an 8B model's KV) at 10 GB/s.
             kv_transfer_s_per_block: 0.000_21,
             // The NIXL handshake llm-d reports (~5 s per pair: agent metadata exchange).
             kv_handshake_s: 5.0,
             // A rank-16 adapter of an 8B model (tens of MB) read and copied to the GPU.
             lora_load_s: 0.1,
-            encoder_s_per_media_token: encoder_s_per_media_token(DEFAULT_PREFILL_TOKENS_PER_S),
+            encoder_s_per_media_token: encoder_s_per_media_token(step.prefill_tokens_per_s()),
             time_scale: 1.0,
             instant: false,
         }
+    }
+
+    /// The engine's nominal prefill speed, tokens per second ([`StepCost::prefill_tokens_per_s`]).
+    pub fn prefill_tokens_per_s(&self) -> f64 {
+        self.step.prefill_tokens_per_s()
     }
 }
 
@@ -89,25 +75,10 @@ pub const ENCODER_FRACTION_OF_PREFILL: f64 = 1.0 / 3.0;
 /// Why a third of a prefill token: in a Qwen2-VL-style model one media token is 2×2 ViT patches
 /// merged, and the 7B model's ViT has ~0.68B parameters, so encoding one token runs about
 /// 4 × 0.68 ≈ 2.7B parameter-passes against the language model's ~7.6B per prefilled token:
-/// roughly a third of the FLOPs (the ViT's own attention is windowed and short). At the default
+/// roughly a third of the FLOPs (the ViT's own attention is windowed and short). At the legacy
 /// 12,000 prefill tokens per second that is ~28 µs per media token, ~7 ms for a 256-token image.
 pub fn encoder_s_per_media_token(prefill_tokens_per_s: f64) -> f64 {
     ENCODER_FRACTION_OF_PREFILL / prefill_tokens_per_s.max(1e-9)
-}
-
-/// What a step computes, as far as timing is concerned.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct StepShape {
-    /// Sequences in the batch (decodes and prefill chunks).
-    pub seqs: u32,
-    /// Prompt (or recomputed) tokens computed in this step.
-    pub prefill_tokens: u64,
-    /// Σ chunk_tokens · (context_before_chunk + chunk_tokens / 2) over prefill chunks.
-    pub attention_work: f64,
-    /// Σ context tokens over decoding sequences.
-    pub decode_context_tokens: u64,
-    /// Placeholder tokens of the media items the encoder runs over in this step.
-    pub encoder_tokens: u64,
 }
 
 impl TimingModel {
@@ -116,12 +87,8 @@ impl TimingModel {
         if self.instant || shape.seqs == 0 {
             return Duration::ZERO;
         }
-        let s = self.step_overhead_s
-            + self.per_seq_s * f64::from(shape.seqs)
-            + self.decode_s_per_ctx_token * shape.decode_context_tokens as f64
-            + shape.prefill_tokens as f64 / self.prefill_tokens_per_s
-            + self.attention_s_per_token_ctx * shape.attention_work
-            + self.encoder_s_per_media_token * shape.encoder_tokens as f64;
+        let s =
+            self.step.seconds(shape) + self.encoder_s_per_media_token * shape.encoder_tokens as f64;
         scaled(s * self.time_scale)
     }
 
@@ -215,7 +182,8 @@ mod tests {
             ..text
         };
         let extra = t.step_duration(&image) - t.step_duration(&text);
-        let expected = 256.0 / 12_000.0 / 3.0;
+        // A third of the profile's prefill cost per token (see encoder_s_per_media_token).
+        let expected = 256.0 * t.step.prefill_s_per_token() / 3.0;
         assert!((extra.as_secs_f64() - expected).abs() < 1e-6, "{extra:?}");
     }
 }

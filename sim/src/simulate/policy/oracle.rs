@@ -27,7 +27,7 @@ impl Oracle {
             digests: nodes
                 .iter_mut()
                 .map(|n| LoadDigest {
-                    prefill_tokens_per_s: n.engine.config().timing.prefill_tokens_per_s as f32,
+                    prefill_tokens_per_s: n.engine.config().timing.prefill_tokens_per_s() as f32,
                     ..n.digest(0)
                 })
                 .collect(),
