@@ -193,6 +193,8 @@ fn a_dead_prefill_engine_fails_the_pull_or_is_recomputed_by_policy() {
         Timing::Scaled(1.0),
         &["--nixl-handshake-ms", "0"],
     );
+    // The legacy engine model's slow prefill (12,000 tokens/s) tells a local recompute from a
+    // pull by a wide margin; an H100 (the default profile) prefills 4096 tokens in ~0.1 s.
     let recompute = nixl_engine(
         "decode-recompute",
         Timing::Scaled(1.0),
@@ -201,6 +203,8 @@ fn a_dead_prefill_engine_fails_the_pull_or_is_recomputed_by_policy() {
             "0",
             "--kv-load-failure-policy",
             "recompute",
+            "--engine-profile",
+            "legacy",
         ],
     );
     let body = json!({"model": "mock", "prompt": prompt(2, 4096), "max_tokens": 3,
