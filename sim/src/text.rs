@@ -62,6 +62,17 @@ mod tests {
         }
     }
 
+    /// scripts/lib/vllm/make_tiny_model.py trains the real model's tokenizer so that each of
+    /// these pieces is one token; its copy of the list must not drift from this one.
+    #[test]
+    fn the_tiny_models_tokenizer_is_trained_on_these_pieces() {
+        let script = include_str!("../../scripts/lib/vllm/make_tiny_model.py");
+        let start = script.find("PIECES = [").expect("the script lists PIECES");
+        let list = &script[start..script[start..].find(']').expect("closing bracket") + start];
+        let quoted: Vec<&str> = list.split('"').skip(1).step_by(2).collect();
+        assert_eq!(quoted, PIECES, "make_tiny_model.py's PIECES differ from sim/src/text.rs");
+    }
+
     #[test]
     fn text_is_deterministic_and_key_dependent() {
         assert_eq!(text(1, 100), text(1, 100));

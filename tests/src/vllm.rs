@@ -27,6 +27,7 @@ use serde_json::Value;
 use crate::binaries::workspace_root;
 use crate::http::{Request, Response};
 use crate::process::{ManagedProcess, run_to_completion};
+use crate::sidecar::Sidecar;
 use crate::wait::wait_for;
 use kvmesh_protocol::prometheus_text;
 
@@ -55,6 +56,19 @@ const PIECES: [&str; 16] = [
     " the", " and", " for", " you", " not", " are", " was", " but", " all", " can", " sun", " sea",
     " sky", " fox", " cat", " dog",
 ];
+
+/// Sends `body` to `path` through `entry`, bounded for real vLLM; 200 or the test fails.
+pub fn post_ok(entry: &Sidecar, path: &str, body: &Value) -> Response {
+    let response = entry.send(Request::post_json(path, body).timeout(VLLM_CALL_TIMEOUT));
+    assert_eq!(
+        response.status,
+        200,
+        "{path} via {}: {}",
+        entry.node_id(),
+        response.describe()
+    );
+    response
+}
 
 /// A completions prompt of exactly `tokens` tokens of the tiny model (its tokenizer adds no
 /// BOS), the same for the same `key` and unlike any other key's from its first block on.

@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 use kvmesh_tests::certs::ClusterCa;
 use kvmesh_tests::cluster::wait_meshed;
 use kvmesh_tests::openai::{chat_body, completion_body, served_by};
-use kvmesh_tests::vllm::{MODEL, VLLM_CALL_TIMEOUT, core, prompt, start_all};
+use kvmesh_tests::vllm::{MODEL, core, post_ok, prompt, start_all};
 use kvmesh_tests::{
-    CONVERGENCE_TIMEOUT, Request, Response, Sidecar, SidecarConfig, VllmConfig, VllmServer, stage,
+    CONVERGENCE_TIMEOUT, Response, Sidecar, SidecarConfig, VllmConfig, VllmServer, stage,
     wait_until,
 };
 use serde_json::{Value, json};
@@ -194,18 +194,6 @@ fn split(entry: &Sidecar, path: &str, body: &Value, servers: &[VllmServer; 2]) -
         decode.computed
     );
     assert_eq!(decode.generated, ANSWER_TOKENS as f64, "{what}");
-    response
-}
-
-fn post_ok(entry: &Sidecar, path: &str, body: &Value) -> Response {
-    let response = entry.send(Request::post_json(path, body).timeout(VLLM_CALL_TIMEOUT));
-    assert_eq!(
-        response.status,
-        200,
-        "{path} via {}: {}",
-        entry.node_id(),
-        response.describe()
-    );
     response
 }
 

@@ -20,9 +20,9 @@ use std::time::Duration;
 use kvmesh_tests::certs::ClusterCa;
 use kvmesh_tests::cluster::wait_meshed;
 use kvmesh_tests::openai::served_by;
-use kvmesh_tests::vllm::{BLOCK_TOKENS, MODEL, VLLM_CALL_TIMEOUT, core, prepared, start_all};
+use kvmesh_tests::vllm::{BLOCK_TOKENS, MODEL, core, post_ok, prepared, start_all};
 use kvmesh_tests::{
-    CONVERGENCE_TIMEOUT, Request, Response, Sidecar, SidecarConfig, VllmConfig, VllmServer, stage,
+    CONVERGENCE_TIMEOUT, Response, Sidecar, SidecarConfig, VllmConfig, VllmServer, stage,
 };
 use serde_json::Value;
 
@@ -152,19 +152,6 @@ fn sidecar_pair(
     let second = sidecar(ca, names.1, &servers[1], &[&first], exact);
     wait_meshed(&[&first, &second], CONVERGENCE_TIMEOUT);
     (first, second)
-}
-
-/// Sends `body` to `path` through `entry`, bounded for real vLLM; 200 or the test fails.
-fn post_ok(entry: &Sidecar, path: &str, body: &Value) -> Response {
-    let response = entry.send(Request::post_json(path, body).timeout(VLLM_CALL_TIMEOUT));
-    assert_eq!(
-        response.status,
-        200,
-        "{path} via {}: {}",
-        entry.node_id(),
-        response.describe()
-    );
-    response
 }
 
 /// vLLM's own prefix-cache counters of one server, before and after something.
