@@ -70,7 +70,10 @@ mod tests {
         let start = script.find("PIECES = [").expect("the script lists PIECES");
         let list = &script[start..script[start..].find(']').expect("closing bracket") + start];
         let quoted: Vec<&str> = list.split('"').skip(1).step_by(2).collect();
-        assert_eq!(quoted, PIECES, "make_tiny_model.py's PIECES differ from sim/src/text.rs");
+        assert_eq!(
+            quoted, PIECES,
+            "make_tiny_model.py's PIECES differ from sim/src/text.rs"
+        );
     }
 
     #[test]

@@ -74,8 +74,9 @@ impl EngineClient {
         &self.base
     }
 
-    /// The engine's last sign of work: answers' heads (noted here) and body chunks (noted by
-    /// whoever reads them).
+    /// The engine's last sign of work on inference: the heads and body chunks of the answers
+    /// the forwarding path reads note it (not the poller's, `/tokenize`'s or adapter loads':
+    /// the API server answers those without the engine core).
     pub fn progress(&self) -> &Progress {
         &self.progress
     }
@@ -101,13 +102,10 @@ impl EngineClient {
         let request = builder
             .body(Full::new(body))
             .map_err(|e| EngineError::Unreachable(format!("building the request: {e}")))?;
-        let response = self
-            .client
+        self.client
             .request(request)
             .await
-            .map_err(|e| EngineError::Unreachable(error_chain(&e)))?;
-        self.progress.note();
-        Ok(response)
+            .map_err(|e| EngineError::Unreachable(error_chain(&e)))
     }
 
     /// GETs `path` and returns the body if the status is 200, within `within`.

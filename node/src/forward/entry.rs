@@ -160,6 +160,7 @@ async fn attempt_local(
         }
     };
     let response = answer.map_err(|e| AttemptError::retryable(format!("local engine: {e}")))?;
+    state.engine.client.progress().note();
     state
         .metrics
         .served

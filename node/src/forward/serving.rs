@@ -122,7 +122,10 @@ async fn handle(
         () = state.engine_stalled() => return give_back(state, &mut send).await,
     };
     let response = match answer {
-        Ok(response) => response,
+        Ok(response) => {
+            state.engine.client.progress().note();
+            response
+        }
         Err(error) => {
             return reply_error(
                 &mut send,
