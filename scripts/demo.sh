@@ -470,28 +470,6 @@ stop_vllm_engines() {
     VLLM_RUNNING=
 }
 
-# vllm_reset URL: empties the server's prefix cache. vLLM answers {"success": false} while a
-# request still holds blocks, so it is retried for a while (the previous run's last requests
-# may still be finishing).
-vllm_reset() {
-    python3 - "$1" <<'PY'
-import json, sys, time, urllib.request
-deadline = time.time() + 60
-why = "no answer"
-while time.time() < deadline:
-    try:
-        request = urllib.request.Request(sys.argv[1] + "/reset_prefix_cache", b"", method="POST")
-        with urllib.request.urlopen(request, timeout=10) as r:
-            if json.loads(r.read() or b"{}").get("success", True):
-                sys.exit(0)
-            why = "success: false (blocks still held)"
-    except Exception as error:
-        why = str(error)
-    time.sleep(1)
-sys.exit(f"reset_prefix_cache: {why}")
-PY
-}
-
 # --- cluster ------------------------------------------------------------------------------
 ENGINE_URLS=()
 ENGINE_PIDS=()

@@ -83,6 +83,8 @@ OUT=$(cd "$OUT" && pwd)
 WORK=$OUT
 # shellcheck source=lib/processes.sh
 source "$ROOT/scripts/lib/processes.sh"
+# shellcheck source=lib/vllm.sh
+source "$ROOT/scripts/lib/vllm.sh"
 trap 'kill_groups "${GROUPS_ALIVE[@]+"${GROUPS_ALIVE[@]}"}"' EXIT
 
 T0=$(date +%s)
@@ -172,7 +174,7 @@ through_kvmesh() {
     local engines=("$@") urls=() pids=() seed= i line
     if [[ $kind == real ]]; then
         for url in "${engines[@]}"; do
-            curl -sf -X POST "$url/reset_prefix_cache" >/dev/null || die "cannot reset the cache of $url"
+            vllm_reset "$url" || die "cannot reset the cache of $url"
         done
     fi
     make_certs
@@ -234,7 +236,7 @@ run_real() {
         python3 "$ROOT/scripts/lib/fit-engine-profile.py" "${urls[0]}" \
             --probe "$ROOT/docs/engine-model-fit.json" >"$OUT/$w.scale" 2>"$OUT/logs/$w-probe.log" ||
             die "the speed probe failed (log: $OUT/logs/$w-probe.log)"
-        for url in "${urls[@]}"; do curl -sf -X POST "$url/reset_prefix_cache" >/dev/null; done
+        for url in "${urls[@]}"; do vllm_reset "$url" || die "cannot reset the cache of $url"; done
         log "[$w] the server runs at $(cat "$OUT/$w.scale")x the fitted profile's times now"
     fi
     log "[$w] real vLLM x$ENGINES (cores ${CORES}): kvmesh-sim load ${LOAD_ARGS[*]}"
