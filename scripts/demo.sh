@@ -38,8 +38,9 @@ Usage: scripts/demo.sh [options]
   --engine E            mock (default): kvmesh-sim's mock vLLM engine; vllm: real vLLM servers
                         (vLLM's CPU build serving a tiny model made locally, installed into
                         .state/ on first use), one pinned to each core; kvmesh runs in exact
-                        mode (vLLM's KV events) and in approximate mode; gsp, chat, rag and
-                        rag-pressure only
+                        mode (vLLM's KV events) and in approximate mode, and the offline
+                        placement (each shared context on one server, dealt before the run)
+                        is measured too; gsp, chat, rag and rag-pressure only
   --workload W          gsp | trace | chat | rag | rag-pressure | pd-burst | vision, or a comma-separated
                         list (default gsp,trace; with --pd, pd-burst; rag-pressure: RAG on
                         engines whose KV cache holds only two or three of its document pairs;
@@ -1277,6 +1278,16 @@ for w in "${WORKLOAD_LIST[@]}"; do
     log "[$w / round-robin] load round-robin straight to the engines"
     run_load "$w" round-robin round-robin "${ENGINE_URLS[@]}"
     stop_cluster
+
+    if [[ $ENGINE == vllm ]]; then
+        # The reference for the hit rate: the run's own requests dealt to the servers before
+        # the run, each shared context (gsp's system prompt, rag's first document) on one
+        # server, contexts balanced by prompt tokens (kvmesh-sim load --pick placement).
+        log "[$w / offline placement] the same servers reset; every shared context on one server, dealt before the run"
+        start_engines "$w-placement"
+        run_load "$w" "offline placement" placement "${ENGINE_URLS[@]}"
+        stop_cluster
+    fi
 
     if [[ -n $VLLM_ROUTER ]]; then
         log "[$w / vllm-router] starting $NODES fresh engines and vllm-router --policy cache_aware"

@@ -193,10 +193,11 @@ fn quick_demo_kvmesh_beats_round_robin_on_hit_rate() {
 
 /// The main job over real vLLM (`--engine vllm`, issue 45): two vLLM CPU servers, kvmesh in
 /// exact mode (the sidecars listening for vLLM's KV events) and in approximate mode, then
-/// round-robin, on the same requests. Both modes must find more of vLLM's own prefix cache
-/// than round-robin, with no failed request; exact mode must have applied KV events (a
-/// sidecar that hears none routes as if nothing were cached, which is how it ran before
-/// `--kv-events-bind`). Servers start in about a minute; the bound leaves room for a loaded
+/// round-robin and the offline placement (each shared context dealt to one server before the
+/// run), on the same requests. Both modes and the placement must find more of vLLM's own
+/// prefix cache than round-robin, with no failed request; exact mode must have applied KV
+/// events (a sidecar that hears none routes as if nothing were cached, which is how it ran
+/// before `--kv-events-bind`). Servers start in about a minute; the bound leaves room for a loaded
 /// machine.
 #[test]
 fn quick_demo_over_real_vllm_finds_more_cache_than_round_robin() {
@@ -207,7 +208,12 @@ fn quick_demo_over_real_vllm_finds_more_cache_than_round_robin() {
     } = run_demo_within(&["--engine", "vllm", "--quick"], Duration::from_secs(900));
     let rr = run(&results, "round-robin");
     let hit_r = number(rr, "/hit_rate");
-    for policy in ["kvmesh exact", "kvmesh approximate", "round-robin"] {
+    for policy in [
+        "kvmesh exact",
+        "kvmesh approximate",
+        "round-robin",
+        "offline placement",
+    ] {
         let r = run(&results, policy);
         assert_eq!(r["errors"], 0, "{policy}: failed requests:\n{transcript}");
         assert_eq!(r["requests"], rr["requests"], "{policy}: the same requests");

@@ -27,7 +27,12 @@ const LOAD_TIMEOUT: Duration = Duration::from_secs(240);
 
 /// Four engines with the given timing and extra flags, without sidecars (round-robin's).
 fn engines(timing: Timing, args: &[&str]) -> Vec<Engine> {
-    (0..NODES)
+    some_engines(NODES, timing, args)
+}
+
+/// `n` engines as [`engines`] starts them.
+fn some_engines(n: usize, timing: Timing, args: &[&str]) -> Vec<Engine> {
+    (0..n)
         .map(|i| {
             let mut config =
                 EngineConfig::new(&format!("engine {i}"), &["mock-model"]).timing(timing);
@@ -152,6 +157,58 @@ fn shared_prefixes_meet_their_cache_and_beat_round_robin() {
         number(&kvmesh, "/requests/ok"),
         "every answer names its node"
     );
+}
+
+/// The load generator's offline placement (`--pick placement`), the reference a router's hit
+/// rate is held against, deals each group's system prompt to one engine and the groups evenly:
+/// every system prompt is computed once, so it reaches the ideal hit rate exactly, which
+/// round-robin over the same fresh engines cannot.
+#[test]
+fn the_offline_placement_computes_each_shared_prompt_once_on_balanced_engines() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut args: Vec<&str> = GSP.to_vec();
+    args.extend(["5", "--rate", "32"]);
+    let run = |pick: &str| {
+        let direct = some_engines(2, Timing::Scaled(0.1), &["--kv-blocks", "4096"]);
+        let urls = url_list(direct.iter().map(Engine::url));
+        let records = dir.path().join(format!("{pick}.records.jsonl"));
+        let mut flags = args.clone();
+        flags.extend(["--records", records.to_str().expect("utf-8 path")]);
+        let report = load(
+            &urls,
+            pick,
+            &urls,
+            &dir.path().join(format!("{pick}.json")),
+            &flags,
+        );
+        let mut per_target = std::collections::BTreeMap::<String, u32>::new();
+        for line in std::fs::read_to_string(&records).expect("records").lines() {
+            let record: Value = serde_json::from_str(line).expect("a JSON record");
+            let target = record["target"].as_str().expect("a target").to_owned();
+            *per_target.entry(target).or_default() += 1;
+        }
+        (report, per_target)
+    };
+    let (placed, per_target) = run("placement");
+    let (round_robin, _) = run("round-robin");
+
+    let ideal = 7.0 * 2048.0 / (8.0 * (2048.0 + 128.0));
+    let hit = number(&placed, "/cluster/hit_rate");
+    let rr_hit = number(&round_robin, "/cluster/hit_rate");
+    println!(
+        "hit rate: placement {hit:.4}, round-robin {rr_hit:.4}, ideal {ideal:.4}; requests per engine {per_target:?}"
+    );
+    assert_eq!(number(&placed, "/requests/failed"), 0.0);
+    assert!(
+        (hit - ideal).abs() < 1e-3,
+        "the placement's hit rate {hit} is not the ideal {ideal}"
+    );
+    assert!(
+        hit > rr_hit + 0.05,
+        "placement {hit} against round-robin {rr_hit}"
+    );
+    let counts: Vec<u32> = per_target.values().copied().collect();
+    assert_eq!(counts, vec![64, 64], "16 equal groups of 8 split 8 and 8");
 }
 
 #[test]

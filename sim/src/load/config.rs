@@ -13,6 +13,10 @@ pub enum Pick {
     Random,
     /// In turn.
     RoundRobin,
+    /// By a placement dealt before the run from the run's own requests: each shared context
+    /// on one target, contexts balanced by prompt tokens (see `load::placement`). The
+    /// reference for a router's hit rate.
+    Placement,
 }
 
 /// `kvmesh-sim load`: an open- or closed-loop load generator for OpenAI-compatible servers.

@@ -9,6 +9,7 @@ use tokio::sync::mpsc;
 
 use super::client::{LoadClient, Outcome};
 use super::config::{LoadArgs, Pick};
+use super::placement::Placement;
 use super::records_file;
 use super::render::{BodySettings, RequestSpec};
 use super::report::{self, Report};
@@ -84,6 +85,26 @@ impl Plan {
         self.body.render(&self.workload.request(index))
     }
 
+    /// How many requests a run of at most `total` requests sends when it stops releasing at
+    /// `duration`, at most `cap`: exact in an open loop, `total` in a closed one (whose pace
+    /// the servers set).
+    pub fn planned_requests(&self, total: u64, duration: Option<Duration>, cap: u64) -> u64 {
+        let total = total.min(cap);
+        match (self.release_times(), duration) {
+            (Some(times), Some(d)) => times
+                .take(usize::try_from(total).unwrap_or(usize::MAX))
+                .take_while(|t| *t < d)
+                .count() as u64,
+            _ => total,
+        }
+    }
+
+    /// The offline placement over the first `planned` requests (see [`Placement`]).
+    pub fn placement(&self, planned: u64, targets: usize) -> Placement {
+        let requests: Vec<_> = (0..planned).map(|i| self.workload.request(i)).collect();
+        Placement::plan(&requests, targets)
+    }
+
     /// Requests in one pass over the workload, if it has a natural size.
     pub fn natural_size(&self) -> Option<u64> {
         self.workload.natural_size()
@@ -105,6 +126,9 @@ impl Plan {
         }))
     }
 }
+
+/// At most this many requests (the first of the run) deal the offline placement.
+const PLACEMENT_SAMPLE: u64 = 100_000;
 
 /// Runs the load described by `args` and returns the report (also printed by the CLI).
 pub async fn run(args: &LoadArgs) -> anyhow::Result<Report> {
@@ -130,6 +154,13 @@ pub async fn run(args: &LoadArgs) -> anyhow::Result<Report> {
             (None, Some(n)) => n,
             (None, None) => 1000,
         });
+    let placement = (args.pick == Pick::Placement).then(|| {
+        let duration = args.duration.map(|d| Duration::from_secs_f64(d.max(0.0)));
+        let planned = plan.planned_requests(total, duration, PLACEMENT_SAMPLE);
+        let placement = plan.placement(planned, targets.len());
+        tracing::info!(planned, keys = placement.keys(), "offline placement dealt");
+        placement
+    });
     let client = LoadClient::new();
     let before = if args.no_scrape {
         Vec::new()
@@ -147,6 +178,7 @@ pub async fn run(args: &LoadArgs) -> anyhow::Result<Report> {
         plan,
         targets: targets.clone(),
         pick: args.pick,
+        placement,
         seed: args.seed,
         stream: args.stream,
         timeout: Duration::from_secs_f64(args.timeout.max(0.001)),
@@ -187,6 +219,8 @@ struct Ctx {
     plan: Plan,
     targets: Vec<String>,
     pick: Pick,
+    /// Dealt before the run under [`Pick::Placement`].
+    placement: Option<Placement>,
     seed: u64,
     stream: bool,
     timeout: Duration,
@@ -195,11 +229,15 @@ struct Ctx {
 impl Ctx {
     async fn one(&self, index: u64, start: Instant) -> Record {
         let sent_at = start.elapsed();
-        let spec = self.plan.request(index);
-        let target = match self.pick {
-            Pick::RoundRobin => (index % self.targets.len() as u64) as usize,
-            Pick::Random => random_target(self.seed, index, self.targets.len()),
+        let request = self.plan.workload.request(index);
+        let target = match (self.pick, &self.placement) {
+            (Pick::RoundRobin, _) => (index % self.targets.len() as u64) as usize,
+            (Pick::Placement, Some(placement)) => placement.target(&request),
+            (Pick::Random | Pick::Placement, _) => {
+                random_target(self.seed, index, self.targets.len())
+            }
         };
+        let spec = self.plan.body.render(&request);
         let url = format!("{}{}", self.targets[target], spec.api.path());
         let mut headers = Vec::new();
         if let Some(s) = spec
