@@ -1203,7 +1203,18 @@ run_vllm_kvmesh() {
         show_mesh
         run_load "$w" "kvmesh $mode" random "${SIDECAR_URLS[@]}"
         [[ $mode == exact ]] && kv_events_note "$w"
+        save_sidecar_metrics "$w-kvmesh-$mode"
         stop_cluster
+    done
+}
+
+# save_sidecar_metrics SLUG: every sidecar's /metrics at the end of a run, kept beside the
+# run's report ($RUNS_DIR/SLUG.node-N.metrics) for whoever asks where the time went
+# (kvmesh_tokenize_seconds, forward and decision histograms).
+save_sidecar_metrics() {
+    local i
+    for ((i = 0; i < NODES; i++)); do
+        http_get "${SIDECAR_ADDRS[i]}" /metrics >"$RUNS_DIR/$1.node-$((i + 1)).metrics" 2>/dev/null || true
     done
 }
 
