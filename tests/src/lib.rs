@@ -9,6 +9,7 @@
 //!   `kvmesh_protocol::prometheus_text`).
 //! - [`load`]: the real load generator and its JSON report.
 //! - [`traffic`]: inference calls through a sidecar, checked, with who served them.
+//! - [`ports`]: loopback ports for processes told which to bind.
 //! - [`wait`]: polling with a bound instead of sleeping; [`stage`]: named steps of one long test.
 //! - [`netfault`]: partitions and datagram loss between sidecars, with nftables.
 //! - [`tools`]: external tools (kubectl, promtool) and when a test may skip for lack of one.
@@ -23,6 +24,7 @@ pub mod http;
 pub mod load;
 pub mod netfault;
 pub mod openai;
+pub mod ports;
 pub mod process;
 pub mod sidecar;
 pub mod sse;

@@ -16,7 +16,7 @@
 //! killed, or, by a watchdog in the group, when the test process is gone; nothing outlives the
 //! test.
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -122,14 +122,10 @@ pub fn prepared(what: &str) -> PathBuf {
     path
 }
 
-/// An unused loopback TCP port, for a process that cannot report the one it bound (vLLM binds
-/// what it is told, about a minute later; another process taking the port meanwhile is
-/// unlikely and shows as a failed start).
+/// An unused loopback TCP port for a server to bind about a minute later: below the kernel's
+/// ephemeral range, where no outgoing connection can take it meanwhile.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .map(|addr| addr.port())
-        .expect("an ephemeral loopback port")
+    crate::ports::free_listen_port()
 }
 
 /// The CPU core for the `index`-th server of a test: one server per core, wrapping around on a

@@ -8,6 +8,7 @@
 use std::time::{Duration, Instant};
 
 use kvmesh_tests::openai::{chat_body, completion_body, served_by};
+use kvmesh_tests::ports::free_listen_port;
 use kvmesh_tests::{Cluster, Engine, NodeSpec, Request, Sidecar, wait_for, wait_until};
 use serde_json::{Value, json};
 
@@ -369,7 +370,7 @@ fn offloaded_blocks_are_advertised_in_the_offload_tier_after_the_gpu_evicts_them
 /// without it (the configuration that used to be documented) is told why it hears nothing.
 #[test]
 fn an_engine_that_connects_its_publisher_reaches_a_sidecar_that_listens() {
-    let events = format!("tcp://127.0.0.1:{}", free_port());
+    let events = format!("tcp://127.0.0.1:{}", free_listen_port());
     let listening = NodeSpec::new("n0", &[MODEL])
         .engine_args(&["--kv-blocks", &KV_BLOCKS.to_string()])
         .engine_args(&[
@@ -403,7 +404,7 @@ fn an_engine_that_connects_its_publisher_reaches_a_sidecar_that_listens() {
     );
 
     // Both sides connecting (the configuration that used to be documented): nobody listens.
-    let unheard = format!("tcp://127.0.0.1:{}", free_port());
+    let unheard = format!("tcp://127.0.0.1:{}", free_listen_port());
     let deaf = cluster.join(
         &NodeSpec::new("n2", &[MODEL])
             .engine_args(&["--kv-events", &unheard])
@@ -414,9 +415,37 @@ fn an_engine_that_connects_its_publisher_reaches_a_sidecar_that_listens() {
     });
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("a free port")
-        .port()
+/// A sidecar that cannot listen for its engine's KV events (the port is taken) says why and
+/// shows it in `kvmesh_kv_events_subscribed`, and listens once the port is free.
+#[test]
+fn a_taken_kv_event_port_is_reported_until_it_is_free() {
+    let port = free_listen_port();
+    let holder = std::net::TcpListener::bind(("127.0.0.1", port)).expect("the port");
+    let events = format!("tcp://127.0.0.1:{port}");
+    let cluster = Cluster::start(&[NodeSpec::new("n0", &[MODEL]).sidecar_args(&[
+        "--kv-events",
+        &events,
+        "--kv-events-bind",
+    ])]);
+    let subscribed = |sidecar: &Sidecar| {
+        sidecar
+            .metric("kvmesh_kv_events_subscribed", &[])
+            .ok()
+            .flatten()
+    };
+    wait_until(WAIT_LIMIT, "the taken port to be reported", || {
+        let n0 = cluster.sidecar("n0");
+        subscribed(n0) == Some(0.0) && n0.output_contains("another socket holds the port")
+    });
+    drop(holder);
+    wait_until(
+        WAIT_LIMIT,
+        "the sidecar to listen once the port is free",
+        || subscribed(cluster.sidecar("n0")) == Some(1.0),
+    );
+    assert!(
+        cluster
+            .sidecar("n0")
+            .output_contains("listening for the engine's KV events")
+    );
 }

@@ -103,7 +103,13 @@ impl Subscription {
                 }
                 socket.subscribe(&self.config.topic).await
             };
-            match tokio::time::timeout(CONNECT_TIMEOUT, attempt).await {
+            let outcome = tokio::time::timeout(CONNECT_TIMEOUT, attempt).await;
+            let subscribed = matches!(outcome, Ok(Ok(())));
+            self.state
+                .metrics
+                .kv_events_subscribed
+                .set(i64::from(subscribed));
+            match outcome {
                 Ok(Ok(())) if bind => {
                     tracing::info!(endpoint, "listening for the engine's KV events");
                     return socket;
@@ -111,6 +117,18 @@ impl Subscription {
                 Ok(Ok(())) => {
                     tracing::info!(endpoint, "subscribed to the engine's KV events");
                     return socket;
+                }
+                Ok(Err(zeromq::ZmqError::Network(error)))
+                    if bind && error.kind() == std::io::ErrorKind::AddrInUse =>
+                {
+                    tracing::warn!(
+                    endpoint,
+                    %error,
+                    "cannot listen for KV events: another socket holds the port. If it is in \
+                     the kernel's ephemeral range (net.ipv4.ip_local_port_range), the engine's \
+                     own connection attempts to it can take it (a TCP self-connect) while \
+                     nothing listens there: choose a port below that range, as 5557"
+                    )
                 }
                 Ok(Err(error)) => tracing::warn!(endpoint, bind, %error, "KV-event subscription"),
                 Err(_) => tracing::warn!(
