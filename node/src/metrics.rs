@@ -146,10 +146,10 @@ pub struct NodeMetrics {
     pub kv_event_blocks_skipped: Family<ReasonLabels, Counter>,
     /// Exact mode: events skipped because they did not decode (their batch is still applied).
     pub kv_event_bad_events: Counter,
-    /// Exact mode: 1 while the KV-event socket is subscribed (connected, or listening under
-    /// `--kv-events-bind`), 0 while it is being retried: a node at 0 routes blind to its
-    /// engine's cache.
-    pub kv_events_subscribed: Gauge,
+    /// Exact mode: 1 from start until the KV-event socket is subscribed (connected, or
+    /// listening under `--kv-events-bind`) and again while it is retried: meanwhile the node
+    /// does not hear its engine's cache. Always 0 without `--kv-events`.
+    pub kv_events_retrying: Gauge,
     /// Exact mode: prompts the engine could not tokenize for routing (routed by load).
     pub tokenize_failures: Counter,
     /// Exact mode: how long tokenizing a prompt for routing took, by where: `local` (the
@@ -234,7 +234,7 @@ impl Default for NodeMetrics {
             kv_event_batches: Family::default(),
             kv_event_blocks_skipped: Family::default(),
             kv_event_bad_events: Counter::default(),
-            kv_events_subscribed: Gauge::default(),
+            kv_events_retrying: Gauge::default(),
             tokenize_failures: Counter::default(),
             new_prefixes_in_flight: Gauge::default(),
             engine_queued: Gauge::default(),
@@ -509,11 +509,11 @@ impl NodeMetrics {
             self.kv_event_bad_events.clone(),
         );
         registry.register(
-            "kv_events_subscribed",
-            "Exact mode: 1 while the KV-event socket is subscribed (connected, or listening under \
-             --kv-events-bind), 0 while it is retried; at 0 the node does not hear its engine's \
-             cache",
-            self.kv_events_subscribed.clone(),
+            "kv_events_retrying",
+            "Exact mode: 1 until the KV-event socket is subscribed (connected, or listening under \
+             --kv-events-bind) and while it is retried: the node does not hear its engine's \
+             cache meanwhile; always 0 without --kv-events",
+            self.kv_events_retrying.clone(),
         );
         registry.register(
             "tokenize_failures",

@@ -416,7 +416,7 @@ fn an_engine_that_connects_its_publisher_reaches_a_sidecar_that_listens() {
 }
 
 /// A sidecar that cannot listen for its engine's KV events (the port is taken) says why and
-/// shows it in `kvmesh_kv_events_subscribed`, and listens once the port is free.
+/// shows it in `kvmesh_kv_events_retrying`, and listens once the port is free.
 #[test]
 fn a_taken_kv_event_port_is_reported_until_it_is_free() {
     let port = free_listen_port();
@@ -427,21 +427,21 @@ fn a_taken_kv_event_port_is_reported_until_it_is_free() {
         &events,
         "--kv-events-bind",
     ])]);
-    let subscribed = |sidecar: &Sidecar| {
+    let retrying = |sidecar: &Sidecar| {
         sidecar
-            .metric("kvmesh_kv_events_subscribed", &[])
+            .metric("kvmesh_kv_events_retrying", &[])
             .ok()
             .flatten()
     };
     wait_until(WAIT_LIMIT, "the taken port to be reported", || {
         let n0 = cluster.sidecar("n0");
-        subscribed(n0) == Some(0.0) && n0.output_contains("another socket holds the port")
+        retrying(n0) == Some(1.0) && n0.output_contains("another socket holds the port")
     });
     drop(holder);
     wait_until(
         WAIT_LIMIT,
         "the sidecar to listen once the port is free",
-        || subscribed(cluster.sidecar("n0")) == Some(1.0),
+        || retrying(cluster.sidecar("n0")) == Some(0.0),
     );
     assert!(
         cluster

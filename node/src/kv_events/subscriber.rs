@@ -49,6 +49,7 @@ struct Subscription {
 
 impl Subscription {
     async fn run(&mut self) {
+        self.state.metrics.kv_events_retrying.set(1);
         // Root blocks are seeded with the served model's name: wait until the engine said it,
         // telling the operator why nothing is subscribed meanwhile.
         let mut engine = self.state.engine.watch();
@@ -71,6 +72,7 @@ impl Subscription {
                 Err(error) => {
                     // zeromq reconnects a SUB by itself; an error here is the socket's end.
                     tracing::warn!(%error, "KV-event subscription failed; reconnecting");
+                    self.state.metrics.kv_events_retrying.set(1);
                     tokio::time::sleep(RETRY_PAUSE).await;
                     socket = self.connect().await;
                     continue;
@@ -105,10 +107,8 @@ impl Subscription {
             };
             let outcome = tokio::time::timeout(CONNECT_TIMEOUT, attempt).await;
             let subscribed = matches!(outcome, Ok(Ok(())));
-            self.state
-                .metrics
-                .kv_events_subscribed
-                .set(i64::from(subscribed));
+            let retrying = &self.state.metrics.kv_events_retrying;
+            retrying.set(i64::from(!subscribed));
             match outcome {
                 Ok(Ok(())) if bind => {
                     tracing::info!(endpoint, "listening for the engine's KV events");
