@@ -625,10 +625,6 @@ stop_cluster() {
 # the `node` label the rules and the Grafana dashboard join on.
 PROM_PID=
 PROM_URL=
-free_port() {
-    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' 2>/dev/null ||
-        echo 9090
-}
 write_prometheus_config() {
     local file=$WORK/prometheus/prometheus.yml i
     {
@@ -700,10 +696,6 @@ find_vllm_router() {
         ROUTER_NOTE="vllm-router: installation failed, not compared ($(tail -n 1 "$WORK/logs/venv.log"))"
         log "$ROUTER_NOTE"
     fi
-}
-
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
 # Starts vllm-router (cache_aware) in front of ENGINE_URLS; sets ROUTER_URL or returns 1.
@@ -1200,12 +1192,31 @@ run_vllm_kvmesh() {
         start_sidecars "$w-$mode" "$([[ $mode == exact ]] && echo exact || echo mixed)"
         wait_converged
         log "[$w / kvmesh $mode] mesh converged: every node sees $((NODES - 1)) peers"
+        [[ $mode == exact ]] && wait_kv_events_subscribed
         show_mesh
         run_load "$w" "kvmesh $mode" random "${SIDECAR_URLS[@]}"
         [[ $mode == exact ]] && kv_events_note "$w"
         save_sidecar_metrics "$w-kvmesh-$mode"
         stop_cluster
     done
+}
+
+# wait_kv_events_subscribed: every exact-mode sidecar subscribed to its engine's KV events
+# (kvmesh_kv_events_retrying 0) within 30 s, or the run stops: exact mode that hears nothing
+# routes as if nothing were cached, and its figures would be another router's.
+wait_kv_events_subscribed() {
+    local i retrying deadline=$(($(date +%s) + 30))
+    for ((i = 0; i < NODES; i++)); do
+        while :; do
+            retrying=$(http_get "${SIDECAR_ADDRS[i]}" /metrics 2>/dev/null |
+                sed -nE 's/^kvmesh_kv_events_retrying ([0-9.e+]+).*/\1/p' | head -1)
+            [[ $retrying == 0 ]] && break
+            [[ $(date +%s) -ge $deadline ]] &&
+                die "sidecar node-$((i + 1)) did not subscribe to its engine's KV events within 30 s (kvmesh_kv_events_retrying ${retrying:-absent}; its log in $WORK/logs says why)"
+            sleep 0.5
+        done
+    done
+    log "  every exact-mode sidecar listens for its engine's KV events"
 }
 
 # save_sidecar_metrics SLUG: every sidecar's /metrics at the end of a run, kept beside the

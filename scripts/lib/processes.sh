@@ -36,3 +36,32 @@ kill_groups() {
     done
     GROUPS_ALIVE=("${keep[@]+"${keep[@]}"}")
 }
+
+# A free loopback TCP port for a process told to bind it later (a server that starts in a
+# minute, vLLM's KV-event publisher connecting to a sidecar that listens later): below the
+# kernel's ephemeral range, where no outgoing connection can take it meanwhile. Inside the
+# range one can: a publisher retrying its connection to a port nobody listens on yet takes it
+# as its own source port (a TCP self-connect), and the listener fails for good.
+free_port() {
+    python3 - <<'PY'
+import random, socket
+try:
+    first = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+except (OSError, ValueError, IndexError):
+    first = 32768
+low = min(10000, first // 2)
+for _ in range(1000):
+    port = random.randrange(low, first)
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+    except OSError:
+        continue
+    finally:
+        s.close()
+    print(port)
+    break
+else:
+    raise SystemExit("no free loopback port below the ephemeral range")
+PY
+}
