@@ -109,9 +109,9 @@ fi
 if [[ $what == pd ]]; then
   machine
   # Per trace: its load (trace speed-up), KV blocks, prefill engines (of 16; the best of 4, 6,
-  # 8 and 10 in a sweep of the skip rule, BENCHMARKS.md) and its objectives: a chat trace of
-  # ~1.2k-token prompts (TTFT <= 1 s), a long-context one of ~15k-token prompts (TTFT <= 5 s);
-  # both ITL <= 50 ms (mean gap per request). kvmesh runs mixed and four PD variants; the
+  # 8 and 10 in a sweep of the skip rule, BENCHMARKS.md#pd-simulator) and its objectives: a chat
+  # trace of ~1.2k-token prompts (TTFT <= 1 s), a long-context one of ~15k-token prompts (TTFT
+  # <= 5 s); both ITL <= 50 ms (mean gap per request). kvmesh runs mixed and four PD variants; the
   # central routers split every request: power-of-two with both engines chosen at arrival
   # (vllm-router's --decode-policy power_of_two), round-robin with the decode engine chosen at
   # prefill end (vLLM's toy proxy), least-loaded both ways.

@@ -71,7 +71,7 @@ Usage: scripts/demo.sh [options]
                         Needs python3 and --nodes >= 3
   --duration S          seconds of load per run (default 40)
   --workload-seed N     seed of the requests (which prompts, when, through which entry node;
-                        default 7, the figures in README.md): another seed is another draw
+                        default 7, the mock figures in BENCHMARKS.md): another seed is another draw
                         of the same workload
   --keep                after the runs, leave a kvmesh cluster running and print curl and
                         openai client commands to try it by hand (Ctrl-C stops it)

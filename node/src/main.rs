@@ -13,7 +13,7 @@ use clap::{Parser, Subcommand};
 /// copy, QUIC's packets, the serving side's frame. glibc's malloc gave such blocks back to the
 /// kernel when they were freed (munmap, or a trimmed heap top) and took fresh ones for the
 /// next request, each first touch a page fault: page faults, brk and munmap were a fifth of
-/// both sidecars' CPU on 256 KiB images (BENCHMARKS.md, "Multimodal requests"). jemalloc keeps
+/// both sidecars' CPU on 256 KiB images (`BENCHMARKS.md#media-overhead`). jemalloc keeps
 /// freed pages and reuses them, returning them to the kernel only after seconds unused.
 /// (Feature `jemalloc`, off by default because building it needs make and a C compiler; the
 /// Docker image turns it on. heaptrack sees only the system allocator. Without it, glibc's

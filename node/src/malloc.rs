@@ -6,10 +6,11 @@
 //! exceeds twice that threshold. A forwarded body of hundreds of kilobytes (a chat with an
 //! image) then lands in fresh pages at every request, each first touch a page fault: page
 //! faults, `brk` and `munmap` were a fifth of both sidecars' CPU on 256 KiB images, and two
-//! hops cost such a request 0.35–0.9 ms more than with jemalloc (BENCHMARKS.md, "Multimodal
-//! requests"). With the thresholds below, blocks up to 4 MiB come from the heap and freed ones
-//! stay there for the next request. The price: up to [`TRIM_THRESHOLD_BYTES`] of freed memory
-//! may stay mapped per heap after a burst of large bodies.
+//! hops cost such a request 0.35–0.9 ms more than with jemalloc
+//! (`BENCHMARKS.md#media-overhead`). With the thresholds below, blocks up to 4 MiB come from
+//! the heap and freed ones stay there for the next request. The price: up to
+//! [`TRIM_THRESHOLD_BYTES`] of freed memory may stay mapped per heap after a burst of large
+//! bodies.
 
 /// Blocks above this get a mapping of their own (glibc's default starts at 128 KiB).
 const MMAP_THRESHOLD_BYTES: i32 = 4 << 20;

@@ -45,7 +45,7 @@ fn ngrams_classify_the_test_split() {
     let router = IntentRouter::new(file, Box::new(NgramEmbedder::default()));
     let report = evaluate(&router, &test);
     println!("{report}");
-    // Measured 2026-12-04 (BENCHMARKS.md, "Intent routing"); the floor leaves a few prompts
+    // Measured 2026-12-04 (BENCHMARKS.md#intent-routing); the floor leaves a few prompts
     // of slack for harmless changes, not for a worse classifier.
     assert!(report.accuracy() >= FLOOR, "{report}");
     assert_eq!(report.unknown_labels, 0);

@@ -1,7 +1,8 @@
 //! The false-match rate of a prefix summary at its advertised capacity, measured.
 //!
 //! A false match makes the router believe an engine holds a block it does not; the summary
-//! promises at most 1% per lookup at capacity. The figures printed here go to BENCHMARKS.md
+//! promises at most 1% per lookup at capacity. The figures printed here go to
+//! BENCHMARKS.md#summary-false-match
 //! (`cargo test -p kvmesh-protocol --release --test summary_false_match -- --nocapture`).
 
 use kvmesh_protocol::summary::{PeerSummary, SummaryBuilder, SummaryConfig};

@@ -6,7 +6,7 @@
 //! candidate, the request's last attempt, took all the others: 199 of 200 on one engine.
 //! Asserted here: no engine serves more than 60% of the burst, and nothing fails. The burst's
 //! mean TTFT against the same burst sent round-robin straight to the engines is printed (and
-//! recorded in BENCHMARKS.md), not asserted: timing belongs to benchmarks.
+//! recorded in BENCHMARKS.md#burst), not asserted: timing belongs to benchmarks.
 
 use std::time::Duration;
 

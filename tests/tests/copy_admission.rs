@@ -3,8 +3,7 @@
 //! question, told from the block hashes sampled into its request head. Before, a copy counted
 //! nothing once an earlier one covered as many tokens, so a burst of a new system prompt's
 //! copies from every entry (a hot prompt at a cold start) looked like no work at all and queued
-//! on one engine for a second and more (BENCHMARKS.md, "Copies of a new prefix counted by what
-//! they share").
+//! on one engine for a second and more (`docs/studies/new-prefix-copies.md`).
 //!
 //! The test speaks to one node as its peers would (a valid certificate, forwarding frames), so
 //! that each head says exactly what an entry would: three copies of one new prefix, 1,024

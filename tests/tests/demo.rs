@@ -4,7 +4,7 @@
 //! on the engines' prefix-cache hit rate, with no errors. Time to first token is in the
 //! transcript, not asserted: with the debug binaries `scripts/test.sh` builds, on a loaded
 //! 2-core machine, kvmesh's sidecars can lose it to round-robin's direct path; the demo's
-//! figures are measured on release binaries (README.md, BENCHMARKS.md "Demo").
+//! figures are measured on release binaries (BENCHMARKS.md#mock-demo).
 //!
 //! `scripts/demo.sh --chaos` runs too: its faults must lose no request that had not started.
 //!

@@ -21,7 +21,7 @@ const PROMPT_BYTES: usize = 1_200;
 const PROMPT_BLOCKS: u64 = 18;
 /// How long the test waits for the mesh to learn of a change before failing: past this the
 /// event path is broken. How long it did take is printed; the acceptance's 1 s is measured
-/// in BENCHMARKS.md ("Exact mode: KV events to the mesh"), not asserted here, where a loaded
+/// in BENCHMARKS.md#prefix-propagation, not asserted here, where a loaded
 /// machine would make it noise.
 const WAIT_LIMIT: Duration = Duration::from_secs(15);
 

@@ -8,8 +8,8 @@
 //! over distinct prefixes (the control run: same seed, so the same arrivals, questions and
 //! other 20%, with the shared 80% spread over `CONTROL_PREFIXES` system prompts instead of
 //! one). The issue's bound on it (within 1.5×) is a latency figure, noise on a loaded 2-core
-//! box with debug sidecars; it is measured in BENCHMARKS.md ("Hot prefix (issue 5
-//! acceptance)") with this test's `--nocapture` output. The control keeps the cache's value: a
+//! box with debug sidecars; it is measured in BENCHMARKS.md#hot-prefix with this test's
+//! `--nocapture` output. The control keeps the cache's value: a
 //! control in which every request had a prefix of its own (`--hot-fraction 0`) would prefill
 //! 2.1× the tokens of the hot run and make the ratio easy to meet.
 //!

@@ -204,10 +204,10 @@ fn labelled(cluster: &Cluster, node: &str, name: &str, reason: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// The price of a decline on loopback, for BENCHMARKS.md (not a timed assertion; run with
-/// `--ignored --nocapture`, release binaries): requests entering at a whose session prefers b,
-/// which declines them (its queue is longer), against requests whose session prefers a itself.
-/// The difference of the medians is one mesh round trip with a decline in it.
+/// The price of a decline on loopback, for BENCHMARKS.md#decline-cost (not a timed assertion;
+/// run with `--ignored --nocapture`, release binaries): requests entering at a whose session
+/// prefers b, which declines them (its queue is longer), against requests whose session prefers
+/// a itself. The difference of the medians is one mesh round trip with a decline in it.
 #[test]
 #[ignore = "a benchmark: run with --ignored --nocapture"]
 fn the_cost_of_a_decline() {

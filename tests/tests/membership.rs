@@ -4,8 +4,8 @@
 //!
 //! How long joining and failure detection take is printed, not asserted (beyond
 //! `CONVERGENCE_TIMEOUT`, past which something is broken): on a loaded 2-core machine with
-//! debug binaries it is noise. The figures (targets 2 s) are in BENCHMARKS.md, "Mesh:
-//! convergence and failure detection", from this test's `--nocapture` output and the
+//! debug binaries it is noise. The figures (targets 2 s) are in BENCHMARKS.md#membership,
+//! from this test's `--nocapture` output and the
 //! commands of `node/MESH-NOTES.md`.
 
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -7,7 +7,7 @@
 //! 2-core box can lose it to round-robin, which goes straight to the engines (mean 181 ms
 //! against 79 ms once, with 99% of the ideal hit rate). The figures against the ratios
 //! come from this test run on release binaries (`KVMESH_BIN`, `KVMESH_SIM_BIN`) and from
-//! `scripts/demo.sh`, and are recorded in BENCHMARKS.md.
+//! `scripts/demo.sh`, and are recorded in BENCHMARKS.md#mock-demo.
 
 use std::path::Path;
 use std::sync::{Arc, Barrier};

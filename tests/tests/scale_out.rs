@@ -8,7 +8,7 @@
 //! flooded by every entry at once (or left idle) shows. It asserts only that no request failed.
 //! The simulator runs the same scenario: `kvmesh-sim simulate --nodes 4 --kv-blocks 640
 //! --workload rag-pressure --seed 2 --rate 4 --duration 60 --entry-nodes 3 --join-nodes 1
-//! --join-at 20` (BENCHMARKS.md, "A node joining in the simulator").
+//! --join-at 20` (BENCHMARKS.md#node-join).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

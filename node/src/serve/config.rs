@@ -130,7 +130,7 @@ pub struct ServeArgs {
     pub summary_shard_bytes: Option<u32>,
     /// Threads serving requests. One thread forwards a request with the fewest wake-ups and the
     /// least CPU (no hand-offs between threads); more raise the most one sidecar can serve
-    /// when it has cores to itself (figures in BENCHMARKS.md).
+    /// when it has cores to itself (figures in BENCHMARKS.md#overhead).
     #[arg(long, env = "KVMESH_WORKER_THREADS")]
     pub worker_threads: Option<usize>,
     /// What this node's engine is for: `mixed` (whole requests), `prefill` (prefill legs of

@@ -5,8 +5,7 @@
 //! change to the engine queue ([`PublishSoon`]) publishes the digest within
 //! [`PUBLISH_COALESCE`]: a request's load then waits only for the next gossip exchange, not
 //! for the next tick as well. The summary keeps the tick: in the simulator, publishing it at
-//! once too lengthened rag-pressure's tail (BENCHMARKS.md, "The load digest published when
-//! the queue changes").
+//! once too lengthened rag-pressure's tail (`docs/studies/digest-publish.md`).
 
 use crate::engine::models::{ModelCard, encode_cards};
 use crate::serve::state::{SharedState, lock};

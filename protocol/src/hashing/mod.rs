@@ -7,7 +7,7 @@
 //!
 //! Using the previous hash as the blake3 key rather than as a prefix of the input keeps a
 //! 64-byte block a single blake3 compression, which is what makes a 32 KiB prompt hash in tens
-//! of microseconds (see `BENCHMARKS.md`).
+//! of microseconds (see `BENCHMARKS.md#protocol-benches`).
 //!
 //! The seed folds in the model name (vLLM addresses a LoRA adapter by its name in the `model`
 //! field, so an adapter seeds differently from its base model) and `cache_salt`: requests that

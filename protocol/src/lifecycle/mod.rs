@@ -41,8 +41,7 @@ pub const PREFIX_KEY_BLOCKS: usize = 8;
 /// The first block alone is what a chat template or a shared instruction puts before every
 /// prompt: at a cold start, when no engine holds anything, every new prompt was taken for a
 /// copy of the first sent to its engine, so it was never declined and was held until that
-/// one's first token, then computed whole (BENCHMARKS.md, "A new prefix known by its first
-/// 8 blocks").
+/// one's first token, then computed whole (`docs/studies/new-prefix-copies.md`).
 pub fn prefix_key(chain: &[u64]) -> Option<u64> {
     chain
         .get(chain.len().min(PREFIX_KEY_BLOCKS).checked_sub(1)?)

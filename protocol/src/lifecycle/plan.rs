@@ -186,7 +186,7 @@ impl Plan {
         // engines (before, all went to the second by weight). A request with a cached
         // prefix keeps the decision's order, which weighs its cache against load already
         // (trying the least busy first lost more of the cache in the simulator than it won:
-        // BENCHMARKS.md, "A new prefix's next engine").
+        // `docs/studies/new-prefix-placement.md`).
         let mut order: Vec<usize> = (0..decision.ranked.len()).collect();
         if let Some(rest) = order.get_mut(1..).filter(|_| decision.new_prefix) {
             let work = |rank: usize| work_at(decision.estimates[rank], request, config);

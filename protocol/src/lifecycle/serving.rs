@@ -362,8 +362,8 @@ impl ServingState {
     /// (but a follower of a declined new prefix): it starts the request at once, while what
     /// the next engine would save is the entry's view of it, up to 600 ms old, and a decline
     /// for a few blocks more cached there leaves the one engine that holds nothing without
-    /// work for as long as every prompt meets something elsewhere (BENCHMARKS.md, "An idle
-    /// engine keeps its request").
+    /// work for as long as every prompt meets something elsewhere
+    /// (`docs/studies/late-binding.md`).
     pub fn admit(&mut self, request: &Admission, now_ms: u64) -> Result<Ticket, DeclineReason> {
         forget_until(&mut self.declined_new_prefixes, now_ms, |&(_, until)| until);
         forget_until(&mut self.computed_new_prefixes, now_ms, |c| c.until_ms);

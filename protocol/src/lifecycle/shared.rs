@@ -8,8 +8,8 @@
 //! of each one's own, say, leaves each copy a few hundred tokens to compute, while a prompt
 //! sent twice leaves nothing. Counting every copy as sharing the whole earliest prompt made
 //! a burst of copies look like no work at all: at a cold start a hot system prompt's copies
-//! from every entry queued on one engine for a second and more (BENCHMARKS.md, "Copies of a
-//! new prefix counted by what they share").
+//! from every entry queued on one engine for a second and more
+//! (`docs/studies/new-prefix-copies.md`).
 
 use crate::route::sampled_depths;
 use rkyv::{Archive, Deserialize, Serialize};

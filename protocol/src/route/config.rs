@@ -90,7 +90,7 @@ pub struct RouteConfig {
     /// What the bound counts. Default [`BoundOn::Queued`]: an engine running a big batch
     /// takes one more request into it at little cost to the request, while moving a prefix
     /// away from its cache costs its whole prefill; a queue is what makes a request wait
-    /// (BENCHMARKS.md, "The load bound's slack, again, and what it counts").
+    /// (`docs/studies/load-bound.md`).
     pub bound_on: BoundOn,
     /// Width of the spread band: candidates whose score is within this of the best (score
     /// units; in the cost form, this fraction of the best estimated TTFT) are near-equal, and
@@ -104,17 +104,17 @@ pub struct RouteConfig {
     /// rendezvous on its first block (ties: the rendezvous order), not always to the first:
     /// power of two choices. Every entry node considers the same few engines, so a new prefix
     /// still lands on one of them; picking the less loaded keeps a burst of new prefixes from
-    /// queueing their uncached prefills on one engine (the gsp warm-up tail, BENCHMARKS.md).
+    /// queueing their uncached prefills on one engine (the gsp warm-up tail).
     /// 1 gives plain rendezvous. Default 1: every entry node then sends a new prefix to the
     /// same engine whatever its view, and late binding balances at that engine's sidecar,
     /// which knows its queue exactly. With 2 the choices' loads are the gossiped digests' (plus
     /// this node's sends since), but those move with every request in flight and reach entry
     /// nodes at different moments: a new prefix sent to four entries at once landed on two
     /// engines in 2 of 12 runs of `prefix_routing`'s test on a loaded machine, even with a
-    /// margin of one request. The price: the demo's gsp warm-up tail is longer with 1
-    /// (BENCHMARKS.md, "The demo's gsp with the new lifecycle"), and on a trace where no
-    /// prompt repeats the least loaded of 4 with no margin is 1% faster in the simulator, but
-    /// split such copies in 8 of 12 runs (BENCHMARKS.md, "What hot and Azure still lose").
+    /// margin of one request. The price: the demo's gsp warm-up tail is longer with 1, and
+    /// on a trace where no prompt repeats the least loaded of 4 with no margin is 1% faster in
+    /// the simulator, but split such copies in 8 of 12 runs
+    /// (`docs/studies/new-prefix-placement.md`).
     /// Where an entry's recent prompts share no prefixes, `unshared_choices` applies instead.
     pub cold_choices: u32,
     /// With `cold_choices` above 1: requests by which a choice's load must exceed the
@@ -127,8 +127,8 @@ pub struct RouteConfig {
     /// come back for it (`cold_choices`, if more). Power of d choices rather than the least
     /// loaded of all: the loads are gossip's, 100–600 ms old, and at 8× the Azure trace's rate
     /// every entry sending its new prompts to the one engine its view shows lightest made
-    /// kvmesh 1.05× least-loaded against 0.85× with 4 (BENCHMARKS.md, "New prefixes where no
-    /// prompt repeats"). Default 1, plain rendezvous: with 4 the simulator's Azure trace is
+    /// kvmesh 1.05× least-loaded against 0.85× with 4 (`docs/studies/unshared-new-prefixes.md`).
+    /// Default 1, plain rendezvous: with 4 the simulator's Azure trace is
     /// 1% faster, but over real processes a burst of 1,000 distinct prompts through one
     /// sidecar of two went up to 63% to the peer, whose gossiped load lags the requests still on
     /// their way to its engine, where rendezvous and late binding split it 50:50. Engines that
@@ -140,8 +140,8 @@ pub struct RouteConfig {
     /// rather than join a busy engine's batch. An idle engine is the one signal a view 100–600
     /// ms old still gives reliably enough to act on, and the rendezvous among the idle ones
     /// differs per prompt, so entries with the same view do not herd onto one: under load no
-    /// engine looks idle and the placement is `unshared_choices`' (BENCHMARKS.md, "Unshared
-    /// new prefixes go to an idle engine"). Default on.
+    /// engine looks idle and the placement is `unshared_choices`'
+    /// (`docs/studies/unshared-new-prefixes.md`). Default on.
     pub unshared_to_idle: bool,
     /// Late binding: how many times one request may be declined by a serving node whose own,
     /// exact queue would hold it longer than the entry estimated the next candidate would (see
@@ -152,7 +152,7 @@ pub struct RouteConfig {
     /// stale view, and is as likely to be busy (behind a long uncached prefill, say) as the
     /// first; with one decline that second attempt was the last and stayed, so a third try
     /// paid (simulator, 16 nodes: rag 2–4% lower mean TTFT and up to 40% lower p99, hot
-    /// 0.6% lower, no workload worse; BENCHMARKS.md, "A second decline").
+    /// 0.6% lower, no workload worse; `docs/studies/late-binding.md`).
     pub max_declines: u32,
     /// `max_declines` for a new prefix (no engine holds its first block). A new prefix costs
     /// a whole uncached prefill, hundreds of times what a decline costs (~0.4 ms on loopback),
@@ -249,8 +249,8 @@ pub struct PdConfig {
     /// if the wait is also longer than the stall it would cause there: running whole holds
     /// up every request on that engine for the prompt's prefill, while waiting costs this
     /// request alone. The bound is long so that a burst of short prefills queued on the
-    /// prefill engines does not spill onto idle decode engines either (BENCHMARKS.md,
-    /// "Prefill/decode disaggregation over real processes"). Default 2000.
+    /// prefill engines does not spill onto idle decode engines either
+    /// (`docs/studies/pd-busy-prefill.md`). Default 2000.
     pub max_prefill_wait_ms: u64,
     /// Requests by which a decode engine's load may exceed another's and still be preferred
     /// because it already pulled from the prefill engine: its first pull from a new one costs

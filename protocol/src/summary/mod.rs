@@ -6,8 +6,9 @@
 //! (1 KiB of filter by default). A shard holding few hashes is sent as an exact sorted list;
 //! a fuller one as a Bloom filter of fixed size, whose false-match rate at the advertised
 //! capacity is pinned by a test (`tests/summary_false_match.rs`) and recorded in
-//! `BENCHMARKS.md`. Past capacity the summary does not grow: its false-match rate does, and
-//! [`SummaryBuilder::estimated_false_match_rate`] reports it so an operator can raise the budget.
+//! `BENCHMARKS.md#summary-false-match`. Past capacity the summary does not grow: its
+//! false-match rate does, and [`SummaryBuilder::estimated_false_match_rate`] reports it so an
+//! operator can raise the budget.
 //!
 //! A summary answers "does this node hold `h`?"; because a chain hash names a whole prefix,
 //! the longest match walks the chain from the start and stops at the first miss, so a false

@@ -167,7 +167,7 @@ pub struct SimulateArgs {
     pub threads: usize,
     /// Round trip of a message between two sidecars, milliseconds: what a forwarded attempt,
     /// its answer's head and a decline cost (default: the added latency of a cross-node
-    /// request on loopback, BENCHMARKS.md).
+    /// request on loopback, BENCHMARKS.md#overhead).
     #[arg(long, default_value_t = 0.28)]
     pub mesh_rtt_ms: f64,
     /// Requests enter at the first this many nodes only (default: every node, at random): a
