@@ -20,7 +20,7 @@ PLAYWRIGHT_CORE_VERSION=1.65.2
 DEPLOY_TOOLS_DIR="${CARGO_TARGET_DIR:-target}/deploy-tools"
 
 deploy_tool_missing() { # NAME WHY
-    echo "!! SKIPPING what needs $1: $2" >&2
+    echo "!! missing $1: $2" >&2
     MISSING_TOOLS+=("$1")
 }
 

