@@ -11,7 +11,8 @@
 //! [`PdConfig::warm_margin`] requests, since a first pull pays a handshake.
 
 use super::config::{PdConfig, RouteConfig};
-use super::decide::{Candidate, Decision, Estimate, RouteError, RouteRequest, summary_match};
+use super::considered::summary_match;
+use super::decide::{Candidate, Decision, Estimate, RouteError, RouteRequest};
 use super::reason::RouteReason;
 use super::rendezvous::rendezvous_weight;
 use crate::digest::{LoraReadiness, Role};

@@ -6,14 +6,23 @@
 //! The node feeds it from gossip; the simulator feeds it from a model.
 
 mod adapter;
+mod cold;
 mod config;
+mod considered;
 mod decide;
 mod decode;
+mod eligible;
+mod load_cap;
+mod owed;
 mod pending;
 mod popularity;
+mod rank;
 mod reason;
 mod recent;
 mod rendezvous;
+mod score;
+mod session;
+mod spread;
 #[cfg(test)]
 pub(crate) mod tests;
 
