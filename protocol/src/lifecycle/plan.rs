@@ -165,6 +165,35 @@ pub struct Plan {
     failures: u32,
 }
 
+/// The order in which `decision`'s ranks are attempted: the decision's, but for a new prefix.
+fn attempt_order(
+    decision: &Decision,
+    request: &RouteRequest<'_>,
+    config: &RouteConfig,
+) -> Vec<usize> {
+    // A new prefix's engines after its first choice, in the order a decline or a
+    // failure should try them: the least prefill work ahead of it first (see
+    // [`work_at`]), among the engines readiest for its adapter. The decision ranks them
+    // by rendezvous weight alone, so the one after the first may be busier than a later
+    // one: a serving node would then keep the request while another engine is idle,
+    // judging it against the wrong alternative (issue 21). The price: the order is this
+    // entry's view, so when the first choice declines copies of a new prefix sent through
+    // several entries at once, entries whose views differ send them on to different
+    // engines (before, all went to the second by weight). A request with a cached
+    // prefix keeps the decision's order, which weighs its cache against load already
+    // (trying the least busy first lost more of the cache in the simulator than it won:
+    // `docs/studies/new-prefix-placement.md`).
+    let mut order: Vec<usize> = (0..decision.ranked.len()).collect();
+    if let Some(rest) = order.get_mut(1..).filter(|_| decision.new_prefix) {
+        let work = |rank: usize| work_at(decision.estimates[rank], request, config);
+        rest.sort_by(|&a, &b| {
+            let ready = |rank: usize| decision.estimates[rank].ready;
+            ready(b).cmp(&ready(a)).then(work(a).total_cmp(&work(b)))
+        });
+    }
+    order
+}
+
 impl Plan {
     /// The plan for `decision` over `candidates`, with at most `config.max_declines` declines
     /// (`config.max_new_prefix_declines` for a new prefix);
@@ -175,26 +204,7 @@ impl Plan {
         request: &RouteRequest<'_>,
         config: &RouteConfig,
     ) -> Self {
-        // A new prefix's engines after its first choice, in the order a decline or a
-        // failure should try them: the least prefill work ahead of it first (see
-        // [`work_at`]), among the engines readiest for its adapter. The decision ranks them
-        // by rendezvous weight alone, so the one after the first may be busier than a later
-        // one: a serving node would then keep the request while another engine is idle,
-        // judging it against the wrong alternative (issue 21). The price: the order is this
-        // entry's view, so when the first choice declines copies of a new prefix sent through
-        // several entries at once, entries whose views differ send them on to different
-        // engines (before, all went to the second by weight). A request with a cached
-        // prefix keeps the decision's order, which weighs its cache against load already
-        // (trying the least busy first lost more of the cache in the simulator than it won:
-        // `docs/studies/new-prefix-placement.md`).
-        let mut order: Vec<usize> = (0..decision.ranked.len()).collect();
-        if let Some(rest) = order.get_mut(1..).filter(|_| decision.new_prefix) {
-            let work = |rank: usize| work_at(decision.estimates[rank], request, config);
-            rest.sort_by(|&a, &b| {
-                let ready = |rank: usize| decision.estimates[rank].ready;
-                ready(b).cmp(&ready(a)).then(work(a).total_cmp(&work(b)))
-            });
-        }
+        let order = attempt_order(decision, request, config);
         let targets = order
             .iter()
             .enumerate()
