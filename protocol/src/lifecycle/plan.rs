@@ -195,8 +195,8 @@ fn attempt_order(
 }
 
 impl Plan {
-    /// The plan for `decision` over `candidates`, with at most `config.max_declines` declines
-    /// (`config.max_new_prefix_declines` for a new prefix);
+    /// The plan for `decision` over `candidates`, with at most `config.late.max_declines`
+    /// declines (`config.late.max_new_prefix_declines` for a new prefix);
     /// retries are unlimited until [`Plan::with_retries`] bounds them.
     pub fn new(
         decision: &Decision,
@@ -248,8 +248,8 @@ impl Plan {
             next: 0,
             retries_left: u32::MAX,
             declines_left: match decision.new_prefix {
-                true => config.max_new_prefix_declines,
-                false => config.max_declines,
+                true => config.late.max_new_prefix_declines,
+                false => config.late.max_declines,
             },
             failed_before: false,
             declined_before: false,
@@ -571,7 +571,7 @@ fn rounded(tokens: f64) -> u32 {
 /// first token, its own included: [`tokens_bound`] without the cached blocks left behind.
 fn work_at(estimate: Estimate, request: &RouteRequest<'_>, config: &RouteConfig) -> f64 {
     let uncached = f64::from(uncached_tokens(estimate.matched, request));
-    let slack = config.decline_slack.max(0.0) * each_queued(estimate, request);
+    let slack = config.late.decline_slack.max(0.0) * each_queued(estimate, request);
     queued_work(estimate, request) + slack + uncached
 }
 

@@ -4,7 +4,7 @@
 //! where prompts do not share prefixes, and then every engine gossip shows idle too), among
 //! those readiest for its adapter; the least loaded choice by gossip's shared count wins.
 
-use super::config::RouteConfig;
+use super::config::{ColdPrefixes, HitRules};
 use super::considered::Considered;
 use super::decide::RouteRequest;
 use super::rendezvous::rendezvous_weight;
@@ -12,12 +12,8 @@ use crate::digest::LoraReadiness;
 
 /// Whether `request` is a new prefix: it has blocks, and no candidate holds `min_hit_blocks`
 /// of them (`best_matched` is the most any holds).
-pub(super) fn is_new_prefix(
-    request: &RouteRequest<'_>,
-    best_matched: u32,
-    config: &RouteConfig,
-) -> bool {
-    !request.chain.is_empty() && best_matched < config.min_hit_blocks
+pub(super) fn is_new_prefix(request: &RouteRequest<'_>, best_matched: u32, hit: &HitRules) -> bool {
+    !request.chain.is_empty() && best_matched < hit.min_blocks
 }
 
 /// Where a new prefix may go, and how its choices rank.
@@ -42,7 +38,7 @@ impl ColdChoices {
         weights: &mut Vec<u64>,
         entries: &[Considered],
         request: &RouteRequest<'_>,
-        config: &RouteConfig,
+        config: &ColdPrefixes,
     ) -> Self {
         let first_block = request.chain[0];
         let best_ready = entries
@@ -58,8 +54,8 @@ impl ColdChoices {
                 .map(|e| rendezvous_weight(first_block, e.node_key)),
         );
         let choices = match request.prefixes_recur {
-            true => config.cold_choices,
-            false => config.cold_choices.max(config.unshared_choices),
+            true => config.choices,
+            false => config.choices.max(config.unshared_choices),
         };
         let choices = (choices.max(1) as usize).min(weights.len());
         // The `choices`-th highest weight, without sorting all of them.
@@ -85,7 +81,7 @@ impl ColdChoices {
         &self,
         entries: &[Considered],
         request: &RouteRequest<'_>,
-        config: &RouteConfig,
+        config: &ColdPrefixes,
     ) -> u32 {
         let lightest = entries
             .iter()
@@ -94,7 +90,7 @@ impl ColdChoices {
             .min()
             .unwrap_or(0);
         match request.prefixes_recur {
-            true => lightest.saturating_add(config.cold_load_margin),
+            true => lightest.saturating_add(config.load_margin),
             false => lightest,
         }
     }
@@ -151,15 +147,15 @@ mod tests {
 
     #[test]
     fn a_new_prefix_has_blocks_and_too_few_are_held() {
-        let config = RouteConfig::default();
+        let config = HitRules::default();
         assert!(is_new_prefix(&request(&[1]), 0, &config));
         assert!(!is_new_prefix(&request(&[1]), 1, &config));
         assert!(
             !is_new_prefix(&request(&[]), 0, &config),
             "too short to place"
         );
-        let two = RouteConfig {
-            min_hit_blocks: 2,
+        let two = HitRules {
+            min_blocks: 2,
             ..config
         };
         assert!(is_new_prefix(&request(&[1, 2]), 1, &two));
@@ -169,7 +165,7 @@ mod tests {
     fn with_one_choice_the_highest_weight_wins_whatever_the_loads() {
         let chain = [42];
         let keys = by_weight(42, &[1, 2, 3, 4]);
-        let config = RouteConfig::default();
+        let config = ColdPrefixes::default();
         let mut weights = Vec::new();
         let entries: Vec<Considered> = keys.iter().rev().map(|&k| entry(k, 9)).collect();
         let cold = ColdChoices::new(&mut weights, &entries, &request(&chain), &config);
@@ -192,10 +188,10 @@ mod tests {
     fn of_two_choices_the_lighter_beyond_the_margin_wins() {
         let chain = [7];
         let keys = by_weight(7, &[1, 2, 3, 4]);
-        let config = RouteConfig {
-            cold_choices: 2,
-            cold_load_margin: 1,
-            ..RouteConfig::default()
+        let config = ColdPrefixes {
+            choices: 2,
+            load_margin: 1,
+            ..ColdPrefixes::default()
         };
         let mut weights = Vec::new();
         let mut with_loads = |first: u32, second: u32| {
@@ -237,7 +233,7 @@ mod tests {
             ..request(&chain)
         };
         let mut weights = Vec::new();
-        let config = RouteConfig::default();
+        let config = ColdPrefixes::default();
         let cold = ColdChoices::new(&mut weights, &entries, &unshared, &config);
         let choices: Vec<bool> = entries.iter().map(|e| cold.is_choice(e)).collect();
         assert_eq!(choices, [true, false, true, false]);
@@ -246,7 +242,7 @@ mod tests {
             keys[2],
             "the idle one, with no margin"
         );
-        let off = RouteConfig {
+        let off = ColdPrefixes {
             unshared_to_idle: false,
             ..config
         };
@@ -273,7 +269,7 @@ mod tests {
             &mut weights,
             &entries,
             &request(&chain),
-            &RouteConfig::default(),
+            &ColdPrefixes::default(),
         );
         assert!(!cold.is_choice(&entries[0]));
         assert_eq!(order(&cold, &entries)[0], keys[1]);

@@ -59,7 +59,7 @@ impl Considered {
             matched: on_gpu + offload_worth(candidate, request.chain, on_gpu, config),
             evicts_nothing: evicts_nothing(candidate, request, on_gpu),
             shared_load: digest.load().saturating_add(candidate.digest_pending),
-            bounded: load_cap::bounded(config.bound_on, &gauges, candidate.pending),
+            bounded: load_cap::bounded(config.load.bound_on, &gauges, candidate.pending),
             queued: gauges.waiting.saturating_add(candidate.pending),
             ready: readiness(digest, request.model),
             idle_now: candidate.digest_received_ms >= now_ms
@@ -122,7 +122,7 @@ fn offload_worth(
 ) -> u32 {
     let offloaded =
         summary_match(candidate.digest, candidate.offload, chain).saturating_sub(on_gpu);
-    (f64::from(offloaded) * config.offload_weight.clamp(0.0, 1.0)).round() as u32
+    (f64::from(offloaded) * config.hit.offload_weight.clamp(0.0, 1.0)).round() as u32
 }
 
 /// Whether the blocks `request` would add to the candidate's cache fit beside what it holds.
@@ -151,6 +151,7 @@ mod tests {
     use super::*;
     use crate::digest::LoraUse;
     use crate::route::tests::{candidate, digest, request};
+    use crate::route::{HitRules, LoadBound};
 
     const NOW: u64 = 10_000;
 
@@ -187,7 +188,10 @@ mod tests {
         c.recent_match = 4;
         let read = |c: &Candidate<'_>, weight: f64| {
             let config = RouteConfig {
-                offload_weight: weight,
+                hit: HitRules {
+                    offload_weight: weight,
+                    ..Default::default()
+                },
                 ..RouteConfig::default()
             };
             Considered::read(0, c, &request(&chain), &config, NOW).matched
@@ -222,7 +226,10 @@ mod tests {
             "the digest's load plus its sends"
         );
         let in_flight = read(&RouteConfig {
-            bound_on: super::super::BoundOn::InFlight,
+            load: LoadBound {
+                bound_on: crate::route::BoundOn::InFlight,
+                ..Default::default()
+            },
             ..RouteConfig::default()
         });
         assert_eq!(in_flight.bounded, 5 + 3 + 2);

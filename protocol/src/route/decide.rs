@@ -8,6 +8,8 @@
 
 use super::cold::{self, ColdChoices};
 use super::config::RouteConfig;
+#[cfg(doc)]
+use super::config::{ColdPrefixes, SoftPreferences};
 use super::considered::Considered;
 use super::popularity::PrefixShare;
 use super::rank::{Ranked, Ranking};
@@ -101,10 +103,10 @@ pub struct RouteRequest<'a> {
     /// disaggregated one; engines whose role does not take it ([`Role::takes`]) are skipped.
     pub role: Role,
     /// A key of this request alone (e.g. a hash of its id). Candidates whose score is within
-    /// [`RouteConfig::spread_margin`] of the best share such requests by rendezvous on this
-    /// key, so that entry nodes with the same view do not all pick the same one of several
-    /// near-equal engines (the holders of a hot prefix, say). `None`: near-equal candidates
-    /// are ranked by score and node key alone.
+    /// [`SoftPreferences::spread_margin`] of the best share such requests by rendezvous on
+    /// this key, so that entry nodes with the same view do not all pick the same one of
+    /// several near-equal engines (the holders of a hot prefix, say). `None`: near-equal
+    /// candidates are ranked by score and node key alone.
     pub spread: Option<u64>,
     /// Prefixes of the chain with their share of the recent traffic (see
     /// [`super::PrefixTraffic`]): one held by fewer engines than its share fills counts as
@@ -113,9 +115,9 @@ pub struct RouteRequest<'a> {
     /// Whether prompts in the recent traffic share prefixes (see
     /// [`super::PrefixTraffic::prefixes_recur`]). Where they do, a new prefix goes where every
     /// entry node sends it, so that its copies and next requests meet there
-    /// ([`RouteConfig::cold_choices`]); where they do not, to the least loaded of its first
-    /// [`RouteConfig::unshared_choices`] (by default one: there too) or to an engine that
-    /// looks idle ([`RouteConfig::unshared_to_idle`]), as a load balancer would: nothing is
+    /// ([`ColdPrefixes::choices`]); where they do not, to the least loaded of its first
+    /// [`ColdPrefixes::unshared_choices`] (by default one: there too) or to an engine that
+    /// looks idle ([`ColdPrefixes::unshared_to_idle`]), as a load balancer would: nothing is
     /// likely to come back for it. `true` unless the traffic says otherwise.
     pub prefixes_recur: bool,
 }
@@ -220,10 +222,10 @@ pub fn decide_with(
     if entries.is_empty() {
         return Err(RouteError::NoCandidate(request.model.to_owned()));
     }
-    let cap = load_cap::cap(entries, config);
+    let cap = load_cap::cap(entries, &config.load);
     let best_matched = entries.iter().map(|e| e.matched).max().unwrap_or(0);
-    let cold = cold::is_new_prefix(request, best_matched, config)
-        .then(|| ColdChoices::new(weights, entries, request, config));
+    let cold = cold::is_new_prefix(request, best_matched, &config.hit)
+        .then(|| ColdChoices::new(weights, entries, request, &config.cold));
     let owed = owed::owed(entries, request.popular);
     let session = Session::new(entries, request, config, cold.is_some());
     scored.clear();

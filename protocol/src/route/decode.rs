@@ -47,7 +47,7 @@ pub fn decide_decode(
         return Err(RouteError::NoCandidate(request.model.to_owned()));
     }
     let total: u64 = ranked.iter().map(|row| u64::from(row.load)).sum();
-    let cap = config.load_cap((total + 1) as f64 / ranked.len() as f64);
+    let cap = config.load.cap((total + 1) as f64 / ranked.len() as f64);
     let spread = request.spread.unwrap_or(0);
     let key = |row: &Row| {
         let under_bound = f64::from(row.load) + 1.0 <= cap;

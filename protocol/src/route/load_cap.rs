@@ -2,7 +2,7 @@
 //! slack) while one under it exists, so a hot prefix spills to the next best engine, which
 //! then caches it too (consistent hashing with bounded loads, as KubeAI's CHWBL).
 
-use super::config::{BoundOn, RouteConfig};
+use super::config::{BoundOn, LoadBound};
 use super::considered::Considered;
 use super::decide::Gauges;
 
@@ -16,11 +16,11 @@ pub(super) fn bounded(bound_on: BoundOn, gauges: &Gauges, pending: u32) -> u32 {
 }
 
 /// The most load a candidate may reach by taking this request, over the mean load of
-/// `entries` counting the request ([`RouteConfig::load_cap`]).
-pub(super) fn cap(entries: &[Considered], config: &RouteConfig) -> f64 {
+/// `entries` counting the request ([`LoadBound::cap`]).
+pub(super) fn cap(entries: &[Considered], load: &LoadBound) -> f64 {
     let total_load: u64 = entries.iter().map(|e| u64::from(e.bounded)).sum();
     let mean = (total_load + 1) as f64 / entries.len() as f64;
-    config.load_cap(mean)
+    load.cap(mean)
 }
 
 /// Whether `entry` stays within `cap` by taking the request.
@@ -54,13 +54,13 @@ mod tests {
 
     #[test]
     fn the_cap_is_over_the_mean_counting_this_request() {
-        let config = RouteConfig {
-            load_slack: 0.0,
-            ..RouteConfig::default()
+        let pure = LoadBound {
+            slack: 0.0,
+            ..LoadBound::default()
         };
         // Loads 0, 3, 4: mean (7 + 1) / 3 = 2.67; × 1.25 = 3.33, up to 4.
         let entries = [entry(0), entry(3), entry(4)];
-        let cap = cap(&entries, &config);
+        let cap = cap(&entries, &pure);
         assert_eq!(cap, 4.0);
         assert!(under(&entries[0], cap));
         assert!(
@@ -69,7 +69,7 @@ mod tests {
         );
         assert!(!under(&entries[2], cap));
         // The default slack of 2 lets small differences stand.
-        let cap = super::cap(&entries, &RouteConfig::default());
+        let cap = super::cap(&entries, &LoadBound::default());
         assert_eq!(cap, 6.0);
         assert!(under(&entries[2], cap));
     }

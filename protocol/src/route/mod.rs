@@ -29,7 +29,10 @@ pub(crate) mod tests;
 pub use adapter::{
     AdapterHost, AdapterPlacement, AdapterRule, LoadableAdapters, glob_match, place_adapter,
 };
-pub use config::{BoundOn, PdConfig, RouteConfig, ScoreForm, UnknownScoreForm};
+pub use config::{
+    Assumptions, BoundOn, ColdPrefixes, HitRules, LateBinding, LoadBound, PdConfig, RouteConfig,
+    ScoreForm, ScoreWeights, SoftPreferences, UnknownScoreForm,
+};
 pub use decide::{
     Candidate, DecideScratch, Decision, Estimate, Gauges, RouteError, RouteRequest, decide,
     decide_with,

@@ -92,7 +92,7 @@ impl Ranking<'_> {
         } else if session_node == Some(chosen.node_key) && other_than_chosen(View::IgnoringSession)
         {
             RouteReason::Session
-        } else if !short && self.entries[chosen.entry].matched >= self.config.min_hit_blocks {
+        } else if !short && self.entries[chosen.entry].matched >= self.config.hit.min_blocks {
             RouteReason::PrefixHit
         } else {
             RouteReason::LeastLoaded

@@ -37,13 +37,13 @@ pub(super) fn base_score(
                 0 => 0.0,
                 len => f64::from(matched) / len as f64,
             };
-            let queued = queued + config.running_weight.max(0.0) * f64::from(gauges.running);
-            config.alpha * matched + config.beta * (1.0 - f64::from(gauges.kv_usage))
-                - config.gamma * queued / config.waiting_threshold.max(1.0)
-                + config.lora_weight * adapter.unwrap_or(0.0)
+            let queued = queued + config.score.running_weight.max(0.0) * f64::from(gauges.running);
+            config.score.alpha * matched + config.score.beta * (1.0 - f64::from(gauges.kv_usage))
+                - config.score.gamma * queued / config.score.waiting_threshold.max(1.0)
+                + config.score.lora_weight * adapter.unwrap_or(0.0)
         }
         ScoreForm::Cost => {
-            let loading = config.lora_load_ms.max(0.0) * (1.0 - adapter.unwrap_or(1.0));
+            let loading = config.assumed.lora_load_ms.max(0.0) * (1.0 - adapter.unwrap_or(1.0));
             let ttft = estimated_ttft_ms(
                 candidate.digest,
                 gauges.waiting,
@@ -98,7 +98,7 @@ pub(super) fn worked_tokens(candidate: &Candidate<'_>, config: &RouteConfig, now
 fn prefill_tokens_per_s(digest: &LoadDigest, config: &RouteConfig) -> f64 {
     match f64::from(digest.prefill_tokens_per_s) {
         tps if tps > 0.0 => tps,
-        _ => config.default_prefill_tokens_per_s.max(1.0),
+        _ => config.assumed.default_prefill_tokens_per_s.max(1.0),
     }
 }
 
@@ -189,14 +189,14 @@ mod tests {
         };
         let config = RouteConfig::default();
         let gap = with(LoraReadiness::Running, &config) - with(LoraReadiness::NoSlot, &config);
-        assert!((gap - config.lora_weight).abs() < 1e-12);
+        assert!((gap - config.score.lora_weight).abs() < 1e-12);
         assert!(with(LoraReadiness::FreeSlot, &config) > with(LoraReadiness::Waiting, &config));
         let cost = RouteConfig {
             policy: ScoreForm::Cost,
             ..config
         };
         let gap = with(LoraReadiness::Running, &cost) - with(LoraReadiness::FreeSlot, &cost);
-        assert!((gap - 0.2 * cost.lora_load_ms).abs() < 1e-9);
+        assert!((gap - 0.2 * cost.assumed.lora_load_ms).abs() < 1e-9);
         assert_eq!(
             adapter_readiness(&digest(0), LoraReadiness::NoSlot, "m"),
             None

@@ -57,10 +57,10 @@ fn preferred(entries: &[Considered], session: u64) -> u64 {
 /// whole prompt's prefill time.
 fn bonus(request: &RouteRequest<'_>, config: &RouteConfig) -> f64 {
     match config.policy {
-        ScoreForm::Score => config.session_weight,
+        ScoreForm::Score => config.soft.session_weight,
         ScoreForm::Cost => {
-            config.session_weight * f64::from(request.prompt_tokens)
-                / config.default_prefill_tokens_per_s.max(1.0)
+            config.soft.session_weight * f64::from(request.prompt_tokens)
+                / config.assumed.default_prefill_tokens_per_s.max(1.0)
                 * 1000.0
         }
     }

@@ -22,7 +22,7 @@ pub(super) fn key(request: &RouteRequest<'_>, new_prefix: bool) -> Option<u64> {
 /// The lowest score still near-equal to `best`: `spread_margin` score units below it, or (cost
 /// form, where the score is minus the estimated TTFT) that fraction of the best TTFT.
 pub(super) fn band_floor(best: f64, config: &RouteConfig) -> f64 {
-    let margin = config.spread_margin.max(0.0);
+    let margin = config.soft.spread_margin.max(0.0);
     match config.policy {
         ScoreForm::Score => best - margin,
         ScoreForm::Cost => best - margin * best.abs(),
@@ -41,6 +41,7 @@ pub(super) fn band(entry: &Considered, key: u64) -> Band {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::route::SoftPreferences;
     use crate::route::tests::request;
 
     #[test]
@@ -61,12 +62,18 @@ mod tests {
         assert!((band_floor(0.9, &score) - 0.85).abs() < 1e-12);
         let cost = RouteConfig {
             policy: ScoreForm::Cost,
-            spread_margin: 0.1,
+            soft: SoftPreferences {
+                spread_margin: 0.1,
+                ..score.soft
+            },
             ..score
         };
         assert!((band_floor(-200.0, &cost) - -220.0).abs() < 1e-9);
         let negative = RouteConfig {
-            spread_margin: -1.0,
+            soft: SoftPreferences {
+                spread_margin: -1.0,
+                ..score.soft
+            },
             ..score
         };
         assert_eq!(band_floor(0.5, &negative), 0.5, "a negative margin is none");
