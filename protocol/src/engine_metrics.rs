@@ -181,19 +181,7 @@ pub fn parse(text: &str) -> EngineMetrics {
             }
             "vllm:time_to_first_token_seconds_sum" => add(&mut m.ttft_sum, value),
             "vllm:time_to_first_token_seconds_count" => add(&mut m.ttft_count, value),
-            "vllm:time_to_first_token_seconds_bucket" => {
-                let Some(le) = sample
-                    .label("le")
-                    .and_then(|le| le.parse::<f64>().ok())
-                    .filter(|le| le.is_finite())
-                else {
-                    continue;
-                };
-                match m.ttft_buckets.iter_mut().find(|(bound, _)| *bound == le) {
-                    Some((_, count)) => add(count, value),
-                    None => m.ttft_buckets.push((le, value)),
-                }
-            }
+            "vllm:time_to_first_token_seconds_bucket" => add_ttft_bucket(&mut m, &sample),
             "vllm:request_prefill_time_seconds_sum" => {
                 add(m.prefill_time_sum.get_or_insert(0.0), value)
             }
@@ -203,20 +191,7 @@ pub fn parse(text: &str) -> EngineMetrics {
             "vllm:lora_requests_info" if m.lora_use.as_ref().is_none_or(|(at, _)| value >= *at) => {
                 m.lora_use = Some((value, lora_use(&sample)));
             }
-            "vllm:cache_config_info" => {
-                if let Some(size) = sample.label("block_size").and_then(|v| v.parse().ok()) {
-                    m.block_size = Some(size);
-                }
-                if let Some(blocks) = sample
-                    .label("num_gpu_blocks")
-                    .and_then(|v| v.parse::<u64>().ok())
-                {
-                    // Saturating: an absurd count must not overflow (a panic in debug builds,
-                    // a wrapped, tiny capacity in release ones).
-                    let total = m.num_gpu_blocks.get_or_insert(0);
-                    *total = total.saturating_add(blocks);
-                }
-            }
+            "vllm:cache_config_info" => add_cache_config(&mut m, &sample),
             _ => {}
         }
     }
@@ -234,6 +209,39 @@ pub fn parse(text: &str) -> EngineMetrics {
     m.kv_usage = m.kv_usage.clamp(0.0, 1.0);
     m.ttft_buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
     m
+}
+
+/// Adds a TTFT histogram bucket's count to the bucket of the same bound (summed over
+/// engines); a bucket without a finite `le` is skipped.
+fn add_ttft_bucket(m: &mut EngineMetrics, sample: &Sample) {
+    let Some(le) = sample
+        .label("le")
+        .and_then(|le| le.parse::<f64>().ok())
+        .filter(|le| le.is_finite())
+    else {
+        return;
+    };
+    match m.ttft_buckets.iter_mut().find(|(bound, _)| *bound == le) {
+        Some((_, count)) => add(count, sample.value),
+        None => m.ttft_buckets.push((le, sample.value)),
+    }
+}
+
+/// Reads `vllm:cache_config_info`'s labels: the block size, and the GPU blocks (summed over
+/// engines).
+fn add_cache_config(m: &mut EngineMetrics, sample: &Sample) {
+    if let Some(size) = sample.label("block_size").and_then(|v| v.parse().ok()) {
+        m.block_size = Some(size);
+    }
+    if let Some(blocks) = sample
+        .label("num_gpu_blocks")
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        // Saturating: an absurd count must not overflow (a panic in debug builds, a wrapped,
+        // tiny capacity in release ones).
+        let total = m.num_gpu_blocks.get_or_insert(0);
+        *total = total.saturating_add(blocks);
+    }
 }
 
 /// Adds a sample to a sum, unless the sum would no longer be finite: then the sample is

@@ -6,7 +6,7 @@ use kvmesh_protocol::lifecycle::{
     Admission, EntryState, Failure, LoadReport, Outcome, PeerInput, Plan, PrefixSample, Progress,
     ServingState,
 };
-use kvmesh_protocol::route::{MIN_SIGHTINGS, node_key};
+use kvmesh_protocol::route::{LateBinding, MIN_SIGHTINGS, node_key};
 use kvmesh_protocol::{
     LoadDigest, PeerSummary, Role, RouteConfig, RouteRequest, SummaryBuilder, SummaryConfig,
 };
@@ -99,8 +99,11 @@ proptest! {
             })
             .collect();
         let config = RouteConfig {
-            max_declines,
-            max_new_prefix_declines: max_declines + 1,
+            late: LateBinding {
+                max_declines,
+                max_new_prefix_declines: max_declines + 1,
+                ..LateBinding::default()
+            },
             ..RouteConfig::default()
         };
         let mut entry = EntryState::default();
@@ -172,7 +175,7 @@ proptest! {
                 }
             }
             let allowed = match plan.new_prefix() {
-                true => config.max_new_prefix_declines,
+                true => config.late.max_new_prefix_declines,
                 false => max_declines,
             };
             prop_assert!(plan.declines() <= allowed);

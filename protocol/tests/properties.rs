@@ -330,7 +330,7 @@ proptest! {
         if cost {
             config.policy = kvmesh_protocol::route::ScoreForm::Cost;
         }
-        config.bound_on = if bound_on_queue { BoundOn::Queued } else { BoundOn::InFlight };
+        config.load.bound_on = if bound_on_queue { BoundOn::Queued } else { BoundOn::InFlight };
         let request = RouteRequest { model: "m", chain: &chain, prompt_tokens: chain_len as u32 * 16, tokens_per_block: 16.0, session: None, role: Role::Mixed, spread, popular: &[], prefixes_recur: true };
         let eligible: Vec<usize> = (0..spec.len()).filter(|&i| spec[i].3 && spec[i].4).collect();
         match decide(&cands, &request, &config, 1_500) {
@@ -341,12 +341,12 @@ proptest! {
                     prop_assert!(eligible.contains(&i), "picked an unhealthy or foreign node");
                 }
                 // Bounded load: the chosen node is under the cap whenever any node is.
-                let load = |i: usize| f64::from(match config.bound_on {
+                let load = |i: usize| f64::from(match config.load.bound_on {
                     BoundOn::InFlight => spec[i].0 + spec[i].1 + spec[i].2,
                     BoundOn::Queued => spec[i].0 + spec[i].2,
                 });
                 let mean = (eligible.iter().map(|&i| load(i)).sum::<f64>() + 1.0) / eligible.len() as f64;
-                let cap = config.load_cap(mean);
+                let cap = config.load.cap(mean);
                 if eligible.iter().any(|&i| load(i) + 1.0 <= cap) {
                     prop_assert!(load(decision.ranked[0]) + 1.0 <= cap, "load bound exceeded");
                 }

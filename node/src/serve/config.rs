@@ -692,7 +692,34 @@ mod tests {
         assert_eq!(config.cluster_id, "prod");
         assert_eq!(config.worker_threads, 2);
         assert_eq!(config.route.policy, ScoreForm::Cost);
-        assert_eq!(config.route.alpha, 2.0);
+        assert_eq!(config.route.score.alpha, 2.0);
+    }
+
+    #[test]
+    fn the_route_table_keeps_its_flat_keys_for_the_grouped_fields() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kvmesh.toml");
+        std::fs::write(
+            &path,
+            "[route]\nload_slack = 0\nbound_on = \"in_flight\"\ncold_choices = 2\n\
+             spread_margin = 0.1\nmax_declines = 1\nmin_hit_blocks = 2\n",
+        )
+        .unwrap();
+        let mut cli = args();
+        cli.config = Some(path);
+        let route = ServeConfig::resolve(cli).unwrap().route;
+        assert_eq!(route.load.slack, 0.0);
+        assert_eq!(
+            route.load.bound_on,
+            kvmesh_protocol::route::BoundOn::InFlight
+        );
+        assert_eq!(route.cold.choices, 2);
+        assert_eq!(route.soft.spread_margin, 0.1);
+        assert_eq!(route.late.max_declines, 1);
+        assert_eq!(route.hit.min_blocks, 2);
+        let default = RouteConfig::default();
+        assert_eq!(route.load.epsilon, default.load.epsilon);
+        assert_eq!(route.score, default.score);
     }
 
     #[test]

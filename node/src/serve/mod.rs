@@ -101,7 +101,10 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
             )
             .map_err(anyhow::Error::msg)?,
         ),
-        engine_queue: EngineQueue::new(metrics.clone(), config.route.default_prefill_tokens_per_s),
+        engine_queue: EngineQueue::new(
+            metrics.clone(),
+            config.route.assumed.default_prefill_tokens_per_s,
+        ),
         metrics,
         registry,
         start: Instant::now(),

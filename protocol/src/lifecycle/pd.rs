@@ -33,7 +33,7 @@ fn prefill_ms(tokens: f64, key: u64, peers: &[PeerInput<'_>], config: &RouteConf
         .find(|peer| peer.key == key)
         .map(|peer| f64::from(peer.digest.prefill_tokens_per_s))
         .filter(|speed| *speed > 0.0)
-        .unwrap_or(config.default_prefill_tokens_per_s.max(1.0));
+        .unwrap_or(config.assumed.default_prefill_tokens_per_s.max(1.0));
     tokens / speed * 1000.0
 }
 

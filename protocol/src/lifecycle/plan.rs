@@ -165,9 +165,38 @@ pub struct Plan {
     failures: u32,
 }
 
+/// The order in which `decision`'s ranks are attempted: the decision's, but for a new prefix.
+fn attempt_order(
+    decision: &Decision,
+    request: &RouteRequest<'_>,
+    config: &RouteConfig,
+) -> Vec<usize> {
+    // A new prefix's engines after its first choice, in the order a decline or a
+    // failure should try them: the least prefill work ahead of it first (see
+    // [`work_at`]), among the engines readiest for its adapter. The decision ranks them
+    // by rendezvous weight alone, so the one after the first may be busier than a later
+    // one: a serving node would then keep the request while another engine is idle,
+    // judging it against the wrong alternative (issue 21). The price: the order is this
+    // entry's view, so when the first choice declines copies of a new prefix sent through
+    // several entries at once, entries whose views differ send them on to different
+    // engines (before, all went to the second by weight). A request with a cached
+    // prefix keeps the decision's order, which weighs its cache against load already
+    // (trying the least busy first lost more of the cache in the simulator than it won:
+    // `docs/studies/new-prefix-placement.md`).
+    let mut order: Vec<usize> = (0..decision.ranked.len()).collect();
+    if let Some(rest) = order.get_mut(1..).filter(|_| decision.new_prefix) {
+        let work = |rank: usize| work_at(decision.estimates[rank], request, config);
+        rest.sort_by(|&a, &b| {
+            let ready = |rank: usize| decision.estimates[rank].ready;
+            ready(b).cmp(&ready(a)).then(work(a).total_cmp(&work(b)))
+        });
+    }
+    order
+}
+
 impl Plan {
-    /// The plan for `decision` over `candidates`, with at most `config.max_declines` declines
-    /// (`config.max_new_prefix_declines` for a new prefix);
+    /// The plan for `decision` over `candidates`, with at most `config.late.max_declines`
+    /// declines (`config.late.max_new_prefix_declines` for a new prefix);
     /// retries are unlimited until [`Plan::with_retries`] bounds them.
     pub fn new(
         decision: &Decision,
@@ -175,26 +204,7 @@ impl Plan {
         request: &RouteRequest<'_>,
         config: &RouteConfig,
     ) -> Self {
-        // A new prefix's engines after its first choice, in the order a decline or a
-        // failure should try them: the least prefill work ahead of it first (see
-        // [`work_at`]), among the engines readiest for its adapter. The decision ranks them
-        // by rendezvous weight alone, so the one after the first may be busier than a later
-        // one: a serving node would then keep the request while another engine is idle,
-        // judging it against the wrong alternative (issue 21). The price: the order is this
-        // entry's view, so when the first choice declines copies of a new prefix sent through
-        // several entries at once, entries whose views differ send them on to different
-        // engines (before, all went to the second by weight). A request with a cached
-        // prefix keeps the decision's order, which weighs its cache against load already
-        // (trying the least busy first lost more of the cache in the simulator than it won:
-        // `docs/studies/new-prefix-placement.md`).
-        let mut order: Vec<usize> = (0..decision.ranked.len()).collect();
-        if let Some(rest) = order.get_mut(1..).filter(|_| decision.new_prefix) {
-            let work = |rank: usize| work_at(decision.estimates[rank], request, config);
-            rest.sort_by(|&a, &b| {
-                let ready = |rank: usize| decision.estimates[rank].ready;
-                ready(b).cmp(&ready(a)).then(work(a).total_cmp(&work(b)))
-            });
-        }
+        let order = attempt_order(decision, request, config);
         let targets = order
             .iter()
             .enumerate()
@@ -238,8 +248,8 @@ impl Plan {
             next: 0,
             retries_left: u32::MAX,
             declines_left: match decision.new_prefix {
-                true => config.max_new_prefix_declines,
-                false => config.max_declines,
+                true => config.late.max_new_prefix_declines,
+                false => config.late.max_declines,
             },
             failed_before: false,
             declined_before: false,
@@ -561,7 +571,7 @@ fn rounded(tokens: f64) -> u32 {
 /// first token, its own included: [`tokens_bound`] without the cached blocks left behind.
 fn work_at(estimate: Estimate, request: &RouteRequest<'_>, config: &RouteConfig) -> f64 {
     let uncached = f64::from(uncached_tokens(estimate.matched, request));
-    let slack = config.decline_slack.max(0.0) * each_queued(estimate, request);
+    let slack = config.late.decline_slack.max(0.0) * each_queued(estimate, request);
     queued_work(estimate, request) + slack + uncached
 }
 

@@ -5,7 +5,7 @@
 #[serde(rename_all = "snake_case")]
 pub enum ScoreForm {
     /// `α·matched/len + β·(1 - kv_usage) - γ·queued/L`: highest wins (`queued`: see
-    /// [`RouteConfig::running_weight`]).
+    /// [`ScoreWeights::running_weight`]).
     Score,
     /// Estimated time to first token, `queue_wait + prefill(uncached tokens)`: lowest wins.
     Cost,
@@ -57,12 +57,64 @@ pub enum BoundOn {
     Queued,
 }
 
-/// Every tunable of [`super::decide`]. Defaults are documented on each field.
+/// Every tunable of [`super::decide`], grouped by the stage that reads it. Defaults are
+/// documented on each field. In a `[route]` table (the node's TOML file, the simulator's
+/// `--route NAME=VALUE`) every field keeps its flat name, as before the grouping: a group's
+/// fields are flattened into the table, each under the name its documentation gives.
 #[derive(Copy, Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default)]
 pub struct RouteConfig {
     /// Default [`ScoreForm::Score`].
     pub policy: ScoreForm,
+    /// The score form's weights (`route/score.rs`).
+    #[serde(flatten)]
+    pub score: ScoreWeights,
+    /// What is assumed where the gauges do not say (`route/score.rs`).
+    #[serde(flatten)]
+    pub assumed: Assumptions,
+    /// What counts as held (`route/considered.rs`, `route/cold.rs`).
+    #[serde(flatten)]
+    pub hit: HitRules,
+    /// The load bound (`route/load_cap.rs`).
+    #[serde(flatten)]
+    pub load: LoadBound,
+    /// A new prefix's choices (`route/cold.rs`).
+    #[serde(flatten)]
+    pub cold: ColdPrefixes,
+    /// The session bonus and the spread band (`route/session.rs`, `route/spread.rs`).
+    #[serde(flatten)]
+    pub soft: SoftPreferences,
+    /// When a serving node may decline ([`crate::lifecycle`]).
+    #[serde(flatten)]
+    pub late: LateBinding,
+    /// A digest older than this is ignored while a fresher candidate exists. Default 3000 ms.
+    pub max_digest_age_ms: u64,
+    /// Candidates returned in rank order (the first plus the retries). Default 4.
+    pub ranked_len: usize,
+}
+
+impl Default for RouteConfig {
+    fn default() -> Self {
+        Self {
+            policy: ScoreForm::Score,
+            score: ScoreWeights::default(),
+            assumed: Assumptions::default(),
+            hit: HitRules::default(),
+            load: LoadBound::default(),
+            cold: ColdPrefixes::default(),
+            soft: SoftPreferences::default(),
+            late: LateBinding::default(),
+            max_digest_age_ms: 3_000,
+            ranked_len: 4,
+        }
+    }
+}
+
+/// The score form's weights (see [`ScoreForm::Score`]): `α·matched/len + β·(1 - kv_usage) -
+/// γ·queued/L + lora_weight·readiness`.
+#[derive(Copy, Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct ScoreWeights {
     /// α, weight of the matched fraction of the prompt. Default 1.0.
     pub alpha: f64,
     /// β, weight of free KV cache. Default 0.1.
@@ -79,27 +131,119 @@ pub struct RouteConfig {
     /// serve as fast pick busy ones as often as idle ones. The cost form and the load bound
     /// count what waits only. Default 0.25.
     pub running_weight: f64,
+    /// Score form: weight of an engine's readiness for the LoRA adapter a request names
+    /// (1 running it, 0.8 a free slot to load it into, 0.6 requests for it queued, 0 every
+    /// slot taken by others): a request for an adapter an engine is running joins its batch,
+    /// while one elsewhere waits for the adapter to load, or for a slot. Default 0.5, worth
+    /// half the prompt matched.
+    pub lora_weight: f64,
+}
+
+impl Default for ScoreWeights {
+    fn default() -> Self {
+        Self {
+            alpha: 1.0,
+            beta: 0.1,
+            gamma: 1.0,
+            waiting_threshold: 16.0,
+            running_weight: 0.25,
+            lora_weight: 0.5,
+        }
+    }
+}
+
+/// What the decision assumes of an engine where its gauges do not say.
+#[derive(Copy, Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct Assumptions {
+    /// Prefill speed assumed when a digest reports none: in the cost form's estimates and
+    /// session bonus, in the work credited to an engine since its gauges were read, and in
+    /// a serving node's queue in time. Default 5000 tokens/s.
+    pub default_prefill_tokens_per_s: f64,
+    /// Cost form: the time to load an adapter into a slot, charged in proportion to how far
+    /// from running it an engine is (see [`ScoreWeights::lora_weight`]). Default 200 ms.
+    pub lora_load_ms: f64,
+}
+
+impl Default for Assumptions {
+    fn default() -> Self {
+        Self {
+            default_prefill_tokens_per_s: 5_000.0,
+            lora_load_ms: 200.0,
+        }
+    }
+}
+
+/// What counts of a candidate's cache: when a prefix is a hit, and what an offloaded block is
+/// worth.
+#[derive(Copy, Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct HitRules {
+    /// Blocks that must match for a prefix to count as a hit. Default 1.
+    /// (Key `min_hit_blocks` under `[route]`.)
+    #[serde(rename = "min_hit_blocks")]
+    pub min_blocks: u32,
+    /// Worth of a block an engine holds only in an offload tier (CPU, storage), as a fraction
+    /// of one on its GPU: the engine loads it instead of computing it, at a transfer's cost.
+    /// Default 0.5.
+    pub offload_weight: f64,
+}
+
+impl Default for HitRules {
+    fn default() -> Self {
+        Self {
+            min_blocks: 1,
+            offload_weight: 0.5,
+        }
+    }
+}
+
+/// The load bound (consistent hashing with bounded loads): no candidate is given more than
+/// [`LoadBound::cap`] while another stays under it.
+#[derive(Copy, Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct LoadBound {
     /// ε of bounded load: no candidate is given more than `(1 + ε)×` the mean load while one
     /// under it exists. Default 0.25 (as KubeAI's CHWBL).
-    pub load_epsilon: f64,
+    /// (Key `load_epsilon` under `[route]`.)
+    #[serde(rename = "load_epsilon")]
+    pub epsilon: f64,
     /// Additive slack of the load bound, in requests: the cap is
-    /// `ceil((1 + ε) × mean + slack)` (see [`RouteConfig::load_cap`]). At small loads a
+    /// `ceil((1 + ε) × mean + slack)` (see [`LoadBound::cap`]). At small loads a
     /// difference of a request or two is noise, and moving a prefix away from its cache costs
     /// more than it balances. 0 gives the pure CHWBL bound. Default 2.
-    pub load_slack: f64,
+    /// (Key `load_slack` under `[route]`.)
+    #[serde(rename = "load_slack")]
+    pub slack: f64,
     /// What the bound counts. Default [`BoundOn::Queued`]: an engine running a big batch
     /// takes one more request into it at little cost to the request, while moving a prefix
     /// away from its cache costs its whole prefill; a queue is what makes a request wait
     /// (`docs/studies/load-bound.md`).
     pub bound_on: BoundOn,
-    /// Width of the spread band: candidates whose score is within this of the best (score
-    /// units; in the cost form, this fraction of the best estimated TTFT) are near-equal, and
-    /// a request that carries a spread key goes to one of them by rendezvous on that key
-    /// rather than always to the best. Without it, every entry node sends all of a hot
-    /// prefix's requests to the same holder until the load bound stops it. Default 0.05 (in
-    /// the score form: the queue term of 0.8 requests, or a twentieth of the prompt matched;
-    /// 0.1 lost more hit rate in the simulator for no better tail).
-    pub spread_margin: f64,
+}
+
+impl LoadBound {
+    /// The most load a candidate may reach by taking a request while another stays under it,
+    /// given the mean load (counting the request).
+    pub fn cap(&self, mean: f64) -> f64 {
+        ((1.0 + self.epsilon) * mean + self.slack.max(0.0)).ceil()
+    }
+}
+
+impl Default for LoadBound {
+    fn default() -> Self {
+        Self {
+            epsilon: 0.25,
+            slack: 2.0,
+            bound_on: BoundOn::Queued,
+        }
+    }
+}
+
+/// Where a new prefix (no candidate holds its first blocks) goes: its rendezvous choices.
+#[derive(Copy, Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct ColdPrefixes {
     /// A prefix nobody holds goes to the least loaded of its first `cold_choices` engines by
     /// rendezvous on its first block (ties: the rendezvous order), not always to the first:
     /// power of two choices. Every entry node considers the same few engines, so a new prefix
@@ -116,11 +260,15 @@ pub struct RouteConfig {
     /// the simulator, but split such copies in 8 of 12 runs
     /// (`docs/studies/new-prefix-placement.md`).
     /// Where an entry's recent prompts share no prefixes, `unshared_choices` applies instead.
-    pub cold_choices: u32,
+    /// (Key `cold_choices` under `[route]`.)
+    #[serde(rename = "cold_choices")]
+    pub choices: u32,
     /// With `cold_choices` above 1: requests by which a choice's load must exceed the
     /// lightest choice's before it ranks below it, so that views a request apart still agree.
     /// Default 1.
-    pub cold_load_margin: u32,
+    /// (Key `cold_load_margin` under `[route]`.)
+    #[serde(rename = "cold_load_margin")]
+    pub load_margin: u32,
     /// Where an entry's recent prompts share no prefixes
     /// ([`super::RouteRequest::prefixes_recur`]): a new prefix goes to the least loaded of its
     /// first `unshared_choices` engines by rendezvous, with no margin, as nothing is likely to
@@ -143,6 +291,51 @@ pub struct RouteConfig {
     /// engine looks idle and the placement is `unshared_choices`'
     /// (`docs/studies/unshared-new-prefixes.md`). Default on.
     pub unshared_to_idle: bool,
+}
+
+impl Default for ColdPrefixes {
+    fn default() -> Self {
+        Self {
+            choices: 1,
+            load_margin: 1,
+            unshared_choices: 1,
+            unshared_to_idle: true,
+        }
+    }
+}
+
+/// Soft preferences among engines the score finds near-equal, or nearly: the session's bonus
+/// and the spread band.
+#[derive(Copy, Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct SoftPreferences {
+    /// Width of the spread band: candidates whose score is within this of the best (score
+    /// units; in the cost form, this fraction of the best estimated TTFT) are near-equal, and
+    /// a request that carries a spread key goes to one of them by rendezvous on that key
+    /// rather than always to the best. Without it, every entry node sends all of a hot
+    /// prefix's requests to the same holder until the load bound stops it. Default 0.05 (in
+    /// the score form: the queue term of 0.8 requests, or a twentieth of the prompt matched;
+    /// 0.1 lost more hit rate in the simulator for no better tail).
+    pub spread_margin: f64,
+    /// Bonus for the session's preferred node: score units, or in the cost form that fraction
+    /// of the prompt's whole prefill time. Default 0.3.
+    pub session_weight: f64,
+}
+
+impl Default for SoftPreferences {
+    fn default() -> Self {
+        Self {
+            spread_margin: 0.05,
+            session_weight: 0.3,
+        }
+    }
+}
+
+/// Late binding (see [`crate::lifecycle`]): when a serving node may decline a request whose
+/// entry judged its queue on a stale view.
+#[derive(Copy, Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct LateBinding {
     /// Late binding: how many times one request may be declined by a serving node whose own,
     /// exact queue would hold it longer than the entry estimated the next candidate would (see
     /// [`crate::lifecycle`]). The entry judges on digests 100–600 ms old; the serving node
@@ -165,68 +358,14 @@ pub struct RouteConfig {
     /// the prompt meets cached: a prefix is taken from its cache only when the queue costs
     /// more than the cache saves. Default 0.
     pub decline_slack: f64,
-    /// Bonus for the session's preferred node: score units, or in the cost form that fraction
-    /// of the prompt's whole prefill time. Default 0.3.
-    pub session_weight: f64,
-    /// Blocks that must match for a prefix to count as a hit. Default 1.
-    pub min_hit_blocks: u32,
-    /// A digest older than this is ignored while a fresher candidate exists. Default 3000 ms.
-    pub max_digest_age_ms: u64,
-    /// Candidates returned in rank order (the first plus the retries). Default 4.
-    pub ranked_len: usize,
-    /// Cost form: prefill speed assumed when a digest reports none. Default 5000 tokens/s.
-    pub default_prefill_tokens_per_s: f64,
-    /// Score form: weight of an engine's readiness for the LoRA adapter a request names
-    /// (1 running it, 0.8 a free slot to load it into, 0.6 requests for it queued, 0 every
-    /// slot taken by others): a request for an adapter an engine is running joins its batch,
-    /// while one elsewhere waits for the adapter to load, or for a slot. Default 0.5, worth
-    /// half the prompt matched.
-    pub lora_weight: f64,
-    /// Cost form: the time to load an adapter into a slot, charged in proportion to how far
-    /// from running it an engine is (see `lora_weight`). Default 200 ms.
-    pub lora_load_ms: f64,
-    /// Worth of a block an engine holds only in an offload tier (CPU, storage), as a fraction
-    /// of one on its GPU: the engine loads it instead of computing it, at a transfer's cost.
-    /// Default 0.5.
-    pub offload_weight: f64,
 }
 
-impl RouteConfig {
-    /// The most load a candidate may reach by taking a request while another stays under it,
-    /// given the mean load (counting the request).
-    pub fn load_cap(&self, mean: f64) -> f64 {
-        ((1.0 + self.load_epsilon) * mean + self.load_slack.max(0.0)).ceil()
-    }
-}
-
-impl Default for RouteConfig {
+impl Default for LateBinding {
     fn default() -> Self {
         Self {
-            policy: ScoreForm::Score,
-            alpha: 1.0,
-            beta: 0.1,
-            gamma: 1.0,
-            waiting_threshold: 16.0,
-            running_weight: 0.25,
-            load_epsilon: 0.25,
-            load_slack: 2.0,
-            bound_on: BoundOn::Queued,
-            spread_margin: 0.05,
-            cold_choices: 1,
-            cold_load_margin: 1,
-            unshared_choices: 1,
-            unshared_to_idle: true,
             max_declines: 3,
             max_new_prefix_declines: 3,
             decline_slack: 0.0,
-            session_weight: 0.3,
-            min_hit_blocks: 1,
-            max_digest_age_ms: 3_000,
-            ranked_len: 4,
-            default_prefill_tokens_per_s: 5_000.0,
-            offload_weight: 0.5,
-            lora_weight: 0.5,
-            lora_load_ms: 200.0,
         }
     }
 }
@@ -270,17 +409,112 @@ impl Default for PdConfig {
 
 #[cfg(test)]
 mod tests {
-    use super::RouteConfig;
+    use super::*;
 
     #[test]
     fn the_load_cap_is_epsilon_over_the_mean_plus_the_slack() {
-        let config = RouteConfig::default();
-        assert_eq!(config.load_cap(1.0), 4.0);
-        assert_eq!(config.load_cap(9.0), 14.0);
-        let pure = RouteConfig {
-            load_slack: 0.0,
-            ..RouteConfig::default()
+        let load = LoadBound::default();
+        assert_eq!(load.cap(1.0), 4.0);
+        assert_eq!(load.cap(9.0), 14.0);
+        let pure = LoadBound { slack: 0.0, ..load };
+        assert_eq!(pure.cap(8.0), 10.0);
+    }
+
+    /// The keys of a `[route]` table before the fields were grouped: every one still names
+    /// its field.
+    const FLAT_KEYS: [&str; 25] = [
+        "policy",
+        "alpha",
+        "beta",
+        "gamma",
+        "waiting_threshold",
+        "running_weight",
+        "load_epsilon",
+        "load_slack",
+        "bound_on",
+        "spread_margin",
+        "cold_choices",
+        "cold_load_margin",
+        "unshared_choices",
+        "unshared_to_idle",
+        "max_declines",
+        "max_new_prefix_declines",
+        "decline_slack",
+        "session_weight",
+        "min_hit_blocks",
+        "max_digest_age_ms",
+        "ranked_len",
+        "default_prefill_tokens_per_s",
+        "lora_weight",
+        "lora_load_ms",
+        "offload_weight",
+    ];
+
+    #[test]
+    fn the_groups_serialise_under_the_flat_keys() {
+        let serde_json::Value::Object(fields) =
+            serde_json::to_value(RouteConfig::default()).unwrap()
+        else {
+            panic!("a table");
         };
-        assert_eq!(pure.load_cap(8.0), 10.0);
+        let mut keys: Vec<&str> = fields.keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        let mut expected = FLAT_KEYS.to_vec();
+        expected.sort_unstable();
+        assert_eq!(keys, expected);
+    }
+
+    #[test]
+    fn a_flat_route_table_fills_the_groups_and_leaves_the_rest_default() {
+        let text = "policy = \"cost\"\nalpha = 2\nwaiting_threshold = 8.5\n\
+            load_epsilon = 0.5\nload_slack = 0\nbound_on = \"in_flight\"\n\
+            cold_choices = 2\ncold_load_margin = 0\nunshared_to_idle = false\n\
+            spread_margin = 0.1\nsession_weight = 0.7\nmin_hit_blocks = 3\n\
+            offload_weight = 0.25\nmax_declines = 1\ndecline_slack = 2.5\n\
+            default_prefill_tokens_per_s = 9000\nranked_len = 6\n";
+        let config: RouteConfig = toml::from_str(text).unwrap();
+        let default = RouteConfig::default();
+        let expected = RouteConfig {
+            policy: ScoreForm::Cost,
+            score: ScoreWeights {
+                alpha: 2.0,
+                waiting_threshold: 8.5,
+                ..default.score
+            },
+            assumed: Assumptions {
+                default_prefill_tokens_per_s: 9000.0,
+                ..default.assumed
+            },
+            hit: HitRules {
+                min_blocks: 3,
+                offload_weight: 0.25,
+            },
+            load: LoadBound {
+                epsilon: 0.5,
+                slack: 0.0,
+                bound_on: BoundOn::InFlight,
+            },
+            cold: ColdPrefixes {
+                choices: 2,
+                load_margin: 0,
+                unshared_to_idle: false,
+                ..default.cold
+            },
+            soft: SoftPreferences {
+                spread_margin: 0.1,
+                session_weight: 0.7,
+            },
+            late: LateBinding {
+                max_declines: 1,
+                decline_slack: 2.5,
+                ..default.late
+            },
+            ranked_len: 6,
+            ..default
+        };
+        assert_eq!(config, expected);
+        assert_eq!(toml::from_str::<RouteConfig>("").unwrap(), default);
+        let error = toml::from_str::<RouteConfig>("load_slack = \"many\"").unwrap_err();
+        assert!(error.to_string().contains("invalid type"), "{error}");
     }
 }

@@ -11,7 +11,9 @@
 //! [`PdConfig::warm_margin`] requests, since a first pull pays a handshake.
 
 use super::config::{PdConfig, RouteConfig};
-use super::decide::{Candidate, Decision, Estimate, RouteError, RouteRequest, summary_match};
+use super::considered::gpu_match;
+use super::decide::{Candidate, Decision, Estimate, RouteError, RouteRequest};
+use super::eligible;
 use super::reason::RouteReason;
 use super::rendezvous::rendezvous_weight;
 use crate::digest::{LoraReadiness, Role};
@@ -40,41 +42,12 @@ pub fn decide_decode(
     pd: &PdConfig,
     now_ms: u64,
 ) -> Result<Decision, RouteError> {
-    let mut any_fresh = false;
-    let mut rows: Vec<(bool, Row)> = Vec::with_capacity(candidates.len());
-    for (index, candidate) in candidates.iter().enumerate() {
-        let digest = candidate.digest;
-        if !digest.healthy || !digest.role.takes(Role::Decode) || !digest.serves(request.model) {
-            continue;
-        }
-        let fresh = now_ms.saturating_sub(candidate.digest_received_ms) <= config.max_digest_age_ms;
-        any_fresh |= fresh;
-        let gauges = candidate.gauges();
-        let matched = summary_match(digest, candidate.summary, request.chain)
-            .max(candidate.recent_match)
-            .min(request.chain.len() as u32);
-        rows.push((
-            fresh,
-            Row {
-                index,
-                node_key: candidate.node_key,
-                matched,
-                load: gauges.load().saturating_add(candidate.pending),
-                queued: gauges.waiting.saturating_add(candidate.pending),
-                pending: candidate.pending,
-                fits: fits(candidate, matched, request),
-                warm: warm.contains(&candidate.node_key),
-            },
-        ));
-    }
-    if any_fresh {
-        rows.retain(|(fresh, _)| *fresh);
-    }
-    if rows.is_empty() {
+    let mut ranked = rows(candidates, request, warm, config, now_ms);
+    if ranked.is_empty() {
         return Err(RouteError::NoCandidate(request.model.to_owned()));
     }
-    let total: u64 = rows.iter().map(|(_, row)| u64::from(row.load)).sum();
-    let cap = config.load_cap((total + 1) as f64 / rows.len() as f64);
+    let total: u64 = ranked.iter().map(|row| u64::from(row.load)).sum();
+    let cap = config.load.cap((total + 1) as f64 / ranked.len() as f64);
     let spread = request.spread.unwrap_or(0);
     let key = |row: &Row| {
         let under_bound = f64::from(row.load) + 1.0 <= cap;
@@ -88,10 +61,47 @@ pub fn decide_decode(
             row.node_key,
         )
     };
-    let mut ranked: Vec<Row> = rows.into_iter().map(|(_, row)| row).collect();
     ranked.sort_by_key(key);
     let lightest = ranked.iter().map(|row| row.load).min().unwrap_or(0);
     ranked.truncate(config.ranked_len.max(1));
+    Ok(decision(&ranked, lightest))
+}
+
+/// The decode-capable engines that may take `request`, fresh ones only if any is fresh.
+fn rows(
+    candidates: &[Candidate<'_>],
+    request: &RouteRequest<'_>,
+    warm: &[u64],
+    config: &RouteConfig,
+    now_ms: u64,
+) -> Vec<Row> {
+    let mut rows: Vec<(bool, Row)> = Vec::with_capacity(candidates.len());
+    for (index, candidate) in candidates.iter().enumerate() {
+        if !eligible::takes(candidate.digest, Role::Decode, request.model) {
+            continue;
+        }
+        let gauges = candidate.gauges();
+        let matched = gpu_match(candidate, request.chain);
+        rows.push((
+            eligible::is_fresh(candidate, config, now_ms),
+            Row {
+                index,
+                node_key: candidate.node_key,
+                matched,
+                load: gauges.load().saturating_add(candidate.pending),
+                queued: gauges.waiting.saturating_add(candidate.pending),
+                pending: candidate.pending,
+                fits: fits(candidate, matched, request),
+                warm: warm.contains(&candidate.node_key),
+            },
+        ));
+    }
+    eligible::keep_fresh(&mut rows, |(fresh, _)| *fresh);
+    rows.into_iter().map(|(_, row)| row).collect()
+}
+
+/// The decision over `ranked`, best first; `lightest`: the least load of any decode engine.
+fn decision(ranked: &[Row], lightest: u32) -> Decision {
     let chosen = ranked[0];
     let reason = if ranked.len() == 1 {
         RouteReason::OnlyCandidate
@@ -102,7 +112,7 @@ pub fn decide_decode(
         RouteReason::LeastLoaded
     };
     let best_matched_blocks = ranked.iter().map(|row| row.matched).max().unwrap_or(0);
-    Ok(Decision {
+    Decision {
         ranked: ranked.iter().map(|row| row.index).collect(),
         reason,
         matched_blocks: chosen.matched,
@@ -120,7 +130,7 @@ pub fn decide_decode(
                 ready: LoraReadiness::Running,
             })
             .collect(),
-    })
+    }
 }
 
 /// Whether the prompt's blocks that `candidate` does not hold fit in its free KV now (an

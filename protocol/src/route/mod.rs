@@ -6,21 +6,33 @@
 //! The node feeds it from gossip; the simulator feeds it from a model.
 
 mod adapter;
+mod cold;
 mod config;
+mod considered;
 mod decide;
 mod decode;
+mod eligible;
+mod load_cap;
+mod owed;
 mod pending;
 mod popularity;
+mod rank;
 mod reason;
 mod recent;
 mod rendezvous;
+mod score;
+mod session;
+mod spread;
 #[cfg(test)]
 pub(crate) mod tests;
 
 pub use adapter::{
     AdapterHost, AdapterPlacement, AdapterRule, LoadableAdapters, glob_match, place_adapter,
 };
-pub use config::{BoundOn, PdConfig, RouteConfig, ScoreForm, UnknownScoreForm};
+pub use config::{
+    Assumptions, BoundOn, ColdPrefixes, HitRules, LateBinding, LoadBound, PdConfig, RouteConfig,
+    ScoreForm, ScoreWeights, SoftPreferences, UnknownScoreForm,
+};
 pub use decide::{
     Candidate, DecideScratch, Decision, Estimate, Gauges, RouteError, RouteRequest, decide,
     decide_with,

@@ -23,8 +23,8 @@
 //! prompts beside one hot system prompt), a new prefix is unlikely to be asked for again, and
 //! sending it to the engine every entry node would pick for it (rendezvous) only queues it
 //! behind that engine's work; it goes to an engine that looks idle, if any, instead (see
-//! [`crate::route::RouteConfig::unshared_to_idle`]), or to the least loaded of a few
-//! ([`crate::route::RouteConfig::unshared_choices`], off by default). Each entry
+//! [`crate::route::ColdPrefixes::unshared_to_idle`]), or to the least loaded of a few
+//! ([`crate::route::ColdPrefixes::unshared_choices`], off by default). Each entry
 //! node counts its own sample of the traffic, in which a prefix that recurs only a few times
 //! cluster-wide is rarely seen twice: such prefixes gain least from meeting on one engine, and
 //! once an engine holds one, gossip says so and its next requests go there anyway.

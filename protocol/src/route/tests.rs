@@ -187,7 +187,10 @@ fn an_offloaded_prefix_counts_less_than_one_on_the_gpu() {
     assert_eq!(decision.ranked[1], 0, "an offload hit still beats no hit");
 
     let ignored = RouteConfig {
-        offload_weight: 0.0,
+        hit: HitRules {
+            offload_weight: 0.0,
+            ..config.hit
+        },
         ..config
     };
     let decision = decide(&candidates, &request(&prompt), &ignored, NOW).unwrap();
@@ -244,9 +247,12 @@ fn bounded_on_the_queue_a_big_batch_keeps_its_prefix_and_a_queue_spills_it() {
     let prompt = chain(16, 3);
     let held = summary_of(&prompt);
     let queued = RouteConfig::default();
-    assert_eq!(queued.bound_on, BoundOn::Queued);
+    assert_eq!(queued.load.bound_on, BoundOn::Queued);
     let in_flight = RouteConfig {
-        bound_on: BoundOn::InFlight,
+        load: LoadBound {
+            bound_on: BoundOn::InFlight,
+            ..Default::default()
+        },
         ..RouteConfig::default()
     };
     let idle = digest(0);
@@ -399,7 +405,10 @@ fn cost_policy_trades_cached_prefill_against_queueing() {
         candidate("holder", &swamped, Some(&held)),
     ];
     let config = RouteConfig {
-        load_epsilon: 100.0,
+        load: LoadBound {
+            epsilon: 100.0,
+            ..config.load
+        },
         ..config
     };
     assert_eq!(
@@ -521,8 +530,11 @@ fn a_cold_prefix_goes_to_the_less_loaded_of_its_two_rendezvous_choices() {
         candidates[d.ranked[0]].node_key
     };
     let config = RouteConfig {
-        cold_choices: 2,
-        cold_load_margin: 0,
+        cold: ColdPrefixes {
+            choices: 2,
+            load_margin: 0,
+            ..Default::default()
+        },
         ..RouteConfig::default()
     };
 
@@ -537,14 +549,20 @@ fn a_cold_prefix_goes_to_the_less_loaded_of_its_two_rendezvous_choices() {
     assert_eq!(chosen(&third_idle, &config), node_key(first));
     // One choice: plain rendezvous, whatever the loads.
     let single = RouteConfig {
-        cold_choices: 1,
+        cold: ColdPrefixes {
+            choices: 1,
+            ..config.cold
+        },
         ..config
     };
     assert_eq!(chosen(&first_busy, &single), node_key(first));
     // Loads within the margin of the lightest choice count as equal: the rendezvous order;
     // beyond it, the lighter.
     let margin = RouteConfig {
-        cold_load_margin: 1,
+        cold: ColdPrefixes {
+            load_margin: 1,
+            ..config.cold
+        },
         ..config
     };
     assert_eq!(chosen(&first_busy, &margin), node_key(first));
@@ -566,7 +584,10 @@ fn where_prefixes_do_not_recur_a_new_one_goes_to_the_least_loaded_of_a_few() {
     let by_weight = by_rendezvous(&names, prompt[0]);
     let (idle, busy) = (digest(0), digest(1));
     let config = RouteConfig {
-        unshared_choices: 4,
+        cold: ColdPrefixes {
+            unshared_choices: 4,
+            ..Default::default()
+        },
         ..RouteConfig::default()
     };
     // Every engine a request busier than `lighter`.
@@ -627,7 +648,10 @@ fn where_prefixes_do_not_recur_a_new_one_goes_to_an_engine_that_looks_idle() {
         "a prefix that may recur goes where every entry sends it"
     );
     let off = RouteConfig {
-        unshared_to_idle: false,
+        cold: ColdPrefixes {
+            unshared_to_idle: false,
+            ..config.cold
+        },
         ..config
     };
     assert_eq!(chosen(&last_idle, false, &off), node_key(by_weight[0]));
@@ -672,7 +696,7 @@ fn an_estimate_credits_the_work_done_since_the_gauges_were_read() {
     assert_eq!(worked(0), 2_000, "200 ms at the engine's measured speed");
     assert_eq!(
         worked(1),
-        (0.2 * RouteConfig::default().default_prefill_tokens_per_s) as u32,
+        (0.2 * RouteConfig::default().assumed.default_prefill_tokens_per_s) as u32,
         "200 ms at the configured speed when none was measured"
     );
     assert_eq!(worked(2), 0, "gauges read now have done nothing yet");
@@ -817,7 +841,10 @@ fn running_requests_weigh_in_the_score_form() {
     assert_eq!(winner(&config, "b", "a"), 1);
     // Weighed at nothing, the two are equal and the node key decides.
     let config = RouteConfig {
-        running_weight: 0.0,
+        score: ScoreWeights {
+            running_weight: 0.0,
+            ..config.score
+        },
         ..config
     };
     assert_ne!(winner(&config, "a", "b"), winner(&config, "b", "a"));

@@ -106,9 +106,9 @@ pub struct SimulateArgs {
     /// Scoring form of `decide`.
     #[arg(long, value_parser = score_forms(), default_value_t = RouteConfig::default().policy)]
     pub route_form: ScoreForm,
-    /// Spread band of `decide` (RouteConfig::spread_margin); 0 ranks near-equal candidates by
+    /// Spread band of `decide` (`spread_margin` of `[route]`); 0 ranks near-equal candidates by
     /// score and node key alone.
-    #[arg(long, default_value_t = RouteConfig::default().spread_margin)]
+    #[arg(long, default_value_t = RouteConfig::default().soft.spread_margin)]
     pub spread_margin: f64,
     /// Any other setting of `decide`, as in the node's `[route]` table: `NAME=VALUE`
     /// (repeatable; VALUE in JSON, e.g. `load_slack=1` or `bound_on="in_flight"`).
@@ -256,7 +256,10 @@ impl SimulateArgs {
     pub fn route_config(&self) -> Result<RouteConfig, String> {
         let base = RouteConfig {
             policy: self.route_form,
-            spread_margin: self.spread_margin.max(0.0),
+            soft: kvmesh_protocol::route::SoftPreferences {
+                spread_margin: self.spread_margin.max(0.0),
+                ..Default::default()
+            },
             ..RouteConfig::default()
         };
         with_settings(base, &self.route_settings, "--route")
@@ -405,8 +408,11 @@ mod route_setting_tests {
             "--route",
         )
         .unwrap();
-        assert_eq!(config.load_slack, 1.0);
-        assert_eq!(config.bound_on, kvmesh_protocol::route::BoundOn::InFlight);
+        assert_eq!(config.load.slack, 1.0);
+        assert_eq!(
+            config.load.bound_on,
+            kvmesh_protocol::route::BoundOn::InFlight
+        );
         assert!(with_settings(RouteConfig::default(), &[set("load_slak=1")], "--route").is_err());
         assert!(
             with_settings(RouteConfig::default(), &[set("load_slack=many")], "--route").is_err()

@@ -297,7 +297,9 @@ mod tests {
 
     /// The speed a node's queue assumes before it measures its engine's: the entries' default.
     fn assumed() -> f64 {
-        kvmesh_protocol::RouteConfig::default().default_prefill_tokens_per_s
+        kvmesh_protocol::RouteConfig::default()
+            .assumed
+            .default_prefill_tokens_per_s
     }
 
     /// As the sidecar's poller: prompt tokens computed over the engine's prefill time (from

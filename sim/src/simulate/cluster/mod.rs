@@ -251,7 +251,7 @@ impl<'c> Sim<'c> {
                     seed: config.seed ^ (i as u64).wrapping_mul(0x9e37_79b9),
                     ..config.engine.clone()
                 };
-                let assumed = config.route.default_prefill_tokens_per_s;
+                let assumed = config.route.assumed.default_prefill_tokens_per_s;
                 let mut node = SimNode::new(i as u32, engine, config.summary, assumed);
                 node.role = match config.pd {
                     None => Role::Mixed,
