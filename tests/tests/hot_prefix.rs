@@ -327,23 +327,21 @@ fn a_hot_prefix_spreads_over_engines_without_hurting_the_tail() {
 }
 
 /// The checks above catch herding: with every spreading mechanism switched off (the load
-/// bound's ε and slack huge, no queue term, no spread band, no late-binding declines), the
-/// engine that first caches the hot prompt keeps every hot request. Switching off the load
-/// bound alone is not enough: the queue term, the spread band and late binding still spread
-/// the hot prompt over two engines, and the checks rightly pass. Ignored by default (it
-/// exists to show the acceptance test can fail); run it with `--ignored`. It no longer
-/// herds (2026-12-07: 72/71/31/66 hot requests over the four engines): popular prefixes are
-/// now owed holders (`protocol/src/route/popularity.rs`), which no configuration key turns
-/// off, so it needs such a key before it can run in the suite again.
+/// bound's ε and slack huge, no queue term, no spread band, no late-binding declines, no
+/// holders owed to a popular prefix), the engine that first caches the hot prompt keeps every
+/// hot request. Switching off the load bound alone is not enough: the queue term, the spread
+/// band, late binding and the popular prefix's owed holders still spread the hot prompt, and
+/// the checks rightly pass. It shows the acceptance test can fail, so it runs with it (alone,
+/// as the whole binary does: `.config/nextest.toml`).
 #[test]
-#[ignore = "a negative control of the acceptance test; run with --ignored"]
 fn without_the_load_bound_the_hot_prefix_herds_and_the_checks_fail() {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = dir.path().join("unbounded.toml");
     std::fs::write(
         &config,
         "[route]\nload_epsilon = 1000000.0\nload_slack = 1000000.0\ngamma = 0.0\n\
-         spread_margin = 0.0\nmax_declines = 0\nmax_new_prefix_declines = 0\n",
+         spread_margin = 0.0\nmax_declines = 0\nmax_new_prefix_declines = 0\n\
+         popular_owed_holders = false\n",
     )
     .expect("config file");
     let config = config.to_str().expect("utf-8 path").to_owned();

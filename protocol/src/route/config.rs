@@ -187,6 +187,12 @@ pub struct HitRules {
     /// of one on its GPU: the engine loads it instead of computing it, at a transfer's cost.
     /// Default 0.5.
     pub offload_weight: f64,
+    /// Whether a popular prefix held by fewer engines than its share of the traffic fills
+    /// counts as held by every engine, so that its traffic makes new holders
+    /// (`super::popularity`). Default true; false leaves a hot prefix on the engines that
+    /// hold it until the load bound, the spread band or late binding moves it (the hot-prefix
+    /// test's negative control turns it off).
+    pub popular_owed_holders: bool,
 }
 
 impl Default for HitRules {
@@ -194,6 +200,7 @@ impl Default for HitRules {
         Self {
             min_blocks: 1,
             offload_weight: 0.5,
+            popular_owed_holders: true,
         }
     }
 }
@@ -420,9 +427,9 @@ mod tests {
         assert_eq!(pure.cap(8.0), 10.0);
     }
 
-    /// The keys of a `[route]` table before the fields were grouped: every one still names
-    /// its field.
-    const FLAT_KEYS: [&str; 25] = [
+    /// The keys of a `[route]` table before the fields were grouped (every one still names
+    /// its field), and the ones added since.
+    const FLAT_KEYS: [&str; 26] = [
         "policy",
         "alpha",
         "beta",
@@ -448,6 +455,7 @@ mod tests {
         "lora_weight",
         "lora_load_ms",
         "offload_weight",
+        "popular_owed_holders",
     ];
 
     #[test]
@@ -488,6 +496,7 @@ mod tests {
             hit: HitRules {
                 min_blocks: 3,
                 offload_weight: 0.25,
+                ..default.hit
             },
             load: LoadBound {
                 epsilon: 0.5,

@@ -226,7 +226,10 @@ pub fn decide_with(
     let best_matched = entries.iter().map(|e| e.matched).max().unwrap_or(0);
     let cold = cold::is_new_prefix(request, best_matched, &config.hit)
         .then(|| ColdChoices::new(weights, entries, request, &config.cold));
-    let owed = owed::owed(entries, request.popular);
+    let owed = match config.hit.popular_owed_holders {
+        true => owed::owed(entries, request.popular),
+        false => owed::Owed::default(),
+    };
     let session = Session::new(entries, request, config, cold.is_some());
     scored.clear();
     scored.extend(entries.iter().map(|entry| Scored {

@@ -145,6 +145,27 @@ fn a_prefix_owed_more_holders_counts_as_held_everywhere() {
         decision.popular_blocks, 24,
         "the deepest prefix owed holders"
     );
+    // Turned off (`popular_owed_holders = false`), the same share leaves it with its holder.
+    let off = RouteConfig {
+        hit: HitRules {
+            popular_owed_holders: false,
+            ..config.hit
+        },
+        ..config
+    };
+    let popular = [16, 24].map(|blocks| PrefixShare {
+        blocks,
+        share: 0.8,
+        until: blocks + 3,
+    });
+    let request_80 = RouteRequest {
+        popular: &popular,
+        prefixes_recur: true,
+        ..request(&prompt)
+    };
+    let decision = decide(&candidates, &request_80, &off, NOW).unwrap();
+    assert_eq!(decision.ranked[0], 0, "the holder, as without a share");
+    assert_eq!(decision.popular_blocks, 0);
     // Once three hold it, the holders are preferred again.
     let candidates = [
         candidates[0],
