@@ -87,8 +87,13 @@ pub struct ServeArgs {
     /// (its seeds name only itself); without --seeds it does not wait.
     #[arg(long, env = "KVMESH_JOIN_WAIT_SECS")]
     pub join_wait_secs: Option<u64>,
-    /// Routing policy: `score` (classic weighted score) or `cost` (estimated TTFT).
-    #[arg(long, env = "KVMESH_POLICY", value_parser = score_forms())]
+    /// Score form of the decision: `score` (classic weighted score) or `cost` (estimated
+    /// TTFT). Over `form` under `[route]`.
+    #[arg(long, env = "KVMESH_ROUTE_FORM", value_parser = score_forms())]
+    pub route_form: Option<ScoreForm>,
+    /// Deprecated: `--route-form`'s old name, read with a warning (`kvmesh-sim`'s `--policy`
+    /// names routing policies).
+    #[arg(long, env = "KVMESH_POLICY", value_parser = score_forms(), hide = true)]
     pub policy: Option<ScoreForm>,
     /// How often the engine is polled and the load digest refreshed.
     #[arg(long, env = "KVMESH_DIGEST_INTERVAL_MS")]
@@ -222,7 +227,27 @@ pub struct ServeArgs {
     pub pd: Option<PdConfig>,
 }
 
-/// `--policy`'s parser: the protocol's names, listed in the help and in errors.
+/// `--route-form` over the file's `route-form`, each also under its deprecated name `policy`
+/// (`--policy`, `KVMESH_POLICY`), which logs a warning naming the new one: a manifest
+/// written before the rename keeps working.
+fn route_form(
+    flag: Option<ScoreForm>,
+    old_flag: Option<ScoreForm>,
+    file: Option<ScoreForm>,
+    old_file: Option<ScoreForm>,
+) -> Option<ScoreForm> {
+    if old_flag.is_some() {
+        tracing::warn!(
+            "--policy (KVMESH_POLICY) is deprecated: use --route-form (KVMESH_ROUTE_FORM)"
+        );
+    }
+    if old_file.is_some() {
+        tracing::warn!("`policy` in the --config file is deprecated: use `route-form`");
+    }
+    flag.or(old_flag).or(file).or(old_file)
+}
+
+/// `--route-form`'s parser: the protocol's names, listed in the help and in errors.
 fn score_forms() -> impl clap::builder::TypedValueParser<Value = ScoreForm> {
     use clap::builder::{PossibleValuesParser, TypedValueParser as _};
     PossibleValuesParser::new(ScoreForm::ALL.map(ScoreForm::name))
@@ -355,8 +380,8 @@ impl ServeConfig {
             bail!("--node-id is required (no $HOSTNAME to default to)");
         };
         let mut route = cli.route.or(file.route).unwrap_or_default();
-        if let Some(policy) = cli.policy.or(file.policy) {
-            route.policy = policy;
+        if let Some(form) = route_form(cli.route_form, cli.policy, file.route_form, file.policy) {
+            route.form = form;
         }
         let role = cli.role.or(file.role).unwrap_or(defaults::ROLE);
         let millis = |v: Option<u64>, default: Duration| {
@@ -691,8 +716,90 @@ mod tests {
         assert_eq!(config.retries, 1);
         assert_eq!(config.cluster_id, "prod");
         assert_eq!(config.worker_threads, 2);
-        assert_eq!(config.route.policy, ScoreForm::Cost);
+        assert_eq!(config.route.form, ScoreForm::Cost);
         assert_eq!(config.route.score.alpha, 2.0);
+    }
+
+    /// What `run` logs at WARN and above.
+    fn warnings_of<T>(run: impl FnOnce() -> T) -> (T, String) {
+        #[derive(Clone, Default)]
+        struct Lines(Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Lines {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        let value = tracing::subscriber::with_default(subscriber, run);
+        let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+        (value, text)
+    }
+
+    #[test]
+    fn the_old_name_of_the_route_form_still_works_and_warns() {
+        // `--policy cost` or `KVMESH_POLICY=cost` (clap fills the same field from either).
+        let command = <ServeArgs as clap::Args>::augment_args(clap::Command::new("serve"));
+        let policy = command
+            .get_arguments()
+            .find(|arg| arg.get_id() == "policy")
+            .unwrap();
+        assert_eq!(policy.get_long(), Some("policy"));
+        assert_eq!(
+            policy.get_env(),
+            Some(std::ffi::OsStr::new("KVMESH_POLICY"))
+        );
+        assert!(policy.is_hide_set(), "--help shows only --route-form");
+        let (config, warnings) = warnings_of(|| {
+            ServeConfig::resolve(ServeArgs {
+                policy: Some(ScoreForm::Cost),
+                ..args()
+            })
+        });
+        assert_eq!(config.unwrap().route.form, ScoreForm::Cost);
+        assert!(
+            warnings.contains("--policy (KVMESH_POLICY) is deprecated")
+                && warnings.contains("--route-form (KVMESH_ROUTE_FORM)"),
+            "{warnings}"
+        );
+        // The new name wins over the old, and alone warns of nothing.
+        let (config, warnings) = warnings_of(|| {
+            ServeConfig::resolve(ServeArgs {
+                route_form: Some(ScoreForm::Score),
+                ..args()
+            })
+        });
+        assert_eq!(config.unwrap().route.form, ScoreForm::Score);
+        assert_eq!(warnings, "");
+        // The file's old top-level key, and `[route] policy`.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kvmesh.toml");
+        std::fs::write(&path, "policy = \"cost\"\n").unwrap();
+        let (config, warnings) = warnings_of(|| {
+            ServeConfig::resolve(ServeArgs {
+                config: Some(path.clone()),
+                ..args()
+            })
+        });
+        assert_eq!(config.unwrap().route.form, ScoreForm::Cost);
+        assert!(warnings.contains("use `route-form`"), "{warnings}");
+        for text in ["[route]\npolicy = \"cost\"\n", "[route]\nform = \"cost\"\n"] {
+            std::fs::write(&path, text).unwrap();
+            let config = ServeConfig::resolve(ServeArgs {
+                config: Some(path.clone()),
+                ..args()
+            });
+            assert_eq!(config.unwrap().route.form, ScoreForm::Cost, "{text}");
+        }
     }
 
     #[test]
@@ -934,22 +1041,26 @@ mod tests {
             let error = ServeConfig::resolve(cli).unwrap_err().to_string();
             assert!(error.contains(&format!("--{zero}-timeout-secs")), "{error}");
         }
-        let policy = |value: &str| {
-            let command = <ServeArgs as clap::Args>::augment_args(clap::Command::new("serve"));
-            command.try_get_matches_from(["serve", "--policy", value])
-        };
-        assert!(policy("cost").is_ok());
-        let error = policy("fastest").unwrap_err().to_string();
-        assert!(
-            error.contains("--policy") && error.contains("[possible values: score, cost]"),
-            "{error}"
-        );
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("policy.toml");
-        std::fs::write(&path, "policy = \"fastest\"\n").unwrap();
-        let mut cli = args();
-        cli.config = Some(path);
-        assert!(ServeConfig::resolve(cli).is_err());
+        for flag in ["--route-form", "--policy"] {
+            let form = |value: &str| {
+                let command = <ServeArgs as clap::Args>::augment_args(clap::Command::new("serve"));
+                command.try_get_matches_from(["serve", flag, value])
+            };
+            assert!(form("cost").is_ok());
+            let error = form("fastest").unwrap_err().to_string();
+            assert!(
+                error.contains(flag) && error.contains("[possible values: score, cost]"),
+                "{error}"
+            );
+        }
+        for key in ["route-form", "policy"] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("form.toml");
+            std::fs::write(&path, format!("{key} = \"fastest\"\n")).unwrap();
+            let mut cli = args();
+            cli.config = Some(path);
+            assert!(ServeConfig::resolve(cli).is_err(), "{key}");
+        }
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("bad.toml");
         std::fs::write(&path, "no-such-key = 1\n").unwrap();

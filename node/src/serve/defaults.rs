@@ -51,7 +51,7 @@ fn shown(id: &str) -> Option<String> {
         "client_timeout_secs" => secs(CLIENT_TIMEOUT),
         "drain_timeout_secs" => secs(DRAIN_TIMEOUT),
         "join_wait_secs" => secs(JOIN_WAIT),
-        "policy" => RouteConfig::default().policy.to_string(),
+        "route_form" => RouteConfig::default().form.to_string(),
         "digest_interval_ms" => millis(DIGEST_INTERVAL),
         "gossip_interval_ms" => millis(GOSSIP_INTERVAL),
         "block_tokens" => BLOCK_TOKENS.to_string(),
@@ -124,7 +124,7 @@ mod tests {
             }
         }
         assert_eq!(shown_count, 22, "a default of `shown` names no flag");
-        assert_eq!(shown("policy").as_deref(), Some("score"));
+        assert_eq!(shown("route_form").as_deref(), Some("score"));
         assert_eq!(shown("gossip_interval_ms").as_deref(), Some("200 ms"));
         assert_eq!(shown("listen").as_deref(), Some("0.0.0.0:8000"));
     }
