@@ -122,125 +122,126 @@ impl ServeConfig {
     /// [`options::Settled`]), then what no declaration says, each step with its reason.
     pub fn resolve(cli: ServeArgs) -> anyhow::Result<Self> {
         let file = read_file(cli.config.as_deref())?;
-        let o = Settled::of(cli, file);
+        let settled = Settled::of(cli, file);
+        // The flag overrides the `[route]` table's `form`; its old name still counts
+        // (first, so that its warning shows even if a later step fails).
+        let mut route = settled.route.unwrap_or_default();
+        if let Some(form) = route_form(settled.route_form, settled.policy) {
+            route.form = form;
+        }
         // Required: nothing to default to, and the error says where to get one.
-        let Some(backend) = o.backend else {
+        let Some(backend) = settled.backend else {
             bail!("--backend is required (the local vLLM server, e.g. http://127.0.0.1:8001)");
         };
-        let Some(tls_dir) = o.tls_dir else {
+        let Some(tls_dir) = settled.tls_dir else {
             bail!(
                 "--tls-dir is required (create one with `kvmesh cert init` and `kvmesh cert issue`)"
             );
         };
         // The default id is the host's name, which is no constant.
-        let node_id = o
+        let node_id = settled
             .node_id
             .or_else(|| std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()));
         let Some(node_id) = node_id else {
             bail!("--node-id is required (no $HOSTNAME to default to)");
         };
-        // The flag overrides the `[route]` table's `form`; its old name still counts.
-        let mut route = o.route.unwrap_or_default();
-        if let Some(form) = route_form(o.route_form, o.policy) {
-            route.form = form;
-        }
         // The KV-event options mean something only with an endpoint (exact mode).
-        let kv_events = o.kv_events.map(|endpoint| KvEventsConfig {
+        let kv_events = settled.kv_events.map(|endpoint| KvEventsConfig {
             endpoint,
-            bind: o.kv_events_bind.unwrap_or_default(),
-            replay_endpoint: o.kv_events_replay,
-            topic: o.kv_events_topic.unwrap_or_default(),
+            bind: settled.kv_events_bind.unwrap_or_default(),
+            replay_endpoint: settled.kv_events_replay,
+            topic: settled.kv_events_topic.unwrap_or_default(),
         });
         // Options that need another: refused alone rather than silently ignored.
-        let tokenizer = match o.tokenizer {
+        let tokenizer = match settled.tokenizer {
             None => None,
             Some(_) if kv_events.is_none() => bail!(
                 "--tokenizer only applies to exact mode: set --kv-events too, or drop --tokenizer"
             ),
             Some(path) => Some(Arc::new(LocalTokenizer::load(&path)?)),
         };
-        let intents = match o.intents {
-            None if o.embedding_model.is_some() => bail!(
+        let intents = match settled.intents {
+            None if settled.embedding_model.is_some() => bail!(
                 "--embedding-model only applies to intent routing: set --intents too, or drop --embedding-model"
             ),
             None => None,
             Some(path) => Some(Arc::new(IntentRouting::load(
                 &path,
-                o.embedding_model.as_deref(),
+                settled.embedding_model.as_deref(),
             )?)),
         };
-        if o.block_tokens == 0 {
+        if settled.block_tokens == 0 {
             bail!("--block-tokens must be positive");
         }
         // Exact mode hashes the engine's token ids, so queries must be hashed in tokens too.
         let hashing = match kv_events {
             Some(_) => HashConfig {
                 mode: HashMode::Token {
-                    block_tokens: o.block_tokens,
+                    block_tokens: settled.block_tokens,
                 },
-                token_prompt_block_tokens: o.block_tokens,
+                token_prompt_block_tokens: settled.block_tokens,
             },
             None => HashConfig::default(),
         };
         let summary = SummaryConfig {
-            num_shards: o.summary_shards,
-            shard_bytes: o.summary_shard_bytes,
+            num_shards: settled.summary_shards,
+            shard_bytes: settled.summary_shard_bytes,
         };
         if let Err(why) = SummaryBuilder::new(summary, 0) {
             bail!("--summary-shards / --summary-shard-bytes: {why}");
         }
-        let request_timeout = deadline(o.request_timeout_secs, "request-timeout-secs")?;
-        let client_timeout = deadline(o.client_timeout_secs, "client-timeout-secs")?;
+        let request_timeout = deadline(settled.request_timeout_secs, "request-timeout-secs")?;
+        let client_timeout = deadline(settled.client_timeout_secs, "client-timeout-secs")?;
         let lora = lora_config(
-            o.lora_adapters,
-            o.lora_path_template,
-            o.lora_load_timeout_secs,
-            o.lora.unwrap_or_default().adapters,
+            settled.lora_adapters,
+            settled.lora_path_template,
+            settled.lora_load_timeout_secs,
+            settled.lora.unwrap_or_default().adapters,
         )?;
         let media = media_config(
-            o.media_placeholder_tokens.unwrap_or_default(),
-            o.fetch_media.unwrap_or_default(),
-            o.fetch_media_hosts.unwrap_or_default(),
-            o.fetch_media_max_bytes,
-            o.fetch_media_timeout_ms,
+            settled.media_placeholder_tokens.unwrap_or_default(),
+            settled.fetch_media.unwrap_or_default(),
+            settled.fetch_media_hosts.unwrap_or_default(),
+            settled.fetch_media_max_bytes,
+            settled.fetch_media_timeout_ms,
         )?;
-        if o.max_body_bytes == 0 {
+        if settled.max_body_bytes == 0 {
             bail!("--max-body-bytes must be positive");
         }
-        if o.worker_threads == 0 {
+        if settled.worker_threads == 0 {
             bail!("--worker-threads must be at least 1");
         }
         // A period of 0 would spin: at least 1 ms.
         let period = |ms: Millis| Duration::from(ms).max(Duration::from_millis(1));
         Ok(Self {
             backend,
-            backend_api_key: o.backend_api_key,
-            listen: o.listen,
-            mesh: o.mesh,
-            advertise: o
+            backend_api_key: settled.backend_api_key,
+            listen: settled.listen,
+            mesh: settled.mesh,
+            advertise: settled
                 .advertise
                 .map(|address| resolve_advertise(&address))
                 .transpose()?,
-            seeds: o.seeds.unwrap_or_default(),
+            seeds: settled.seeds.unwrap_or_default(),
             node_id,
-            cluster_id: o.cluster_id,
+            cluster_id: settled.cluster_id,
             tls_dir,
-            crl: o.crl,
-            tls_reload_interval: period(o.tls_reload_interval_ms),
+            crl: settled.crl,
+            tls_reload_interval: period(settled.tls_reload_interval_ms),
             // An empty key (an unset variable in a manifest) asks for no key.
-            api_key: o.api_key.filter(|k| !k.is_empty()),
-            max_body_bytes: o.max_body_bytes,
-            retries: o.retries,
+            api_key: settled.api_key.filter(|k| !k.is_empty()),
+            max_body_bytes: settled.max_body_bytes,
+            retries: settled.retries,
             request_timeout,
             client_timeout,
-            drain_timeout: o.drain_timeout_secs.into(),
-            join_wait: o.join_wait_secs.into(),
-            digest_interval: period(o.digest_interval_ms),
-            gossip_interval: period(o.gossip_interval_ms),
-            worker_threads: o.worker_threads,
-            role: o.role,
+            drain_timeout: settled.drain_timeout_secs.into(),
+            join_wait: settled.join_wait_secs.into(),
+            digest_interval: period(settled.digest_interval_ms),
+            gossip_interval: period(settled.gossip_interval_ms),
+            worker_threads: settled.worker_threads,
+            role: settled.role,
             route,
-            pd: o.pd.unwrap_or_default(),
+            pd: settled.pd.unwrap_or_default(),
             hashing,
             summary,
             kv_events,

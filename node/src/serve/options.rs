@@ -108,8 +108,10 @@ serve_options! {
         /// Exact mode: bind --kv-events instead of connecting to it. vLLM binds its publisher only
         /// on a wildcard endpoint (`tcp://*:5557`); given a host (`tcp://127.0.0.1:5557`) it
         /// connects to it, and this node must be the one listening there.
-        #[arg(long, env = "KVMESH_KV_EVENTS_BIND", num_args = 0..=1, require_equals = true,
-              default_missing_value = "true")]
+        #[arg(long, env = "KVMESH_KV_EVENTS_BIND", value_name = "BOOL", num_args = 0..=1,
+              require_equals = true, default_missing_value = "true")]
+        // A switch: given alone it is on; not given it is unset, so the file's value counts
+        // (a clap switch, `bool`, is always set, and would shadow the file).
         kv_events_bind: bool,
         /// The publisher's replay endpoint (vLLM's `replay_endpoint`), to recover lost batches.
         #[arg(long, env = "KVMESH_KV_EVENTS_REPLAY")]
@@ -182,8 +184,8 @@ serve_options! {
         /// Fetch media given by plain URL from the hosts of `--fetch-media-hosts`, hash its bytes
         /// and send them to the engine inline, so that such an item routes and caches by its
         /// content rather than by its URL. Off by default. Also `fetch = true` under `[media]`.
-        #[arg(long, env = "KVMESH_FETCH_MEDIA", num_args = 0..=1, require_equals = true,
-              default_missing_value = "true")]
+        #[arg(long, env = "KVMESH_FETCH_MEDIA", value_name = "BOOL", num_args = 0..=1,
+              require_equals = true, default_missing_value = "true")]
         #[serde(skip)]
         fetch_media: bool; in media.fetch,
         /// Hosts `--fetch-media` may fetch from (comma-separated, exact names or `*.suffix`):
