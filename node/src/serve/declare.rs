@@ -1,18 +1,21 @@
 //! How a `kvmesh serve` option is declared once (the table is `super::options`): one row
 //! gives its help (the doc comment), its flag and environment variable (`#[arg]`), its
 //! `--config` file key (the field's name in kebab-case, `in TABLE.KEY` for a key of a
-//! sub-table, or `flag only` where the file says it otherwise) and its default. [`serve_options!`] turns the rows into:
+//! sub-table, or `flag only` where the file says it otherwise) and its default.
+//! `serve_options!` turns the rows into:
 //!
 //! - `ServeArgs`, the flags (clap) and the file (serde): every option an `Option`, so that a
 //!   flag not given leaves the file's value, and the file's the default;
 //! - `Settled`, every option after its flag (or environment), its file key and its default, in
 //!   that order: the option's type where it has a default, else an `Option` of it;
 //! - `shown_default(id)`, the default a flag's help ends with (`[default: …]`, as clap writes
-//!   its own), from the same row: not clap's `default_value`, which would shadow the file.
+//!   its own), from the same row: not clap's `default_value`, which would shadow the file;
+//! - for the tests, each option's samples and what it settles to, so that one test checks the
+//!   precedence of the whole table.
 //!
-//! Not clap's `default_value` either for the same reason; what no row can say (a required
-//! option, a default that is no constant, a check across options) is left to
-//! `ServeConfig::resolve`.
+//! What no row can say (a required option, a default that is no constant, a check across
+//! options) is left to `ServeConfig::resolve`. A macro rather than a trait per option: the rows
+//! must become fields of one clap and serde struct, which only a macro can write.
 
 use std::time::Duration;
 
