@@ -328,7 +328,7 @@ proptest! {
         let cands = candidates(&cluster, &order);
         let mut config = RouteConfig::default();
         if cost {
-            config.policy = kvmesh_protocol::route::ScoreForm::Cost;
+            config.form = kvmesh_protocol::route::ScoreForm::Cost;
         }
         config.load.bound_on = if bound_on_queue { BoundOn::Queued } else { BoundOn::InFlight };
         let request = RouteRequest { model: "m", chain: &chain, prompt_tokens: chain_len as u32 * 16, tokens_per_block: 16.0, session: None, role: Role::Mixed, spread, popular: &[], prefixes_recur: true };

@@ -1,23 +1,22 @@
-//! The media flags (`--media-placeholder-tokens`, `--fetch-media*`) over the `[media]` table
-//! over the defaults, resolved into [`MediaConfig`].
+//! The media options (`--media-placeholder-tokens`, `--fetch-media*`, or the `[media]` table),
+//! checked and resolved into [`MediaConfig`].
 
-use crate::serve::defaults;
+use crate::serve::declare::Millis;
 use anyhow::bail;
 use serde::Deserialize;
 use std::time::Duration;
 
-/// The `[media]` table of the configuration file.
+/// The `[media]` table of the configuration file: every key is an option's
+/// (`super::options`, `in media.KEY`).
 #[derive(Debug, Default, Deserialize)]
+#[cfg_attr(test, derive(serde::Serialize))]
 #[serde(deny_unknown_fields)]
 pub struct MediaFile {
-    #[serde(default)]
-    pub placeholder_tokens: Vec<u32>,
-    #[serde(default)]
-    pub fetch: bool,
-    #[serde(default)]
-    pub fetch_hosts: Vec<String>,
+    pub placeholder_tokens: Option<Vec<u32>>,
+    pub fetch: Option<bool>,
+    pub fetch_hosts: Option<Vec<String>>,
     pub fetch_max_bytes: Option<usize>,
-    pub fetch_timeout_ms: Option<u64>,
+    pub fetch_timeout_ms: Option<Millis>,
 }
 
 /// How this node treats media parts.
@@ -53,20 +52,19 @@ impl FetchMedia {
     }
 }
 
+/// The media options, settled, checked: fetching needs an allow-list, a positive size cap and
+/// timeout.
 pub fn media_config(
-    placeholder_tokens: Option<Vec<u32>>,
+    placeholder_tokens: Vec<u32>,
     fetch: bool,
-    hosts: Option<Vec<String>>,
-    max_bytes: Option<usize>,
-    timeout_ms: Option<u64>,
-    file: MediaFile,
+    hosts: Vec<String>,
+    max_bytes: usize,
+    timeout: Millis,
 ) -> anyhow::Result<MediaConfig> {
-    let placeholder_tokens = placeholder_tokens.unwrap_or(file.placeholder_tokens);
-    let fetch = match fetch || file.fetch {
+    let fetch = match fetch {
         false => None,
         true => {
             let hosts: Vec<String> = hosts
-                .unwrap_or(file.fetch_hosts)
                 .into_iter()
                 .map(|host| host.trim().trim_end_matches('.').to_ascii_lowercase())
                 .filter(|host| !host.is_empty())
@@ -76,15 +74,12 @@ pub fn media_config(
                     "--fetch-media needs --fetch-media-hosts: fetching from any host would let a client make this node reach internal addresses"
                 );
             }
-            let max_bytes = match max_bytes.or(file.fetch_max_bytes) {
-                Some(0) => bail!("--fetch-media-max-bytes must be positive"),
-                Some(bytes) => bytes,
-                None => defaults::FETCH_MEDIA_MAX_BYTES,
-            };
-            let timeout = match timeout_ms.or(file.fetch_timeout_ms) {
-                Some(0) => bail!("--fetch-media-timeout-ms must be positive"),
-                Some(ms) => Duration::from_millis(ms),
-                None => defaults::FETCH_MEDIA_TIMEOUT,
+            if max_bytes == 0 {
+                bail!("--fetch-media-max-bytes must be positive");
+            }
+            let timeout = match Duration::from(timeout) {
+                Duration::ZERO => bail!("--fetch-media-timeout-ms must be positive"),
+                timeout => timeout,
             };
             Some(FetchMedia {
                 hosts,
@@ -102,10 +97,19 @@ pub fn media_config(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::serve::options;
 
+    /// Fetching from `hosts`, with the defaults of the other media options.
     fn fetch(hosts: &[&str]) -> anyhow::Result<MediaConfig> {
         let hosts = hosts.iter().map(|h| (*h).to_owned()).collect();
-        media_config(None, true, Some(hosts), None, None, MediaFile::default())
+        let defaults = options::defaults();
+        media_config(
+            Vec::new(),
+            true,
+            hosts,
+            defaults.fetch_media_max_bytes,
+            defaults.fetch_media_timeout_ms,
+        )
     }
 
     #[test]
@@ -114,7 +118,8 @@ mod tests {
         assert!(error.contains("--fetch-media-hosts"), "{error}");
         let config = fetch(&["images.example.com", "*.cdn.example.org"]).unwrap();
         let rules = config.fetch.unwrap();
-        assert_eq!(rules.max_bytes, defaults::FETCH_MEDIA_MAX_BYTES);
+        assert_eq!(rules.max_bytes, 20 * 1024 * 1024);
+        assert_eq!(rules.timeout, Duration::from_secs(2));
         assert!(rules.allows("images.example.com"));
         assert!(rules.allows("Images.Example.com."));
         assert!(!rules.allows("evil-images.example.com"));
@@ -125,22 +130,28 @@ mod tests {
     }
 
     #[test]
-    fn off_by_default_and_flags_win_over_the_file() {
-        let off = media_config(None, false, None, None, None, MediaFile::default()).unwrap();
+    fn off_by_default_and_a_fetch_needs_a_positive_cap_and_timeout() {
+        // Which of the flags and the `[media]` table wins: `options`' precedence test.
+        let defaults = options::defaults();
+        let off = media_config(
+            Vec::new(),
+            false,
+            Vec::new(),
+            defaults.fetch_media_max_bytes,
+            defaults.fetch_media_timeout_ms,
+        )
+        .unwrap();
         assert_eq!(off, MediaConfig::default());
-        let file = MediaFile {
-            placeholder_tokens: vec![1],
-            fetch: true,
-            fetch_hosts: vec!["a".into()],
-            fetch_max_bytes: Some(10),
-            fetch_timeout_ms: Some(5),
-        };
-        let config = media_config(Some(vec![7, 8]), false, None, Some(99), None, file).unwrap();
-        assert_eq!(config.placeholder_tokens, vec![7, 8]);
-        let fetch = config.fetch.unwrap();
-        assert_eq!(
-            (fetch.max_bytes, fetch.timeout),
-            (99, Duration::from_millis(5))
+        let hosts = || vec!["a".to_owned()];
+        let error = media_config(vec![], true, hosts(), 0, Millis(5)).unwrap_err();
+        assert!(
+            error.to_string().contains("--fetch-media-max-bytes"),
+            "{error}"
+        );
+        let error = media_config(vec![], true, hosts(), 9, Millis(0)).unwrap_err();
+        assert!(
+            error.to_string().contains("--fetch-media-timeout-ms"),
+            "{error}"
         );
     }
 }

@@ -7,9 +7,10 @@
 //! requests finish up to the drain timeout, and leaves the mesh.
 
 pub mod config;
-pub mod defaults;
+pub mod declare;
 pub mod engine_queue;
 pub mod media_config;
+pub mod options;
 pub mod publish;
 pub mod routing;
 pub mod state;

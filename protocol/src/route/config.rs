@@ -1,6 +1,7 @@
 //! Weights and thresholds of the decision, with their defaults.
 
-/// Which scoring form ranks candidates (the node's `--policy`, `[route] policy`).
+/// Which scoring form ranks candidates (`--route-form` of the node and of the simulator,
+/// `form` under `[route]`).
 #[derive(Copy, Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ScoreForm {
@@ -64,8 +65,11 @@ pub enum BoundOn {
 #[derive(Copy, Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default)]
 pub struct RouteConfig {
-    /// Default [`ScoreForm::Score`].
-    pub policy: ScoreForm,
+    /// The scoring form. Default [`ScoreForm::Score`]. (Key `form` under `[route]`; `policy`,
+    /// its name before "policy" came to mean the simulator's routing policies, and
+    /// `route_form`, the flag's name, are read too.)
+    #[serde(alias = "policy", alias = "route_form")]
+    pub form: ScoreForm,
     /// The score form's weights (`route/score.rs`).
     #[serde(flatten)]
     pub score: ScoreWeights,
@@ -96,7 +100,7 @@ pub struct RouteConfig {
 impl Default for RouteConfig {
     fn default() -> Self {
         Self {
-            policy: ScoreForm::Score,
+            form: ScoreForm::Score,
             score: ScoreWeights::default(),
             assumed: Assumptions::default(),
             hit: HitRules::default(),
@@ -428,9 +432,9 @@ mod tests {
     }
 
     /// The keys of a `[route]` table before the fields were grouped (every one still names
-    /// its field), and the ones added since.
+    /// its field: `policy` by its alias, `form` its name since), and the ones added since.
     const FLAT_KEYS: [&str; 26] = [
-        "policy",
+        "form",
         "alpha",
         "beta",
         "gamma",
@@ -483,7 +487,7 @@ mod tests {
         let config: RouteConfig = toml::from_str(text).unwrap();
         let default = RouteConfig::default();
         let expected = RouteConfig {
-            policy: ScoreForm::Cost,
+            form: ScoreForm::Cost,
             score: ScoreWeights {
                 alpha: 2.0,
                 waiting_threshold: 8.5,
@@ -523,6 +527,10 @@ mod tests {
         };
         assert_eq!(config, expected);
         assert_eq!(toml::from_str::<RouteConfig>("").unwrap(), default);
+        for key in ["policy", "form", "route_form"] {
+            let config: RouteConfig = toml::from_str(&format!("{key} = \"cost\"")).unwrap();
+            assert_eq!(config.form, ScoreForm::Cost, "{key}");
+        }
         let error = toml::from_str::<RouteConfig>("load_slack = \"many\"").unwrap_err();
         assert!(error.to_string().contains("invalid type"), "{error}");
     }

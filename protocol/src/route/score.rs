@@ -31,7 +31,7 @@ pub(super) fn base_score(
     let gauges = candidate.gauges();
     let queued = f64::from(gauges.waiting) + f64::from(candidate.pending);
     let adapter = adapter_readiness(candidate.digest, entry.ready, request.model);
-    match config.policy {
+    match config.form {
         ScoreForm::Score => {
             let matched = match request.chain.len() {
                 0 => 0.0,
@@ -160,7 +160,7 @@ mod tests {
         };
         let c = candidate("a", &load, None);
         let config = RouteConfig {
-            policy: ScoreForm::Cost,
+            form: ScoreForm::Cost,
             ..RouteConfig::default()
         };
         let chain = [0; 8];
@@ -192,7 +192,7 @@ mod tests {
         assert!((gap - config.score.lora_weight).abs() < 1e-12);
         assert!(with(LoraReadiness::FreeSlot, &config) > with(LoraReadiness::Waiting, &config));
         let cost = RouteConfig {
-            policy: ScoreForm::Cost,
+            form: ScoreForm::Cost,
             ..config
         };
         let gap = with(LoraReadiness::Running, &cost) - with(LoraReadiness::FreeSlot, &cost);

@@ -53,10 +53,10 @@ fn preferred(entries: &[Considered], session: u64) -> u64 {
         .map_or(0, |e| e.node_key)
 }
 
-/// The session bonus, in the policy's units: score units, or (cost form) that fraction of the
+/// The session bonus, in the form's units: score units, or (cost form) that fraction of the
 /// whole prompt's prefill time.
 fn bonus(request: &RouteRequest<'_>, config: &RouteConfig) -> f64 {
-    match config.policy {
+    match config.form {
         ScoreForm::Score => config.soft.session_weight,
         ScoreForm::Cost => {
             config.soft.session_weight * f64::from(request.prompt_tokens)
@@ -109,7 +109,7 @@ mod tests {
         // 64 tokens at 5,000 tokens/s: 12.8 ms, of which 0.3.
         let chain = [1, 2, 3, 4];
         let config = RouteConfig {
-            policy: ScoreForm::Cost,
+            form: ScoreForm::Cost,
             ..RouteConfig::default()
         };
         assert!((bonus(&request(&chain), &config) - 0.3 * 12.8).abs() < 1e-9);

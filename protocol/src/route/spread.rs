@@ -23,7 +23,7 @@ pub(super) fn key(request: &RouteRequest<'_>, new_prefix: bool) -> Option<u64> {
 /// form, where the score is minus the estimated TTFT) that fraction of the best TTFT.
 pub(super) fn band_floor(best: f64, config: &RouteConfig) -> f64 {
     let margin = config.soft.spread_margin.max(0.0);
-    match config.policy {
+    match config.form {
         ScoreForm::Score => best - margin,
         ScoreForm::Cost => best - margin * best.abs(),
     }
@@ -61,7 +61,7 @@ mod tests {
         let score = RouteConfig::default();
         assert!((band_floor(0.9, &score) - 0.85).abs() < 1e-12);
         let cost = RouteConfig {
-            policy: ScoreForm::Cost,
+            form: ScoreForm::Cost,
             soft: SoftPreferences {
                 spread_margin: 0.1,
                 ..score.soft

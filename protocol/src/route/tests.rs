@@ -403,7 +403,7 @@ fn cost_policy_trades_cached_prefill_against_queueing() {
     let mut idle = digest(0);
     idle.prefill_tokens_per_s = 1_000.0;
     let config = RouteConfig {
-        policy: ScoreForm::Cost,
+        form: ScoreForm::Cost,
         ..RouteConfig::default()
     };
     let mut request = request(&prompt);

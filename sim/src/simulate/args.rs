@@ -104,7 +104,7 @@ pub struct SimulateArgs {
     #[arg(long, value_enum, default_value_t = SelfView::Summary)]
     pub self_view: SelfView,
     /// Scoring form of `decide`.
-    #[arg(long, value_parser = score_forms(), default_value_t = RouteConfig::default().policy)]
+    #[arg(long, value_parser = score_forms(), default_value_t = RouteConfig::default().form)]
     pub route_form: ScoreForm,
     /// Spread band of `decide` (`spread_margin` of `[route]`); 0 ranks near-equal candidates by
     /// score and node key alone.
@@ -255,7 +255,7 @@ impl SimulateArgs {
     /// `decide`'s settings: the defaults, the form and spread margin flags, then `--route`.
     pub fn route_config(&self) -> Result<RouteConfig, String> {
         let base = RouteConfig {
-            policy: self.route_form,
+            form: self.route_form,
             soft: kvmesh_protocol::route::SoftPreferences {
                 spread_margin: self.spread_margin.max(0.0),
                 ..Default::default()
