@@ -1,8 +1,8 @@
 //! `kvmesh serve`'s options, each declared once: its help (the doc comment), its flag and
 //! environment variable (`#[arg]`), its `--config` file key (the field's name in kebab-case, or
-//! `in TABLE.KEY`, or `flag only`) and its default (`= …`, shown in its help; without one the option is unset,
-//! which for a list or a switch means empty or off). `super::declare` says what the
-//! rows become; `ServeConfig::resolve` (`super::config`) does what no row can say.
+//! `in TABLE.KEY`, or `flag only`) and its default (`= …`, shown in its help; without one the
+//! option is unset, which for a list or a switch means empty or off). `super::declare` says
+//! what the rows become; `ServeConfig::resolve` (`super::config`) does what no row can say.
 //!
 //! Adding an option is adding a row (and reading it in `resolve`):
 //!
