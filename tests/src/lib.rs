@@ -10,7 +10,9 @@
 //! - [`load`]: the real load generator and its JSON report.
 //! - [`traffic`]: inference calls through a sidecar, checked, with who served them.
 //! - [`ports`]: loopback ports for processes told which to bind.
+//! - [`slow_pair`]: two nodes with slow prefills and a queue at one (late binding, declines).
 //! - [`wait`]: polling with a bound instead of sleeping; [`stage`]: named steps of one long test.
+//! - [`nixl`]: the mock engine's NixlConnector driven leg by leg, as a PD proxy does.
 //! - [`netfault`]: partitions and datagram loss between sidecars, with nftables.
 //! - [`tools`]: external tools (kubectl, promtool) and when a test may skip for lack of one.
 //! - [`vllm`]: real vLLM servers (its CPU build, installed by `scripts/lib/vllm.sh`) in place of
@@ -23,10 +25,12 @@ pub mod engine;
 pub mod http;
 pub mod load;
 pub mod netfault;
+pub mod nixl;
 pub mod openai;
 pub mod ports;
 pub mod process;
 pub mod sidecar;
+pub mod slow_pair;
 pub mod sse;
 pub mod stage;
 pub mod tools;

@@ -13,8 +13,8 @@
 //! control in which every request had a prefix of its own (`--hot-fraction 0`) would prefill
 //! 2.1× the tokens of the hot run and make the ratio easy to meet.
 //!
-//! `without_the_load_bound_…` (ignored; run with `--ignored`) runs the same checks with the
-//! load bound switched off and asserts that they catch the herding that follows.
+//! `without_the_load_bound_…` runs the same checks with every spreading mechanism switched off
+//! and asserts that they catch the herding that follows.
 //!
 //! # Why one engine cannot carry the hot share, but four can
 //!

@@ -8,88 +8,12 @@
 
 use std::time::Duration;
 
-use kvmesh_protocol::route::{node_key, rendezvous_weight};
-use kvmesh_tests::http::SentRequest;
 use kvmesh_tests::openai::{completion_body, served_by};
+use kvmesh_tests::slow_pair::{
+    PREFILL_TIMEOUT, estimate_of, finish, long_streamed, metric, queue_three_at_b,
+    sessions_preferring, two_nodes, two_slow_nodes,
+};
 use kvmesh_tests::{CONVERGENCE_TIMEOUT, Cluster, NodeSpec, Request, Timing, wait_until};
-use serde_json::Value;
-
-const PREFILL_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// `shared` on both engines; `only-b` on b's alone, to load b through its own sidecar.
-fn two_slow_nodes() -> Cluster {
-    two_nodes(Timing::Scaled(20.0), &[])
-}
-
-/// [`two_slow_nodes`]' cluster with its engines at `timing` and `sidecar_args` on both sidecars.
-fn two_nodes(timing: Timing, sidecar_args: &[&str]) -> Cluster {
-    let cluster = Cluster::start(&[
-        NodeSpec::new("a", &["shared"])
-            .timing(timing)
-            .sidecar_args(sidecar_args),
-        NodeSpec::new("b", &["shared", "only-b"])
-            .timing(timing)
-            .sidecar_args(sidecar_args),
-    ]);
-    cluster.wait_membership(&["a", "b"], CONVERGENCE_TIMEOUT);
-    cluster.wait_models(&["a", "b"], &["only-b", "shared"], CONVERGENCE_TIMEOUT);
-    cluster
-}
-
-/// A streamed request with a ~1,000-token prompt of its own.
-fn long_streamed(model: &str, tag: &str) -> Request {
-    let prompt = format!(
-        "{tag}: {}",
-        "words that take a while to prefill. ".repeat(110)
-    );
-    Request::post_json("/v1/completions", &completion_body(model, &prompt, 2, true))
-        .timeout(PREFILL_TIMEOUT)
-}
-
-/// `entry`'s view of `peer` in its `/debug/cluster` (null while it has none).
-fn estimate_of(cluster: &Cluster, entry: &str, peer: &str) -> Value {
-    cluster.sidecar(entry).estimate_of(peer).unwrap_or_default()
-}
-
-/// Three long prefills queued at b, through b's own sidecar (its queue counts them), once a
-/// knows it: the premise of a decline is a's belief, not luck. The requests are left waiting
-/// (a sidecar sends a client the response head with the first token).
-fn queue_three_at_b(cluster: &Cluster) -> Vec<SentRequest> {
-    let busy: Vec<SentRequest> = (0..3)
-        .map(|i| {
-            cluster
-                .sidecar("b")
-                .try_start(long_streamed("only-b", &format!("load {i}")))
-                .expect("the request sent")
-        })
-        .collect();
-    wait_until(Duration::from_secs(10), "b to count 3 queued", || {
-        metric(cluster, "b", "kvmesh_engine_queued") == 3.0
-    });
-    wait_until(Duration::from_secs(10), "a to see b's queue", || {
-        estimate_of(cluster, "a", "b")["waiting"].as_u64() == Some(3)
-    });
-    busy
-}
-
-/// Session ids (`x-session-id`) whose soft affinity prefers node `node` to node `other`.
-fn sessions_preferring(node: &'static str, other: &'static str) -> impl Iterator<Item = String> {
-    (0..).map(|i| format!("session-{i}")).filter(move |s| {
-        let key = node_key(s);
-        rendezvous_weight(key, node_key(node)) > rendezvous_weight(key, node_key(other))
-    })
-}
-
-fn finish(request: SentRequest) {
-    let mut response = request.finish().expect("the response head");
-    assert_eq!(response.status, 200);
-    let mut body = String::new();
-    std::io::Read::read_to_string(&mut response, &mut body).expect("response body");
-    assert!(
-        body.contains("data: [DONE]"),
-        "the stream completes: {body}"
-    );
-}
 
 #[test]
 fn an_answer_carries_the_serving_engines_load_back_to_the_entry() {
@@ -188,73 +112,12 @@ fn a_node_whose_queue_is_longer_than_the_next_candidates_declines_and_the_next_s
     }
 }
 
-fn metric(cluster: &Cluster, node: &str, name: &str) -> f64 {
-    cluster
-        .sidecar(node)
-        .metric(name, &[])
-        .expect("metrics")
-        .unwrap_or(0.0)
-}
-
 fn labelled(cluster: &Cluster, node: &str, name: &str, reason: &str) -> f64 {
     cluster
         .sidecar(node)
         .metric(name, &[("reason", reason)])
         .expect("metrics")
         .unwrap_or(0.0)
-}
-
-/// The price of a decline on loopback, for BENCHMARKS.md#decline-cost (not a timed assertion;
-/// run with `--ignored --nocapture`, release binaries): requests entering at a whose session
-/// prefers b, which declines them (its queue is longer), against requests whose session prefers
-/// a itself. The difference of the medians is one mesh round trip with a decline in it.
-#[test]
-#[ignore = "a benchmark: run with --ignored --nocapture"]
-fn the_cost_of_a_decline() {
-    let cluster = Cluster::start(&[
-        NodeSpec::new("a", &["shared"]),
-        NodeSpec::new("b", &["shared", "only-b"]).timing(Timing::Scaled(20.0)),
-    ]);
-    cluster.wait_membership(&["a", "b"], CONVERGENCE_TIMEOUT);
-    cluster.wait_models(&["a", "b"], &["only-b", "shared"], CONVERGENCE_TIMEOUT);
-    let busy = queue_three_at_b(&cluster);
-    let time = |session: &str, declined: bool| {
-        let request = Request::post_json(
-            "/v1/completions",
-            &completion_body("shared", "hi", 1, false),
-        )
-        .header("x-session-id", session);
-        let started = std::time::Instant::now();
-        let response = cluster.sidecar("a").send(request);
-        let elapsed = started.elapsed().as_secs_f64() * 1e3;
-        assert_eq!(response.status, 200);
-        assert_eq!(served_by(&response), "a");
-        assert_eq!(
-            response.header("x-kvmesh-reason") == Some("declined"),
-            declined
-        );
-        elapsed
-    };
-    let (mut direct, mut declined) = (Vec::new(), Vec::new());
-    // Interleaved, so that the machine's noise falls on both alike.
-    let pairs = sessions_preferring("a", "b").zip(sessions_preferring("b", "a"));
-    for (a, b) in pairs.take(400) {
-        direct.push(time(&a, false));
-        declined.push(time(&b, true));
-    }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let (direct, declined) = (median(&mut direct), median(&mut declined));
-    println!(
-        "400 requests each: p50 {direct:.3} ms served at the entry directly, {declined:.3} ms \
-         after a decline by a peer: a decline adds {:.3} ms",
-        declined - direct
-    );
-    for response in busy {
-        finish(response);
-    }
 }
 
 /// A request handed to an engine is in its peers' views after a gossip exchange, not at the

@@ -7,78 +7,14 @@ use std::time::{Duration, Instant};
 
 use kvmesh_tests::engine::Engine;
 use kvmesh_tests::http::OpenResponse;
+use kvmesh_tests::nixl::{
+    CLIENT_ID, LEG_TIMEOUT, SETTLE, decode_body, nixl_engine, open, post, prefill_body,
+    prefill_leg, prompt,
+};
 use kvmesh_tests::openai::COMPLETIONS;
 use kvmesh_tests::tools::skipped_for_lack_of;
-use kvmesh_tests::{EngineConfig, Request, Response, SseReader, Timing, wait_until};
+use kvmesh_tests::{EngineConfig, Request, SseReader, Timing, wait_until};
 use serde_json::{Value, json};
-
-/// Bound of one leg.
-const LEG_TIMEOUT: Duration = Duration::from_secs(20);
-/// Bound on metrics settling after a leg.
-const SETTLE: Duration = Duration::from_secs(10);
-/// The toy proxy's client id, sent on both legs.
-const CLIENT_ID: &str = "0b5e7a52-94b4-4a36-a7a4-e2a9f2f0c6a1";
-
-/// A prompt of exactly `tokens` tokens (the mock's tokenizer reads 4 bytes per token).
-fn prompt(seed: u32, tokens: u32) -> String {
-    (0..tokens)
-        .map(|i| format!("{:04x}", (i * 7919 + seed * 104_729) % 65_536))
-        .collect()
-}
-
-fn nixl_engine(name: &str, timing: Timing, extra: &[&str]) -> Engine {
-    let mut config = EngineConfig::new(name, &["mock"])
-        .timing(timing)
-        .arg("--kv-connector")
-        .arg("nixl")
-        .arg("--enable-prompt-tokens-details");
-    for a in extra {
-        config = config.arg(a);
-    }
-    let engine = config.start();
-    engine.printed_endpoint("nixl side channel on ");
-    engine
-}
-
-/// The toy proxy's prefill leg of `body`.
-fn prefill_body(mut body: Value) -> Value {
-    body["max_tokens"] = json!(1);
-    body["stream"] = json!(false);
-    body.as_object_mut().unwrap().remove("stream_options");
-    body["kv_transfer_params"] = json!({"do_remote_decode": true, "do_remote_prefill": false,
-        "remote_engine_id": null, "remote_block_ids": null, "remote_host": null,
-        "remote_port": null});
-    body
-}
-
-fn post(engine: &Engine, body: &Value) -> Response {
-    Request::post_json(COMPLETIONS, body)
-        .header("x-request-id", CLIENT_ID)
-        .timeout(LEG_TIMEOUT)
-        .send(engine.addr())
-        .expect("leg")
-}
-
-fn open(engine: &Engine, body: &Value) -> OpenResponse {
-    Request::post_json(COMPLETIONS, body)
-        .header("x-request-id", CLIENT_ID)
-        .timeout(LEG_TIMEOUT)
-        .open(engine.addr())
-        .expect("leg")
-}
-
-/// Runs the prefill leg on `p`; returns its `kv_transfer_params`.
-fn prefill_leg(p: &Engine, body: &Value) -> Value {
-    let r = post(p, &prefill_body(body.clone()));
-    assert_eq!(r.status, 200, "{}", r.describe());
-    r.json()["kv_transfer_params"].clone()
-}
-
-fn decode_body(body: &Value, params: &Value) -> Value {
-    let mut body = body.clone();
-    body["kv_transfer_params"] = params.clone();
-    body
-}
 
 fn usage_perc(e: &Engine) -> f64 {
     e.metric("vllm:kv_cache_usage_perc", &[])
@@ -485,50 +421,4 @@ fn vllm_router() -> Option<std::path::PathBuf> {
     std::env::split_paths(&std::env::var_os("PATH")?)
         .map(|dir| dir.join("vllm-router"))
         .find(|p| p.is_file())
-}
-
-/// The latency a P→D pull adds at the default bandwidth and handshake, on loopback: a
-/// 2,048-token prompt's decode leg against the same prompt served from the decode engine's
-/// own cache. A measurement, not a check: run it with
-/// `cargo test --release -p kvmesh-tests --test pd_engine -- --ignored --nocapture`.
-#[test]
-#[ignore = "a measurement; run explicitly"]
-fn measure_pd_transfer_latency() {
-    const RUNS: u32 = 30;
-    let p = nixl_engine("prefill", Timing::Scaled(1.0), &[]);
-    let d = nixl_engine("decode", Timing::Scaled(1.0), &[]);
-    let (mut pd, mut local, mut prefill) = (Vec::new(), Vec::new(), Vec::new());
-    for run in 0..RUNS {
-        let body = json!({"model": "mock", "prompt": prompt(100 + run, 2048), "max_tokens": 1,
-            "stream": false});
-        let started = Instant::now();
-        let params = prefill_leg(&p, &body);
-        prefill.push(started.elapsed());
-        let started = Instant::now();
-        let r = post(&d, &decode_body(&body, &params));
-        pd.push(started.elapsed());
-        assert_eq!(r.status, 200, "{}", r.describe());
-        // The same prompt again: now in the decode engine's own cache, nothing to pull.
-        let started = Instant::now();
-        assert_eq!(post(&d, &body).status, 200);
-        local.push(started.elapsed());
-    }
-    let ms = |d: Duration| d.as_secs_f64() * 1e3;
-    let median = |v: &[Duration]| {
-        let mut v = v[1..].to_vec(); // the first decode leg pays the handshake
-        v.sort();
-        ms(v[v.len() / 2])
-    };
-    let xfer = d.metric("vllm:nixl_xfer_time_seconds_sum", &[]) * 1e3 / f64::from(RUNS);
-    println!(
-        "2048-token prompt, {RUNS} runs: prefill leg median {:.1} ms; decode leg first (with \
-         handshake) {:.1} ms, then median {:.1} ms; same prompt cached locally median {:.1} ms; \
-         added by the pull (median) {:.1} ms; vllm:nixl_xfer_time_seconds mean {:.1} ms",
-        median(&prefill),
-        ms(pd[0]),
-        median(&pd),
-        median(&local),
-        median(&pd) - median(&local),
-        xfer
-    );
 }

@@ -1,7 +1,7 @@
 //! A fourth engine joins a mesh of three under load: where the traffic goes, and what it costs.
 //!
-//! A measurement, not an acceptance test (run it with `--ignored --nocapture`, release binaries
-//! through `KVMESH_BIN` and `KVMESH_SIM_BIN`): RAG under cache pressure (the demo's
+//! A measurement, not an acceptance test (`cargo build --release --bins && cargo bench -p
+//! kvmesh-tests --bench scale_out`): RAG under cache pressure (the demo's
 //! rag-pressure, engines of 640 KV blocks at a real GPU's modelled pace) through the three
 //! first sidecars for 60 s, the fourth joining 20 s in. It prints, for the requests sent before
 //! and after the join, how many each engine served and their mean TTFT, so that a new engine
@@ -26,9 +26,7 @@ fn spec(name: &str) -> NodeSpec {
         .engine_args(&["--kv-blocks", "640", "--block-size", "16"])
 }
 
-#[test]
-#[ignore = "a measurement over 60 s of load; run with --ignored --nocapture"]
-fn a_fourth_engine_joining_under_load_takes_its_share() {
+fn main() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut cluster = Cluster::start_converged(&[spec("a"), spec("b"), spec("c")]);
     let targets = sidecar_urls(cluster.nodes());
