@@ -1,5 +1,5 @@
-//! Two nodes whose engines are slow to prefill (a 1,000-token prompt takes about 2 s at the
-//! default timing), with a queue built at one of them: the setting of late binding's tests
+//! Two nodes whose engines are slow to prefill ([`two_slow_nodes`]: a 1,000-token prompt takes
+//! about 2 s), with a queue built at one of them: the setting of late binding's tests
 //! (`tests/late_binding.rs`) and of the price of a decline (`benches/decline_cost.rs`).
 
 use std::time::Duration;
