@@ -1,22 +1,14 @@
-//! Loopback ports for processes that are told a port rather than reporting the one they bound.
+//! Loopback ports for processes that are told a port rather than reporting the one they bound
+//! (a test that binds its own port asks the kernel for an ephemeral one, `127.0.0.1:0`).
 
 use std::net::TcpListener;
 
 use kvmesh_protocol::mix64;
 
-/// An unused loopback TCP port in the kernel's ephemeral range (the kernel picks it). Fine for
-/// a port the process binds itself soon after; not for one a peer connects to before anyone
-/// listens (see [`free_listen_port`]).
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .map(|addr| addr.port())
-        .expect("an ephemeral loopback port")
-}
-
 /// An unused loopback TCP port below the kernel's ephemeral range, for an endpoint a peer
 /// connects to, retrying, before its listener starts (a KV-event publisher connecting to a
-/// sidecar under `--kv-events-bind`). Inside the range, one of those connection attempts can
+/// sidecar under `--kv-events-bind`), or that a server binds a minute after it was chosen (a
+/// vLLM server starting). Inside the range, one of those connection attempts can
 /// take the port as its own source port (a TCP self-connect) or any outgoing connection can,
 /// and the listener then fails with "address in use" for good; below it, only another
 /// listener can.

@@ -26,6 +26,7 @@ use serde_json::Value;
 
 use crate::binaries::workspace_root;
 use crate::http::{Request, Response};
+use crate::ports::free_listen_port;
 use crate::process::{ManagedProcess, run_to_completion};
 use crate::sidecar::Sidecar;
 use crate::wait::wait_for;
@@ -122,12 +123,6 @@ pub fn prepared(what: &str) -> PathBuf {
     path
 }
 
-/// An unused loopback TCP port for a server to bind about a minute later: below the kernel's
-/// ephemeral range, where no outgoing connection can take it meanwhile.
-pub fn free_port() -> u16 {
-    crate::ports::free_listen_port()
-}
-
 /// The CPU core for the `index`-th server of a test: one server per core, wrapping around on a
 /// machine with fewer cores than servers.
 pub fn core(index: usize) -> usize {
@@ -205,7 +200,7 @@ impl VllmConfig {
     /// vLLM's NixlConnector, its KV buffer in CPU memory, its side channel on an ephemeral
     /// port (two servers on one host must not share the default one).
     pub fn nixl(self) -> Self {
-        let side_channel = free_port().to_string();
+        let side_channel = free_listen_port().to_string();
         self.args(&[
             "--kv-transfer-config",
             r#"{"kv_connector":"NixlConnector","kv_role":"kv_both","kv_buffer_device":"cpu"}"#,
@@ -223,10 +218,10 @@ impl VllmConfig {
 
     /// Starts the server without waiting; [`start_all`] waits for several at once.
     fn spawn(self) -> VllmServer {
-        let port = free_port();
+        let port = free_listen_port();
         let mut args = self.args;
         let kv_events = self.kv_events.then(|| {
-            let (live, replay) = (free_port(), free_port());
+            let (live, replay) = (free_listen_port(), free_listen_port());
             let replay = format!("tcp://127.0.0.1:{replay}");
             args.push("--kv-events-config".to_string());
             args.push(
